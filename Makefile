@@ -1,0 +1,43 @@
+# cotenant — the two commands: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test install system-deps lint typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+## demo: run cotenant on the embedded store and print where to point an OTLP exporter
+demo: install
+	$(BIN)/cotenant serve --store ./.cotenant/demo.duckdb
+
+## test: lint, type-check and run the whole suite (installs what the tests need)
+test: install system-deps lint typecheck unit
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache tests/artifacts

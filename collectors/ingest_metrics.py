@@ -1,0 +1,186 @@
+"""Ingest and store metrics for ``/metrics``, registered on a registry passed in.
+
+``cotenant_request_duration_seconds{model,gpu,phase}`` is a vectorised histogram: each
+normalized batch is bucketed with NumPy in one pass per phase instead of one ``observe`` call
+per request and phase.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily, Metric
+
+from store.schema import PHASE_COLUMNS, PHASES
+
+DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    25.0,
+    60.0,
+    120.0,
+)
+
+
+class RequestDurationHistogram:
+    """``cotenant_request_duration_seconds{model,gpu,phase}``; ``phase="total"`` is the
+    end-to-end latency, the other phases are the critical-path phases of DESIGN.md."""
+
+    name = "cotenant_request_duration_seconds"
+
+    def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS_S) -> None:
+        self._bounds = np.asarray(buckets, dtype=np.float64)
+        self._nb = len(buckets) + 1  # last slot is +Inf
+        self._phases = ("total", *PHASES)
+        self._cols = ("latency_ms", *PHASE_COLUMNS)
+        # (model, gpu) -> (counts [phase, bucket], sums [phase])
+        self._state: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def observe_requests(self, table: pa.Table) -> None:
+        """Add every row of a ``requests`` batch (milliseconds) to the histogram."""
+        if table.num_rows == 0:
+            return
+        keys = pc.binary_join_element_wise(
+            pc.fill_null(table["model"], ""), pc.fill_null(table["gpu"], ""), "\x00"
+        )
+        enc = pc.dictionary_encode(keys).combine_chunks()
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        groups = [str(k).split("\x00", 1) for k in enc.dictionary.to_pylist()]
+        ng, nb, npz = len(groups), self._nb, len(self._phases)
+        counts = np.zeros((ng, npz, nb), dtype=np.int64)
+        sums = np.zeros((ng, npz), dtype=np.float64)
+        for p, col in enumerate(self._cols):
+            v = np.nan_to_num(table[col].to_numpy(zero_copy_only=False).astype(np.float64)) / 1e3
+            idx = np.searchsorted(self._bounds, v, side="left")
+            counts[:, p, :] = np.bincount(codes * nb + idx, minlength=ng * nb).reshape(ng, nb)
+            sums[:, p] = np.bincount(codes, weights=v, minlength=ng)
+        with self._lock:
+            for g, (model, gpu) in enumerate(groups):
+                cur = self._state.get((model, gpu))
+                if cur is None:
+                    self._state[(model, gpu)] = (counts[g].copy(), sums[g].copy())
+                else:
+                    cur[0][...] += counts[g]
+                    cur[1][...] += sums[g]
+
+    def collect(self) -> Iterator[Metric]:
+        fam = HistogramMetricFamily(
+            self.name, "Request latency by phase (critical path)", labels=["model", "gpu", "phase"]
+        )
+        les = [*(_fmt(b) for b in self._bounds), "+Inf"]
+        with self._lock:
+            snapshot = [(k, c.copy(), s.copy()) for k, (c, s) in self._state.items()]
+        for (model, gpu), counts, sums in snapshot:
+            for p, phase in enumerate(self._phases):
+                cum = np.cumsum(counts[p])
+                fam.add_metric(
+                    [model, gpu, phase], list(zip(les, cum.tolist(), strict=True)), float(sums[p])
+                )
+        yield fam
+
+
+def _fmt(b: float) -> str:
+    return repr(float(b))
+
+
+class IngestMetrics:
+    """All ingest-side series; implements :class:`store.writer.WriteObserver`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.spans_received = Counter(
+            "cotenant_otlp_spans_received",
+            "Spans received over OTLP",
+            ["protocol", "format"],
+            registry=registry,
+        )
+        self.spans_rejected = Counter(
+            "cotenant_otlp_spans_rejected",
+            "Spans rejected (reported as OTLP partial success, or whole exports refused)",
+            ["reason"],
+            registry=registry,
+        )
+        self.spans_ignored = Counter(
+            "cotenant_otlp_spans_ignored",
+            "Spans of shapes that are not requests, or child spans whose root never arrived",
+            ["reason"],
+            registry=registry,
+        )
+        self.exports = Counter(
+            "cotenant_otlp_exports",
+            "OTLP export calls by outcome",
+            ["protocol", "outcome"],
+            registry=registry,
+        )
+        self.requests_ingested = Counter(
+            "cotenant_requests_ingested",
+            "Requests normalized and queued for the store",
+            ["source"],
+            registry=registry,
+        )
+        self.rows_counter = Counter(
+            "cotenant_store_rows_written",
+            "Rows appended to the store",
+            ["table"],
+            registry=registry,
+        )
+        self.write_failures = Counter(
+            "cotenant_store_write_failed_rows",
+            "Rows the store failed to append",
+            ["table"],
+            registry=registry,
+        )
+        self.write_seconds = Histogram(
+            "cotenant_store_write_seconds",
+            "Time to append one batch to the store",
+            ["table"],
+            registry=registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+        self.queue_rows = Gauge(
+            "cotenant_store_queue_rows", "Rows accepted but not yet written", registry=registry
+        )
+        self.queue_capacity = Gauge(
+            "cotenant_store_queue_capacity_rows",
+            "Rows the writer queue holds before ingest answers 503",
+            registry=registry,
+        )
+        self.pending_spans = Gauge(
+            "cotenant_otlp_pending_child_spans",
+            "Child spans waiting for their root span",
+            registry=registry,
+        )
+        self.durations = RequestDurationHistogram()
+        registry.register(self.durations)
+
+    def bind_queue(
+        self, depth: Callable[[], float], capacity: float, pending: Callable[[], float]
+    ) -> None:
+        self.queue_rows.set_function(depth)
+        self.queue_capacity.set(capacity)
+        self.pending_spans.set_function(pending)
+
+    # WriteObserver
+    def rows_written(self, table: str, rows: int, seconds: float) -> None:
+        self.rows_counter.labels(table).inc(rows)
+        self.write_seconds.labels(table).observe(seconds)
+
+    def write_failed(self, table: str, rows: int) -> None:
+        self.write_failures.labels(table).inc(rows)

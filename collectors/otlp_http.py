@@ -1,0 +1,116 @@
+"""OTLP/HTTP trace receiver: ``POST /v1/traces`` as an ASGI (Starlette) app.
+
+Answers (OTLP/HTTP specification):
+* 200 ``ExportTraceServiceResponse``, with ``partial_success`` when some spans were rejected;
+* 400 ``google.rpc.Status`` for a body that does not decode;
+* 413 when the body, or its gzip inflation, exceeds the limit;
+* 415 for another content type or encoding;
+* 503 with ``Retry-After`` when the writer queue is full (retried by OTLP exporters).
+Responses use the request's encoding (protobuf or JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceResponse,
+)
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from collectors.ingest import ExportOutcome, IngestPipeline
+from collectors.otlp_decode import JSON, PROTOBUF, decode, inflate, media_type
+from store.errors import (
+    DecodeError,
+    IngestError,
+    Overloaded,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _encode(msg: Message, mtype: str) -> bytes:
+    if mtype == JSON:
+        return json.dumps(json_format.MessageToDict(msg)).encode()
+    return bytes(msg.SerializeToString())
+
+
+def _status(
+    code: int, message: str, http: int, mtype: str, headers: dict[str, str] | None = None
+) -> Response:
+    body = _encode(status_pb2.Status(code=code, message=message), mtype)
+    return Response(body, status_code=http, media_type=mtype, headers=headers)
+
+
+class OtlpHttpReceiver:
+    """Builds the ASGI app; ``max_body_bytes`` bounds both the raw and the inflated body."""
+
+    def __init__(self, pipeline: IngestPipeline, *, max_body_bytes: int) -> None:
+        self._pipeline = pipeline
+        self._limit = max_body_bytes
+        self.app = Starlette(routes=[Route("/v1/traces", self.traces, methods=["POST"])])
+
+    async def _read_body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._limit:
+            raise PayloadTooLarge(
+                f"body of {declared} bytes exceeds the {self._limit}-byte "
+                "limit; send smaller batches"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self._limit:
+                raise PayloadTooLarge(
+                    f"body exceeds the {self._limit}-byte limit; send smaller batches"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def traces(self, request: Request) -> Response:
+        mtype = PROTOBUF
+        try:
+            mtype = media_type(request.headers.get("content-type"))
+            body = await self._read_body(request)
+            encoding = request.headers.get("content-encoding")
+            outcome = await run_in_threadpool(self._ingest, body, encoding, mtype)
+        except UnsupportedMediaType as exc:
+            self._pipeline.count_refused("http", "unsupported_media_type")
+            return _status(code_pb2.INVALID_ARGUMENT, str(exc), 415, mtype)
+        except PayloadTooLarge as exc:
+            self._pipeline.count_refused("http", "too_large")
+            return _status(code_pb2.INVALID_ARGUMENT, str(exc), 413, mtype)
+        except DecodeError as exc:
+            self._pipeline.count_refused("http", "bad_body")
+            return _status(code_pb2.INVALID_ARGUMENT, str(exc), 400, mtype)
+        except Overloaded as exc:
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            return _status(code_pb2.UNAVAILABLE, str(exc), 503, mtype, {"Retry-After": retry})
+        except IngestError as exc:  # pragma: no cover - every subclass is handled above
+            return _status(code_pb2.INVALID_ARGUMENT, str(exc), 400, mtype)
+        resp = ExportTraceServiceResponse()
+        if outcome.rejected:
+            resp.partial_success.CopyFrom(
+                ExportTracePartialSuccess(
+                    rejected_spans=outcome.rejected, error_message=outcome.message
+                )
+            )
+        return Response(_encode(resp, mtype), status_code=200, media_type=mtype)
+
+    def _ingest(self, body: bytes, encoding: str | None, mtype: str) -> ExportOutcome:
+        raw = inflate(body, encoding, self._limit)
+        msg = decode(raw, mtype)
+        return self._pipeline.export(msg, "http", "json" if mtype == JSON else "protobuf")

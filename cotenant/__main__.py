@@ -1,0 +1,5 @@
+import sys
+
+from cotenant.cli import main
+
+sys.exit(main())

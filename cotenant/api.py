@@ -1,0 +1,113 @@
+"""The HTTP API on port 8050: health, readiness, /metrics, request drill-down, OpenAPI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
+
+from store.db import Store
+from store.errors import CotenantError, QueryError
+from store.queries import MAX_LIMIT, TimeRange, requests_rows
+from store.timespec import parse_time_ns
+
+
+class RequestRow(BaseModel):
+    """One served request (see the ``requests`` table in docs/architecture.md)."""
+
+    ts_start_ns: int
+    ts_end_ns: int
+    latency_ms: float
+    trace_id: str
+    span_id: str
+    model: str
+    tenant: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    gpu: str | None = None
+    priority: int | None = None
+    batch_size: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    status: str
+    source: str
+    queue_ms: float
+    lock_wait_ms: float
+    preprocess_ms: float
+    h2d_ms: float
+    compute_ms: float
+    d2h_ms: float
+    postprocess_ms: float
+    other_ms: float
+    lock_name: str | None = None
+    lock_holder: str | None = None
+    ttft_ms: float | None = None
+
+
+class RequestsResponse(BaseModel):
+    count: int
+    requests: list[RequestRow]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+def create_api(
+    store: Store, registry: CollectorRegistry, readiness: Callable[[], str | None]
+) -> FastAPI:
+    """The API app. ``readiness()`` returns None when ready, else the reason it is not."""
+    app = FastAPI(
+        title="cotenant",
+        version="0.1.0",
+        description="Why did this model's latency spike, who caused it, and what should we change?",
+    )
+
+    @app.exception_handler(CotenantError)
+    async def _cotenant_error(_: Request, exc: CotenantError) -> JSONResponse:
+        status = 400 if isinstance(exc, QueryError) else 500
+        return JSONResponse({"error": str(exc)}, status_code=status)
+
+    @app.get("/healthz", summary="Liveness: the process answers")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        summary="Readiness: the store is open and the writer accepts data",
+        responses={503: {"model": ErrorResponse}},
+    )
+    def readyz() -> Response:
+        reason = readiness()
+        if reason is None:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready", "error": reason}, status_code=503)
+
+    @app.get("/metrics", summary="Prometheus exposition", response_class=Response)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get(
+        "/api/v1/requests",
+        summary="Raw requests, newest first",
+        responses={200: {"model": RequestsResponse}, 400: {"model": ErrorResponse}},
+    )
+    def list_requests(
+        model: str | None = Query(None, description="only this model"),
+        gpu: str | None = Query(None, description="only this GPU"),
+        since: str | None = Query(None, description="'now', '15m' (ago), ISO 8601 or Unix s"),
+        until: str | None = Query(None, description="same forms as since"),
+        limit: int = Query(1000, description=f"1..{MAX_LIMIT}"),
+    ) -> JSONResponse:
+        rng = TimeRange(
+            None if since is None else parse_time_ns(since, "since"),
+            None if until is None else parse_time_ns(until, "until"),
+        )
+        rows: list[dict[str, Any]] = requests_rows(store, rng, model=model, gpu=gpu, limit=limit)
+        return JSONResponse({"count": len(rows), "requests": rows})
+
+    return app

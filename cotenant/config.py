@@ -1,0 +1,257 @@
+"""Configuration: one TOML file, every key with a default and a ``COTENANT_…`` override.
+
+The table of keys is the set of dataclass fields below; each section is a TOML table and each
+field a key. The environment variable for ``[section] key`` is ``COTENANT_SECTION_KEY``
+(upper case). Precedence: default < file < environment. Every value is cast and checked once,
+here; a bad key or value raises :class:`store.errors.ConfigError` naming both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from store.errors import ConfigError
+
+ENV_PREFIX = "COTENANT_"
+
+
+def _key(
+    default: Any,
+    help: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A config key: its default, a one-line help and its bounds."""
+    meta = {"help": help, "min": min, "max": max, "choices": choices}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = _key("127.0.0.1", "address the HTTP API, /metrics and dashboard listen on")
+    port: int = _key(8050, "port of the HTTP API, /metrics and dashboard", min=0, max=65535)
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    host: str = _key("127.0.0.1", "address the OTLP receivers listen on (0.0.0.0 for all)")
+    http_port: int = _key(
+        4318, "OTLP/HTTP port (POST /v1/traces); 0 picks a free port", min=0, max=65535
+    )
+    grpc_port: int = _key(4317, "OTLP/gRPC port; 0 picks a free port", min=0, max=65535)
+    http_enabled: bool = _key(True, "run the OTLP/HTTP receiver")
+    grpc_enabled: bool = _key(True, "run the OTLP/gRPC receiver")
+    max_body_bytes: int = _key(
+        16 * 1024 * 1024, "largest accepted body, after gzip inflation", min=1024
+    )
+    retry_after_s: float = _key(
+        1.0, "Retry-After given to clients when the writer queue is full", min=0.0, max=300.0
+    )
+    pending_ttl_s: float = _key(30.0, "how long child spans wait for their root span", min=0.1)
+    grpc_workers: int = _key(4, "threads serving OTLP/gRPC calls", min=1, max=64)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: str = _key("./.cotenant/cotenant.duckdb", "the embedded DuckDB file")
+    queue_max_rows: int = _key(
+        500_000, "rows the writer queue holds before ingest answers 429", min=1
+    )
+    batch_rows: int = _key(50_000, "rows the writer appends in one Arrow batch", min=1)
+    flush_interval_s: float = _key(0.5, "longest time a row waits in the queue", min=0.01)
+    memory_limit: str = _key("256MB", "DuckDB memory_limit")
+    threads: int = _key(1, "DuckDB worker threads", min=1, max=256)
+    raw_retention_h: float = _key(24.0, "hours raw requests and samples are kept", min=0.01)
+    rollup_retention_days: float = _key(35.0, "days per-minute rollups are kept", min=0.01)
+    incident_retention_days: float = _key(
+        90.0, "days incidents, actions and audit are kept", min=0.01
+    )
+    rollup_interval_s: float = _key(10.0, "how often per-minute rollups are refreshed", min=0.1)
+    retention_interval_s: float = _key(300.0, "how often expired rows are deleted", min=1.0)
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    model_gpu: dict[str, str] = _key(
+        {},
+        "model -> GPU used when a span names no GPU and its "
+        "pid is not in NVML's process list (env: 'm1=0,m2=1')",
+    )
+    default_gpu: str = _key("", "GPU recorded when nothing else resolves it ('' = unknown)")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = _key("info", "log level", choices=("debug", "info", "warning", "error"))
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {s.name: dataclasses.asdict(getattr(self, s.name)) for s in dataclasses.fields(self)}
+
+    def to_toml(self) -> str:
+        """The effective configuration as TOML, with each key's help as a comment."""
+        lines: list[str] = []
+        for section in dataclasses.fields(self):
+            lines.append(f"[{section.name}]")
+            sub = getattr(self, section.name)
+            for f in dataclasses.fields(sub):
+                lines.append(f"# {f.metadata['help']}")
+                lines.append(f"{f.name} = {_toml_value(getattr(sub, f.name))}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_str(k)} = {_toml_str(x)}" for k, x in v.items()) + " }"
+    return _toml_str(str(v))
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _section_types() -> dict[str, type]:
+    return {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+
+
+def _cast(name: str, f: dataclasses.Field[Any], raw: Any, from_env: bool) -> Any:
+    """Cast ``raw`` to the field's type and check its bounds, or raise ConfigError."""
+    typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    shown = repr(raw)
+    try:
+        if typ == "bool":
+            if isinstance(raw, bool):
+                value: Any = raw
+            elif from_env and str(raw).lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif from_env and str(raw).lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise ValueError("expected true or false")
+        elif typ == "int":
+            if isinstance(raw, bool) or not (isinstance(raw, int) or from_env):
+                raise ValueError("expected an integer")
+            value = int(raw)
+        elif typ == "float":
+            if isinstance(raw, bool) or not (isinstance(raw, int | float) or from_env):
+                raise ValueError("expected a number")
+            value = float(raw)
+        elif typ == "str":
+            if not isinstance(raw, str):
+                raise ValueError("expected a string")
+            value = raw
+        elif typ.startswith("dict"):
+            value = _cast_map(raw, from_env)
+        else:  # pragma: no cover - a new field type must be added here
+            raise ValueError(f"unsupported config type {typ}")
+    except ValueError as exc:
+        raise ConfigError(f"config key {name}: bad value {shown}: {exc}") from exc
+    meta = f.metadata
+    if meta.get("min") is not None and value < meta["min"]:
+        raise ConfigError(f"config key {name}: bad value {shown}: must be >= {meta['min']}")
+    if meta.get("max") is not None and value > meta["max"]:
+        raise ConfigError(f"config key {name}: bad value {shown}: must be <= {meta['max']}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(
+            f"config key {name}: bad value {shown}: must be one of {', '.join(meta['choices'])}"
+        )
+    return value
+
+
+def _cast_map(raw: Any, from_env: bool) -> dict[str, str]:
+    if from_env and isinstance(raw, str):
+        out: dict[str, str] = {}
+        for item in filter(None, (p.strip() for p in raw.split(","))):
+            k, sep, v = item.partition("=")
+            if not sep or not k.strip() or not v.strip():
+                raise ValueError(f"expected 'key=value,…', got item {item!r}")
+            out[k.strip()] = v.strip()
+        return out
+    if not isinstance(raw, Mapping):
+        raise ValueError("expected a table of key = value")
+    for k, v in raw.items():
+        if not isinstance(v, str | int) or isinstance(v, bool):
+            raise ValueError(f"value for {k!r} must be a string or an integer")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read defaults, then ``path`` (TOML) if given, then ``COTENANT_…`` variables from ``env``.
+
+    Raises ConfigError for a missing or unparsable file, an unknown section or key, a value of
+    the wrong type or out of bounds, and an unknown ``COTENANT_`` variable.
+    """
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {p} does not exist") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    sections = _section_types()
+    for name, value in data.items():
+        if name not in sections:
+            raise ConfigError(f"config key {name}: unknown section (known: {', '.join(sections)})")
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {name}: bad value {value!r}: expected a [{name}] table")
+    env_keys = {k for k in env if k.startswith(ENV_PREFIX)}
+    built: dict[str, Any] = {}
+    for sname, stype in sections.items():
+        fdefs = {f.name: f for f in dataclasses.fields(stype)}
+        given = data.get(sname, {})
+        for key in given:
+            if key not in fdefs:
+                raise ConfigError(
+                    f"config key {sname}.{key}: unknown key "
+                    f"(known in [{sname}]: {', '.join(fdefs)})"
+                )
+        values: dict[str, Any] = {}
+        for fname, f in fdefs.items():
+            full = f"{sname}.{fname}"
+            env_name = f"{ENV_PREFIX}{sname.upper()}_{fname.upper()}"
+            if env_name in env:
+                env_keys.discard(env_name)
+                values[fname] = _cast(f"{full} (from {env_name})", f, env[env_name], True)
+            elif fname in given:
+                values[fname] = _cast(full, f, given[fname], False)
+        built[sname] = stype(**values)
+    for stray in sorted(env_keys):
+        if stray in _NON_CONFIG_ENV:
+            continue
+        raise ConfigError(
+            f"environment variable {stray}: not a cotenant config key "
+            "(run 'cotenant config show' to list the keys)"
+        )
+    return Config(**built)
+
+
+# COTENANT_ variables that are read elsewhere, not config keys.
+_NON_CONFIG_ENV = frozenset({"COTENANT_CONFIG"})

@@ -1,0 +1,259 @@
+"""Service wiring for ``cotenant serve``: store, writer, OTLP receivers, HTTP API.
+
+One process, one asyncio loop serving the API port and the OTLP/HTTP port through uvicorn
+(requests are routed by the local port they arrived on), a gRPC server on its own threads,
+and the store's writer thread. SIGTERM/SIGINT stop accepting, let in-flight exports finish,
+write everything acknowledged, save child spans still waiting for their root, and close the
+store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from collectors.gpu_resolve import GpuResolver
+from collectors.ingest import IngestPipeline
+from collectors.ingest_metrics import IngestMetrics
+from collectors.normalize import Normalizer
+from collectors.otlp_grpc import OtlpGrpcServer
+from collectors.otlp_http import OtlpHttpReceiver
+from cotenant.api import create_api
+from cotenant.config import Config
+from store.db import Store
+from store.maintenance import Maintenance
+from store.queries import pending_spans, replace_pending_spans
+from store.writer import Writer
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[
+    [Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
+]
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the running service listens (ports resolved when 0 was configured)."""
+
+    api: str
+    otlp_http: str | None
+    otlp_grpc: str | None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: the service installs its handlers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen on {host}:{port}: {exc.strerror} (is another "
+            f"cotenant running? change the port in the config)"
+        ) from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket, path: str = "") -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}{path}"
+
+
+class Service:
+    """Everything ``cotenant serve`` runs. Construct, then :meth:`run` (blocks)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        sc = config.store
+        self.store = store or Store(sc.path, memory_limit=sc.memory_limit, threads=sc.threads)
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.metrics = IngestMetrics(self.registry)
+        self.maintenance = Maintenance(
+            self.store,
+            rollup_interval_s=sc.rollup_interval_s,
+            retention_interval_s=sc.retention_interval_s,
+            raw_retention_h=sc.raw_retention_h,
+            rollup_retention_days=sc.rollup_retention_days,
+            incident_retention_days=sc.incident_retention_days,
+        )
+        self.writer = Writer(
+            self.store,
+            max_rows=sc.queue_max_rows,
+            batch_rows=sc.batch_rows,
+            flush_interval_s=sc.flush_interval_s,
+            retry_after_s=config.otlp.retry_after_s,
+            maintenance=self.maintenance,
+            observer=self.metrics,
+        )
+        self.resolver = GpuResolver(config.gpu.model_gpu, config.gpu.default_gpu)
+        self.normalizer = Normalizer(self.resolver, pending_ttl_s=config.otlp.pending_ttl_s)
+        restored = self.normalizer.import_pending(pending_spans(self.store))
+        if restored:
+            log.info("restored %d child spans waiting for their root", restored)
+        self.pipeline = IngestPipeline(self.normalizer, self.writer, self.metrics)
+        self.metrics.bind_queue(
+            lambda: self.writer.queued_rows,
+            sc.queue_max_rows,
+            lambda: self.normalizer.pending_spans,
+        )
+        self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
+        self.api = create_api(self.store, self.registry, self._not_ready_reason)
+        self._server: _Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._grpc: OtlpGrpcServer | None = None
+        self._stopping = False
+        self._otlp_port: int | None = None
+        self.started = threading.Event()
+        self.endpoints: Endpoints | None = None
+
+    def _not_ready_reason(self) -> str | None:
+        if self._stopping:
+            return "shutting down"
+        if not self.writer.alive:
+            return "store writer is not running"
+        if self.writer.queued_rows >= self.writer.max_rows:
+            return "writer queue is full"
+        return None
+
+    async def _dispatch(self, scope: Scope, receive: Any, send: Any) -> None:
+        server = scope.get("server")
+        if server is not None and self._otlp_port is not None and server[1] == self._otlp_port:
+            await self.otlp_http.app(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+    def run(self, banner: TextIO | None = sys.stdout) -> None:
+        """Serve until :meth:`stop`, SIGTERM or SIGINT; then shut down cleanly."""
+        asyncio.run(self._serve(banner))
+
+    def stop(self) -> None:
+        """Ask the running service to shut down (thread-safe)."""
+        self._stopping = True
+        loop, server = self._loop, self._server
+        if loop is not None and server is not None:
+            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+
+    async def _serve(self, banner: TextIO | None) -> None:
+        cfg = self.config
+        socks = [_bind(cfg.server.host, cfg.server.port)]
+        try:
+            if cfg.otlp.http_enabled:
+                socks.append(_bind(cfg.otlp.host, cfg.otlp.http_port))
+                self._otlp_port = socks[1].getsockname()[1]
+            if cfg.otlp.grpc_enabled:
+                self._grpc = OtlpGrpcServer(
+                    self.pipeline,
+                    host=cfg.otlp.host,
+                    port=cfg.otlp.grpc_port,
+                    max_message_bytes=cfg.otlp.max_body_bytes,
+                    workers=cfg.otlp.grpc_workers,
+                )
+                self._grpc.start()
+        except OSError:
+            for s in socks:
+                s.close()
+            self._shutdown_store()
+            raise
+        ucfg = uvicorn.Config(
+            self._dispatch,
+            interface="asgi3",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+            log_level=cfg.log.level,
+        )
+        self._server = _Server(ucfg)
+        self._loop = asyncio.get_running_loop()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self.stop)
+        grpc_addr = None if self._grpc is None else f"{cfg.otlp.host}:{self._grpc.port}"
+        self.endpoints = Endpoints(
+            _url(socks[0]), _url(socks[1], "/v1/traces") if len(socks) > 1 else None, grpc_addr
+        )
+        if banner is not None:
+            self._print_banner(banner)
+        self.started.set()
+        try:
+            if self._stopping:
+                self._server.should_exit = True
+            await self._server.serve(sockets=socks)
+        finally:
+            self._stopping = True
+            for s in socks:
+                s.close()
+            await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
+
+    def _print_banner(self, out: TextIO) -> None:
+        ep = self.endpoints
+        assert ep is not None  # set just before
+        lines = [
+            f"cotenant serve: store {self.store.path}",
+            f"  HTTP API   {ep.api}/api/v1 (OpenAPI {ep.api}/docs, metrics {ep.api}/metrics)",
+        ]
+        if ep.otlp_http:
+            lines.append(f"  OTLP/HTTP  {ep.otlp_http}")
+        if ep.otlp_grpc:
+            lines.append(f"  OTLP/gRPC  {ep.otlp_grpc}")
+        if ep.otlp_http:
+            base = ep.otlp_http.removesuffix("/v1/traces")
+            lines.append("Point your OpenTelemetry exporter here, e.g.:")
+            lines.append(f"  export OTEL_EXPORTER_OTLP_TRACES_ENDPOINT={ep.otlp_http}")
+            lines.append(
+                f"  (or OTEL_EXPORTER_OTLP_ENDPOINT={base} "
+                "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)"
+            )
+        lines.append(
+            f"listening api={ep.api} otlp_http={ep.otlp_http or '-'} "
+            f"otlp_grpc={ep.otlp_grpc or '-'}"
+        )
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+
+    def _shutdown(self) -> None:
+        t0 = time.monotonic()
+        if self._grpc is not None:
+            self._grpc.stop(grace_s=5.0).wait(10.0)
+        self._shutdown_store()
+        log.info("cotenant stopped in %.1f s", time.monotonic() - t0)
+
+    def _shutdown_store(self) -> None:
+        self.writer.close()
+        try:
+            replace_pending_spans(self.store, self.normalizer.export_pending(), time.time_ns())
+        except Exception as exc:  # losing pending children must not lose the rest
+            log.error("could not save pending child spans: %s", exc)
+        self.store.close()

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs, only when they are missing:
+#   prometheus        -> promtool and the Prometheus server (rules tests, e2e alerting)
+#   chromium, chromium-driver -> headless browser tests of the dashboard and report
+set -euo pipefail
+
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "installing Debian packages: ${need[*]} (needed by the tests)"
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=""
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO="sudo"
+else
+  echo "error: need root or sudo to apt-get install ${need[*]}; install them, then rerun" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+echo "installed: ${need[*]}"

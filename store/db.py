@@ -1,0 +1,122 @@
+"""The embedded DuckDB store: opening, schema version, cursors for readers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import duckdb
+
+from store.errors import SchemaVersionError, StoreError
+from store.schema import SCHEMA_VERSION, ddl
+
+log = logging.getLogger(__name__)
+
+
+class Store:
+    """One DuckDB database file (or ``":memory:"``) with cotenant's tables.
+
+    A DuckDB file has one writer process: opening a file another process holds raises
+    :class:`StoreError` saying so. Within the process, each thread takes its own
+    :meth:`cursor`; the writer thread owns appends (see :mod:`store.writer`).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        memory_limit: str = "256MB",
+        threads: int = 1,
+        read_only: bool = False,
+    ) -> None:
+        self.path = str(path)
+        self.read_only = read_only
+        if self.path != ":memory:" and not read_only:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._con = duckdb.connect(
+                self.path,
+                read_only=read_only,
+                config={"memory_limit": memory_limit, "threads": threads},
+            )
+        except duckdb.IOException as exc:
+            msg = str(exc)
+            if "lock" in msg.lower():
+                raise StoreError(
+                    f"store {self.path} is in use by another process (is 'cotenant serve' "
+                    f"running? then query it with --url instead): {msg}"
+                ) from exc
+            raise StoreError(f"cannot open store {self.path}: {msg}") from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+        self._lock = threading.Lock()
+        self._closed = False
+        if not read_only:
+            self._init_schema()
+        else:
+            self._check_version()
+
+    def _init_schema(self) -> None:
+        con = self._con
+        for stmt in ddl():
+            con.execute(stmt)
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"store {self.path} has schema version {row[0]}, this cotenant uses "
+                f"{SCHEMA_VERSION}: point --store at a new file or use a matching release"
+            )
+
+    def _check_version(self) -> None:
+        try:
+            row = self._con.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'"
+            ).fetchone()
+        except duckdb.CatalogException as exc:
+            raise StoreError(f"{self.path} is not a cotenant store (no meta table)") from exc
+        if row is None or int(row[0]) != SCHEMA_VERSION:
+            got = None if row is None else row[0]
+            raise SchemaVersionError(
+                f"store {self.path} has schema version {got}, expected {SCHEMA_VERSION}"
+            )
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection for the calling thread; close it when done (or use ``with``)."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"store {self.path} is closed")
+            return self._con.cursor()
+
+    def get_meta(self, key: str) -> str | None:
+        with self.cursor() as cur:
+            row = cur.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.cursor() as cur:
+            cur.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
+
+    def checkpoint(self) -> None:
+        with self.cursor() as cur:
+            cur.execute("CHECKPOINT")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if not self.read_only:
+            try:
+                self._con.execute("CHECKPOINT")
+            except duckdb.Error as exc:  # closing must not fail the shutdown
+                log.warning("checkpoint at close failed: %s", exc)
+        self._con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

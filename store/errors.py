@@ -1,0 +1,70 @@
+"""The one exception tree of cotenant.
+
+Every error cotenant raises on purpose derives from :class:`CotenantError`; foreign errors
+(DuckDB, protobuf, JSON, gRPC, TOML) are translated at the boundary with ``raise ... from exc``
+so callers catch one family::
+
+    CotenantError
+    ├── ConfigError            a configuration key or value is wrong (names both)
+    ├── StoreError             the embedded store cannot be opened or written
+    │   └── SchemaVersionError the store file was written by an incompatible version
+    ├── IngestError            an incoming telemetry payload cannot be accepted
+    │   ├── DecodeError        the body is not valid OTLP (protobuf or JSON)          -> 400
+    │   ├── PayloadTooLarge    the body, or its inflated form, exceeds the limit      -> 413
+    │   ├── UnsupportedMediaType  the content type or encoding is not OTLP            -> 415
+    │   └── Overloaded         the writer queue is full; retry after ``retry_after_s``-> 429/503
+    ├── QueryError             a query parameter (time, model, limit) is invalid      -> 400
+    └── UsageError             a library API was called wrongly (also a ValueError)
+
+It lives in ``store/`` because ``store`` is the package every other layer may import.
+"""
+
+from __future__ import annotations
+
+
+class CotenantError(Exception):
+    """Base of every error cotenant raises on purpose."""
+
+
+class ConfigError(CotenantError):
+    """A configuration key or value is invalid; the message names the key and the value."""
+
+
+class StoreError(CotenantError):
+    """The embedded store cannot be opened, read or written."""
+
+
+class SchemaVersionError(StoreError):
+    """The store file carries a schema version this release cannot use."""
+
+
+class IngestError(CotenantError):
+    """An incoming payload cannot be accepted."""
+
+
+class DecodeError(IngestError):
+    """The body is not a valid OTLP ExportTraceServiceRequest."""
+
+
+class PayloadTooLarge(IngestError):
+    """The body, or the body once inflated, exceeds the configured limit."""
+
+
+class UnsupportedMediaType(IngestError):
+    """The content type or content encoding is not one OTLP allows."""
+
+
+class Overloaded(IngestError):
+    """The writer queue is full; the client should retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueryError(CotenantError):
+    """A query parameter is invalid; the message names it."""
+
+
+class UsageError(CotenantError, ValueError):
+    """A library function was called with an invalid argument (e.g. an unknown phase)."""

@@ -1,0 +1,140 @@
+"""Typed read queries over the store. Callers use these, not SQL of their own."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from store.db import Store
+from store.errors import QueryError
+
+MAX_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """Half-open ``[since_ns, until_ns)``; either end may be open (None)."""
+
+    since_ns: int | None = None
+    until_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        if (
+            self.since_ns is not None
+            and self.until_ns is not None
+            and self.until_ns < self.since_ns
+        ):
+            raise QueryError("until is before since")
+
+
+def _where(
+    clauses: list[str],
+    params: dict[str, Any],
+    rng: TimeRange,
+    col: str,
+    model: str | None,
+    gpu: str | None = None,
+) -> str:
+    if rng.since_ns is not None:
+        clauses.append(f"{col} >= $since")
+        params["since"] = rng.since_ns
+    if rng.until_ns is not None:
+        clauses.append(f"{col} < $until")
+        params["until"] = rng.until_ns
+    if model is not None:
+        clauses.append("model = $model")
+        params["model"] = model
+    if gpu is not None:
+        clauses.append("gpu = $gpu")
+        params["gpu"] = gpu
+    return ("WHERE " + " AND ".join(clauses)) if clauses else ""
+
+
+def requests_table(
+    store: Store,
+    rng: TimeRange,
+    *,
+    model: str | None = None,
+    gpu: str | None = None,
+    limit: int = 1000,
+) -> pa.Table:
+    """Raw requests completed in ``rng`` (newest first), at most ``limit`` rows."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise QueryError(f"limit {limit} must be between 1 and {MAX_LIMIT}")
+    params: dict[str, Any] = {"limit": limit}
+    where = _where([], params, rng, "ts_end_ns", model, gpu)
+    with store.cursor() as cur:
+        return cur.sql(
+            f"SELECT * FROM requests {where} ORDER BY ts_end_ns DESC LIMIT $limit", params=params
+        ).to_arrow_table()
+
+
+def requests_rows(
+    store: Store,
+    rng: TimeRange,
+    *,
+    model: str | None = None,
+    gpu: str | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:
+    """Like :func:`requests_table`, as JSON-ready dicts (NaN becomes None)."""
+    rows: list[dict[str, Any]] = requests_table(
+        store, rng, model=model, gpu=gpu, limit=limit
+    ).to_pylist()
+    for r in rows:
+        for k, v in r.items():
+            if isinstance(v, float) and math.isnan(v):
+                r[k] = None
+    return rows
+
+
+def request_count(store: Store, rng: TimeRange | None = None, *, model: str | None = None) -> int:
+    params: dict[str, Any] = {}
+    where = _where([], params, rng or TimeRange(), "ts_end_ns", model)
+    with store.cursor() as cur:
+        row = cur.execute(f"SELECT count(*) FROM requests {where}", params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def request_rollups(
+    store: Store, rng: TimeRange, *, model: str | None = None, gpu: str | None = None
+) -> pa.Table:
+    """Per-minute per-(model, gpu) rollup rows whose minute starts in ``rng``."""
+    params: dict[str, Any] = {}
+    where = _where([], params, rng, "minute_ns", model, gpu)
+    with store.cursor() as cur:
+        return cur.sql(
+            f"SELECT * FROM request_rollup_1m {where} ORDER BY minute_ns, model, gpu", params=params
+        ).to_arrow_table()
+
+
+def models(store: Store, rng: TimeRange | None = None) -> list[str]:
+    """Models seen in the rollups over ``rng``."""
+    params: dict[str, Any] = {}
+    where = _where([], params, rng or TimeRange(), "minute_ns", None)
+    with store.cursor() as cur:
+        rows = cur.execute(
+            f"SELECT DISTINCT model FROM request_rollup_1m {where} ORDER BY 1", params
+        ).fetchall()
+    return [str(r[0]) for r in rows if r[0] is not None]
+
+
+def pending_spans(store: Store) -> list[tuple[str, bytes]]:
+    with store.cursor() as cur:
+        rows = cur.execute("SELECT trace_id, payload FROM pending_spans").fetchall()
+    return [(str(t), bytes(p)) for t, p in rows]
+
+
+def replace_pending_spans(store: Store, items: list[tuple[str, bytes]], now_ns: int) -> None:
+    """Replace the saved pending child spans with ``items`` (at shutdown)."""
+    with store.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("DELETE FROM pending_spans")
+        if items:
+            cur.executemany(
+                "INSERT INTO pending_spans VALUES (?, ?, ?)", [(t, now_ns, p) for t, p in items]
+            )
+        cur.execute("COMMIT")

@@ -1,0 +1,69 @@
+"""Parse the time arguments users type: ``--since 15m``, ``?until=2026-12-02T10:00:00Z``.
+
+Accepted: ``now``; a duration ago (``90s``, ``15m``, ``2h``, ``7d``, optionally with a leading
+``-``); an ISO 8601 / RFC 3339 timestamp (naive means UTC); Unix seconds (``1764662400.5``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime
+
+from store.errors import QueryError
+
+_UNITS_NS = {
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+    "d": 86_400_000_000_000,
+    "w": 604_800_000_000_000,
+}
+_DURATION = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+
+
+def parse_duration_ns(text: str, name: str = "duration") -> int:
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise QueryError(f"{name} {text!r} is not a duration like 90s, 15m, 2h or 7d")
+    return int(float(m.group(1)) * _UNITS_NS[m.group(2)])
+
+
+def parse_time_ns(text: str, name: str = "time", now_ns: int | None = None) -> int:
+    """Nanoseconds UTC for ``text``; raises QueryError naming ``name`` when it is not a time."""
+    now = time.time_ns() if now_ns is None else now_ns
+    s = text.strip()
+    if not s:
+        raise QueryError(f"{name} is empty")
+    if s == "now":
+        return now
+    if _DURATION.match(s):
+        return now - parse_duration_ns(s, name)
+    try:
+        secs = float(s)
+    except ValueError:
+        pass
+    else:
+        if secs < 0 or secs > 1e11:
+            raise QueryError(f"{name} {text!r} is not a plausible Unix time in seconds")
+        return int(secs * 1e9)
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise QueryError(
+            f"{name} {text!r} is not a time: use 'now', a duration ago like "
+            "15m, an ISO 8601 time or Unix seconds"
+        ) from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1_000_000) * 1000
+
+
+def format_ns(ts_ns: int) -> str:
+    """RFC 3339 UTC with milliseconds."""
+    return (
+        datetime.fromtimestamp(ts_ns / 1e9, tz=UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )

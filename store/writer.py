@@ -1,0 +1,208 @@
+"""The writer thread: a bounded queue of Arrow batches appended to the store.
+
+Producers (the OTLP receivers, the NVML poller) call :meth:`Writer.submit` with an Arrow table;
+the queue is bounded by rows, and a full queue raises :class:`Overloaded` at once so the
+receiver can answer 503/UNAVAILABLE with a retry hint instead of blocking. One thread drains
+the queue, concatenates batches per table and appends each with one ``INSERT … SELECT`` over
+Arrow. The same thread refreshes rollups and applies retention (:mod:`store.maintenance`), so
+only one thread ever writes. :meth:`close` drains everything still queued before it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from store.db import Store
+from store.errors import Overloaded, StoreError
+from store.maintenance import Maintenance
+from store.schema import APPEND_TABLES, arrow_schema
+
+log = logging.getLogger(__name__)
+
+MINUTE_NS = 60_000_000_000
+
+
+class WriteObserver(Protocol):
+    """What the writer reports, for /metrics."""
+
+    def rows_written(self, table: str, rows: int, seconds: float) -> None: ...
+
+    def write_failed(self, table: str, rows: int) -> None: ...
+
+
+class Writer:
+    """Owns all writes to ``store``. Thread-safe :meth:`submit`; one background thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_rows: int = 500_000,
+        batch_rows: int = 50_000,
+        flush_interval_s: float = 0.5,
+        retry_after_s: float = 1.0,
+        maintenance: Maintenance | None = None,
+        observer: WriteObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._max_rows = max_rows
+        self._batch_rows = batch_rows
+        self._flush_interval_s = flush_interval_s
+        self._retry_after_s = retry_after_s
+        self._maintenance = maintenance
+        self._observer = observer
+        self._clock = clock
+        self._queue: deque[tuple[str, pa.Table]] = deque()
+        self._queued_rows = 0
+        self._in_flight = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._schemas = {t: arrow_schema(t) for t in APPEND_TABLES}
+        self._thread = threading.Thread(target=self._run, name="cotenant-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows accepted but not yet written."""
+        return self._queued_rows + self._in_flight
+
+    @property
+    def max_rows(self) -> int:
+        return self._max_rows
+
+    @property
+    def retry_after_s(self) -> float:
+        """The retry hint given to clients when the queue is full."""
+        return self._retry_after_s
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closing
+
+    def submit(self, table: str, batch: pa.Table) -> None:
+        """Queue ``batch`` for ``table``; raise :class:`Overloaded` if the queue is full.
+
+        Once this returns, the rows are acknowledged: they are written before :meth:`close`
+        returns. ``batch`` must carry the table's columns (extra ones are an error).
+        """
+        if table not in self._schemas:
+            raise StoreError(f"table {table} does not take appends")
+        n = batch.num_rows
+        if n == 0:
+            return
+        with self._cond:
+            if self._closing:
+                raise Overloaded("store is shutting down", self._retry_after_s)
+            if self._queued_rows + self._in_flight + n > self._max_rows:
+                raise Overloaded(
+                    f"writer queue full ({self.queued_rows} of {self._max_rows} rows queued)",
+                    self._retry_after_s,
+                )
+            self._queue.append((table, batch))
+            self._queued_rows += n
+            if self._queued_rows >= self._batch_rows:
+                self._cond.notify()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything submitted so far is written; True if it was in time."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._cond.notify_all()
+            while self._queued_rows or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop accepting, write everything queued, run a last rollup refresh, stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error(
+                "writer did not finish within %.0f s; %d rows unwritten",
+                timeout_s,
+                self.queued_rows,
+            )
+
+    def _take(self) -> list[tuple[str, pa.Table]]:
+        with self._cond:
+            deadline = self._clock() + self._flush_interval_s
+            while not self._closing and self._queued_rows < self._batch_rows:
+                left = deadline - self._clock()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            items = list(self._queue)
+            self._queue.clear()
+            self._in_flight = self._queued_rows
+            self._queued_rows = 0
+            return items
+
+    def _run(self) -> None:
+        while True:
+            items = self._take()
+            if items:
+                self._write(items)
+            with self._cond:
+                self._in_flight = 0
+                self._cond.notify_all()
+                done = self._closing and not self._queue
+            if self._maintenance is not None:
+                self._maintenance.tick(final=done)
+            if done:
+                return
+
+    def _write(self, items: list[tuple[str, pa.Table]]) -> None:
+        by_table: dict[str, list[pa.Table]] = {}
+        for table, batch in items:
+            by_table.setdefault(table, []).append(batch)
+        for table, batches in by_table.items():
+            rows = sum(b.num_rows for b in batches)
+            t0 = time.perf_counter()
+            try:
+                combined = pa.concat_tables(
+                    [
+                        b.select(self._schemas[table].names).cast(self._schemas[table])
+                        for b in batches
+                    ]
+                )
+                self._append(table, combined)
+            except Exception as exc:  # the data path must not kill the writer thread
+                log.exception("writing %d rows to %s failed: %s", rows, table, exc)
+                if self._observer is not None:
+                    self._observer.write_failed(table, rows)
+                continue
+            if self._observer is not None:
+                self._observer.rows_written(table, rows, time.perf_counter() - t0)
+            if self._maintenance is not None:
+                self._maintenance.mark_dirty(table, _minutes(table, combined))
+
+    def _append(self, table: str, data: pa.Table) -> None:
+        with self._store.cursor() as cur:
+            cur.register("_cotenant_batch", data)
+            try:
+                cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _cotenant_batch")
+            finally:
+                cur.unregister("_cotenant_batch")
+
+
+def _minutes(table: str, data: pa.Table) -> np.ndarray:
+    """Distinct minute starts (ns) touched by ``data``, for rollup refresh."""
+    col = {"requests": "ts_end_ns"}.get(table, "ts_ns")
+    if col not in data.column_names:
+        return np.empty(0, dtype=np.int64)
+    ts = data.column(col).to_numpy(zero_copy_only=False)
+    return np.unique(ts // MINUTE_NS) * MINUTE_NS

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+DATA = ROOT.parent / "shared" / "data"
+
+
+@dataclass
+class Served:
+    """A running ``cotenant serve`` subprocess on free loopback ports."""
+
+    proc: subprocess.Popen[str]
+    api: str
+    otlp_http: str
+    otlp_grpc: str
+    store: Path
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def start_serve(tmp: Path, store: Path, env_extra: dict[str, str] | None = None) -> Served:
+    env = {**os.environ, "COTENANT_SERVER_PORT": "0", "COTENANT_OTLP_HTTP_PORT": "0",
+           "COTENANT_OTLP_GRPC_PORT": "0", **(env_extra or {})}
+    log = tmp / f"serve-{time.monotonic_ns()}.log"
+    errf = log.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cotenant", "serve", "--store", str(store)],
+        stdout=subprocess.PIPE, stderr=errf, text=True, env=env, cwd=ROOT)
+    assert proc.stdout is not None
+    line = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("listening "):
+            break
+    m = re.match(r"listening api=(\S+) otlp_http=(\S+) otlp_grpc=(\S+)", line)
+    if not m:
+        proc.kill()
+        raise RuntimeError(f"cotenant serve did not start: {log.read_text()}")
+    served = Served(proc, m.group(1), m.group(2), m.group(3), store, log)
+    # poll readiness rather than sleeping
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{served.api}/readyz", timeout=2).status_code == 200:
+                return served
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("cotenant serve never became ready")
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Served]:
+    s = start_serve(tmp_path, tmp_path / "store.duckdb")
+    yield s
+    if s.proc.poll() is None:
+        s.stop()
