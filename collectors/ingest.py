@@ -44,7 +44,7 @@ class IngestPipeline:
         """
         with self._lock:
             spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-            if self._writer.queued_rows + spans > self._writer.max_rows:
+            if not self._writer.has_room(spans):
                 self._metrics.exports.labels(protocol, "overloaded").inc()
                 raise Overloaded(
                     f"writer queue full ({self._writer.queued_rows} of "

@@ -88,6 +88,16 @@ class Writer:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closing
 
+    def has_room(self, rows: int) -> bool:
+        """Whether ``rows`` more rows fit now. An empty queue takes a batch of any size, so
+        one export larger than the whole queue is slow, never refused for ever."""
+        with self._cond:
+            return self._has_room(rows)
+
+    def _has_room(self, rows: int) -> bool:
+        queued = self._queued_rows + self._in_flight
+        return queued == 0 or queued + rows <= self._max_rows
+
     def submit(self, table: str, batch: pa.Table) -> None:
         """Queue ``batch`` for ``table``; raise :class:`Overloaded` if the queue is full.
 
@@ -102,7 +112,7 @@ class Writer:
         with self._cond:
             if self._closing:
                 raise Overloaded("store is shutting down", self._retry_after_s)
-            if self._queued_rows + self._in_flight + n > self._max_rows:
+            if not self._has_room(n):
                 raise Overloaded(
                     f"writer queue full ({self.queued_rows} of {self._max_rows} rows queued)",
                     self._retry_after_s,

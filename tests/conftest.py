@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -28,21 +29,44 @@ class Served:
     otlp_grpc: str
     store: Path
     log: Path
+    _errf: IO[str]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Signal the process, wait for it, release its pipes; returns its exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._errf.close()
 
 
 def start_serve(tmp: Path, store: Path, env_extra: dict[str, str] | None = None) -> Served:
-    env = {**os.environ, "COTENANT_SERVER_PORT": "0", "COTENANT_OTLP_HTTP_PORT": "0",
-           "COTENANT_OTLP_GRPC_PORT": "0", **(env_extra or {})}
+    env = {
+        **os.environ,
+        "COTENANT_SERVER_PORT": "0",
+        "COTENANT_OTLP_HTTP_PORT": "0",
+        "COTENANT_OTLP_GRPC_PORT": "0",
+        **(env_extra or {}),
+    }
     log = tmp / f"serve-{time.monotonic_ns()}.log"
     errf = log.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "cotenant", "serve", "--store", str(store)],
-        stdout=subprocess.PIPE, stderr=errf, text=True, env=env, cwd=ROOT)
+        stdout=subprocess.PIPE,
+        stderr=errf,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.stdout is not None
     line = ""
     deadline = time.monotonic() + 60
@@ -55,8 +79,11 @@ def start_serve(tmp: Path, store: Path, env_extra: dict[str, str] | None = None)
     m = re.match(r"listening api=(\S+) otlp_http=(\S+) otlp_grpc=(\S+)", line)
     if not m:
         proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+        errf.close()
         raise RuntimeError(f"cotenant serve did not start: {log.read_text()}")
-    served = Served(proc, m.group(1), m.group(2), m.group(3), store, log)
+    served = Served(proc, m.group(1), m.group(2), m.group(3), store, log, errf)
     # poll readiness rather than sleeping
     while time.monotonic() < deadline:
         try:
@@ -65,13 +92,12 @@ def start_serve(tmp: Path, store: Path, env_extra: dict[str, str] | None = None)
         except httpx.HTTPError:
             pass
         time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("cotenant serve never became ready")
+    served.close()
+    raise RuntimeError(f"cotenant serve never became ready: {log.read_text()}")
 
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Served]:
     s = start_serve(tmp_path, tmp_path / "store.duckdb")
     yield s
-    if s.proc.poll() is None:
-        s.stop()
+    s.stop()

@@ -56,8 +56,9 @@ class SpanFactory:
             ca: dict[str, Any] = {}
             if name == "lock.wait" and lock is not None:
                 ca = {"cotenant.lock.name": lock[0], "cotenant.lock.holder": lock[1]}
-            child = self.tracer.start_span(name, context=ctx, start_time=t0 + int(s * MS),
-                                           attributes=ca)
+            child = self.tracer.start_span(
+                name, context=ctx, start_time=t0 + int(s * MS), attributes=ca
+            )
             child.end(end_time=t0 + int(e * MS))
         if error:
             root.set_status(Status(StatusCode.ERROR, "boom"))
@@ -65,9 +66,18 @@ class SpanFactory:
         sc = root.get_span_context()
         return f"{sc.trace_id:032x}", f"{sc.span_id:016x}"
 
-    def vllm(self, t0: int, e2e_s: float, queue_s: float, inference_s: float, *,
-             model: str | None = "meta-llama/Llama-3.1-8B", ttft_s: float = 0.05,
-             prompt_tokens: int = 100, completion_tokens: int = 20) -> tuple[str, str]:
+    def vllm(
+        self,
+        t0: int,
+        e2e_s: float,
+        queue_s: float,
+        inference_s: float,
+        *,
+        model: str | None = "meta-llama/Llama-3.1-8B",
+        ttft_s: float = 0.05,
+        prompt_tokens: int = 100,
+        completion_tokens: int = 20,
+    ) -> tuple[str, str]:
         """An ``llm_request`` span as vLLM emits it (latencies in float seconds)."""
         a: dict[str, Any] = {
             "gen_ai.request.id": "cmpl-1",
@@ -82,32 +92,55 @@ class SpanFactory:
         }
         if model is not None:
             a["gen_ai.response.model"] = model
-        span = self.tracer.start_span("llm_request", kind=SpanKind.SERVER, attributes=a,
-                                      start_time=t0)
+        span = self.tracer.start_span(
+            "llm_request", kind=SpanKind.SERVER, attributes=a, start_time=t0
+        )
         span.end(end_time=t0 + int(e2e_s * 1e9))
         sc = span.get_span_context()
         return f"{sc.trace_id:032x}", f"{sc.span_id:016x}"
 
-    def triton(self, t0: int, model: str, *, queue_ms: float, input_ms: float,
-               infer_ms: float, output_ms: float, overhead_ms: float = 1.0) -> tuple[str, str]:
+    def triton(
+        self,
+        t0: int,
+        model: str,
+        *,
+        queue_ms: float,
+        input_ms: float,
+        infer_ms: float,
+        output_ms: float,
+        overhead_ms: float = 1.0,
+    ) -> tuple[str, str]:
         """``InferRequest`` -> model span -> ``compute`` with Triton's timestamp events."""
         root = self.tracer.start_span("InferRequest", kind=SpanKind.SERVER, start_time=t0)
         root.add_event("HTTP_RECV_START", timestamp=t0)
         t = t0 + int(overhead_ms / 2 * MS)
         mspan = self.tracer.start_span(
-            model, context=set_span_in_context(root), kind=SpanKind.SERVER, start_time=t,
-            attributes={"triton.model_name": model, "triton.model_version": 1,
-                        "triton.trace_id": 1, "triton.trace_parent_id": 0})
+            model,
+            context=set_span_in_context(root),
+            kind=SpanKind.SERVER,
+            start_time=t,
+            attributes={
+                "triton.model_name": model,
+                "triton.model_version": 1,
+                "triton.trace_id": 1,
+                "triton.trace_parent_id": 0,
+            },
+        )
         mspan.add_event("REQUEST_START", timestamp=t)
         mspan.add_event("QUEUE_START", timestamp=t)
         c0 = t + int(queue_ms * MS)
-        comp = self.tracer.start_span("compute", context=set_span_in_context(mspan),
-                                      kind=SpanKind.SERVER, start_time=c0)
+        comp = self.tracer.start_span(
+            "compute", context=set_span_in_context(mspan), kind=SpanKind.SERVER, start_time=c0
+        )
         c1 = c0 + int(input_ms * MS)
         c2 = c1 + int(infer_ms * MS)
         c3 = c2 + int(output_ms * MS)
-        for name, ts in (("COMPUTE_START", c0), ("COMPUTE_INPUT_END", c1),
-                         ("COMPUTE_OUTPUT_START", c2), ("COMPUTE_END", c3)):
+        for name, ts in (
+            ("COMPUTE_START", c0),
+            ("COMPUTE_INPUT_END", c1),
+            ("COMPUTE_OUTPUT_START", c2),
+            ("COMPUTE_END", c3),
+        ):
             comp.add_event(name, timestamp=ts)
         comp.end(end_time=c3)
         mspan.add_event("REQUEST_END", timestamp=c3)

@@ -19,12 +19,24 @@ def rows(norm: Normalizer, req: object) -> list[dict]:
 def test_ours_decomposes_on_the_critical_path_and_phases_sum_to_latency() -> None:
     f = SpanFactory({"host.name": "node1", "process.pid": 42})
     trace_id, span_id = f.ours(
-        "llama", T0, 100.0,
-        [("queue", 0, 30), ("lock.wait", 30, 40), ("transfer.h2d", 40, 45),
-         ("compute", 45, 90), ("transfer.d2h", 88, 95)],
-        attrs={"cotenant.gpu": "GPU-abc", "cotenant.batch_size": 8, "cotenant.tenant": "acme",
-               "cotenant.priority": 2},
-        lock=("kv-cache", "sdxl"))
+        "llama",
+        T0,
+        100.0,
+        [
+            ("queue", 0, 30),
+            ("lock.wait", 30, 40),
+            ("transfer.h2d", 40, 45),
+            ("compute", 45, 90),
+            ("transfer.d2h", 88, 95),
+        ],
+        attrs={
+            "cotenant.gpu": "GPU-abc",
+            "cotenant.batch_size": 8,
+            "cotenant.tenant": "acme",
+            "cotenant.priority": 2,
+        },
+        lock=("kv-cache", "sdxl"),
+    )
     [r] = rows(Normalizer(GpuResolver()), f.otlp())
     assert r["trace_id"] == trace_id and r["span_id"] == span_id
     assert r["model"] == "llama" and r["gpu"] == "GPU-abc" and r["tenant"] == "acme"
@@ -47,8 +59,9 @@ def test_children_exported_before_their_root_are_joined() -> None:
     root = f.tracer.start_span("request", attributes={"cotenant.model": "m"}, start_time=T0)
     from opentelemetry.trace import set_span_in_context
 
-    child = f.tracer.start_span("compute", context=set_span_in_context(root),
-                                start_time=T0 + 2 * MS)
+    child = f.tracer.start_span(
+        "compute", context=set_span_in_context(root), start_time=T0 + 2 * MS
+    )
     child.end(end_time=T0 + 9 * MS)
     norm = Normalizer(GpuResolver())
     first = norm.normalize(f.otlp())  # only the child
@@ -66,7 +79,8 @@ def test_orphan_children_expire_and_are_counted() -> None:
     from opentelemetry.trace import set_span_in_context
 
     f.tracer.start_span("queue", context=set_span_in_context(root), start_time=T0).end(
-        end_time=T0 + MS)
+        end_time=T0 + MS
+    )
     norm = Normalizer(GpuResolver(), pending_ttl_s=5, clock=lambda: now[0])
     norm.normalize(f.otlp())
     now[0] += 10
@@ -79,8 +93,9 @@ def test_pending_children_survive_export_and_import() -> None:
     root = f.tracer.start_span("request", attributes={"cotenant.model": "m"}, start_time=T0)
     from opentelemetry.trace import set_span_in_context
 
-    f.tracer.start_span("compute", context=set_span_in_context(root),
-                        start_time=T0 + MS).end(end_time=T0 + 4 * MS)
+    f.tracer.start_span("compute", context=set_span_in_context(root), start_time=T0 + MS).end(
+        end_time=T0 + 4 * MS
+    )
     a = Normalizer(GpuResolver())
     a.normalize(f.otlp())
     saved = a.export_pending()
@@ -95,8 +110,14 @@ def test_pending_children_survive_export_and_import() -> None:
 def test_vllm_llm_request_span(with_model: bool) -> None:
     # vLLM v1 does not set gen_ai.response.model: the service name is the fallback
     f = SpanFactory({"service.name": "llama-8b", "vllm.process_id": "7"}, "vllm.tracing.otel")
-    f.vllm(T0, e2e_s=2.0, queue_s=0.5, inference_s=1.2, ttft_s=0.7,
-           model="meta-llama/Llama-3.1-8B" if with_model else None)
+    f.vllm(
+        T0,
+        e2e_s=2.0,
+        queue_s=0.5,
+        inference_s=1.2,
+        ttft_s=0.7,
+        model="meta-llama/Llama-3.1-8B" if with_model else None,
+    )
     [r] = rows(Normalizer(GpuResolver(model_gpu={"llama-8b": "1"}, default_gpu="0")), f.otlp())
     assert r["model"] == ("meta-llama/Llama-3.1-8B" if with_model else "llama-8b")
     assert r["source"] == "vllm"
@@ -120,8 +141,9 @@ def test_vllm_without_any_model_name_is_rejected_with_a_reason() -> None:
 
 def test_triton_infer_request_with_events() -> None:
     f = SpanFactory({"service.name": "triton-inference-server"}, "triton-server")
-    f.triton(T0, "resnet50", queue_ms=4.0, input_ms=1.0, infer_ms=10.0, output_ms=2.0,
-             overhead_ms=1.0)
+    f.triton(
+        T0, "resnet50", queue_ms=4.0, input_ms=1.0, infer_ms=10.0, output_ms=2.0, overhead_ms=1.0
+    )
     [r] = rows(Normalizer(GpuResolver(model_gpu={"resnet50": "2"})), f.otlp())
     assert r["model"] == "resnet50" and r["source"] == "triton" and r["gpu"] == "2"
     assert r["latency_ms"] == pytest.approx(18.0)
