@@ -47,6 +47,13 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_keys(args: argparse.Namespace) -> int:
+    from cotenant.config import keys_markdown
+
+    sys.stdout.write(keys_markdown())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cotenant",
@@ -74,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     show = csub.add_parser("show", help="print the effective configuration as TOML")
     common(show)
     show.set_defaults(func=cmd_config_show)
+    keys = csub.add_parser("keys", help="list every key as a Markdown table")
+    keys.set_defaults(func=cmd_config_keys)
     return p
 
 

@@ -9,6 +9,7 @@ here; a bad key or value raises :class:`store.errors.ConfigError` naming both.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -119,6 +120,20 @@ class Config:
         return "\n".join(lines)
 
 
+def keys_markdown() -> str:
+    """A Markdown table of every key, its environment variable, default and meaning."""
+    rows = ["| key | environment | default | meaning |", "|---|---|---|---|"]
+    defaults = Config()
+    for section in dataclasses.fields(defaults):
+        sub = getattr(defaults, section.name)
+        for f in dataclasses.fields(sub):
+            env = f"{ENV_PREFIX}{section.name.upper()}_{f.name.upper()}"
+            default = _toml_value(getattr(sub, f.name))
+            rows.append(f"| `{section.name}.{f.name}` | `{env}` | `{default}` | "
+                        f"{f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -130,7 +145,11 @@ def _toml_value(v: Any) -> str:
 
 
 def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # TOML basic strings may not hold raw control characters (a tab or newline in a path
+    # would make `config show` print TOML that does not parse): escape them as \uXXXX.
+    out = s.replace("\\", "\\\\").replace('"', '\\"')
+    out = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in out)
+    return '"' + out + '"'
 
 
 def _section_types() -> dict[str, type]:
@@ -159,6 +178,9 @@ def _cast(name: str, f: dataclasses.Field[Any], raw: Any, from_env: bool) -> Any
             if isinstance(raw, bool) or not (isinstance(raw, int | float) or from_env):
                 raise ValueError("expected a number")
             value = float(raw)
+            # NaN slips past every bound check and inf overflows the int conversions later.
+            if not math.isfinite(value):
+                raise ValueError("expected a finite number")
         elif typ == "str":
             if not isinstance(raw, str):
                 raise ValueError("expected a string")
