@@ -92,6 +92,22 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class NvmlConfig:
+    enabled: bool = _key(True, "poll GPU and per-process counters through NVML when available")
+    poll_interval_s: float = _key(1.0, "NVML poll period", min=0.05, max=3600.0)
+    backoff_max_s: float = _key(
+        30.0, "longest wait between retries of a lost GPU or driver", min=0.1
+    )
+    host: str = _key("", "host name recorded on samples ('' = this machine's host name)")
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    url: str = _key("", "Prometheus-compatible query URL for the fleet path ('' = not used)")
+    timeout_s: float = _key(10.0, "timeout of one PromQL query", min=0.1, max=600.0)
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = _key("info", "log level", choices=("debug", "info", "warning", "error"))
 
@@ -102,6 +118,8 @@ class Config:
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    nvml: NvmlConfig = field(default_factory=NvmlConfig)
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -129,8 +147,9 @@ def keys_markdown() -> str:
         for f in dataclasses.fields(sub):
             env = f"{ENV_PREFIX}{section.name.upper()}_{f.name.upper()}"
             default = _toml_value(getattr(sub, f.name))
-            rows.append(f"| `{section.name}.{f.name}` | `{env}` | `{default}` | "
-                        f"{f.metadata['help']} |")
+            rows.append(
+                f"| `{section.name}.{f.name}` | `{env}` | `{default}` | {f.metadata['help']} |"
+            )
     return "\n".join(rows) + "\n"
 
 

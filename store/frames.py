@@ -1,0 +1,83 @@
+"""The frames every :class:`store.source.MetricSource` returns: Arrow tables with fixed schemas.
+
+One row per window (``ts_ns`` = window start, windows of ``step_s``) and series. A value the
+source cannot know is null (e.g. phases when only exporter metrics exist).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from store.schema import PHASE_COLUMNS
+
+REQUEST_WINDOWS = pa.schema(
+    [
+        ("ts_ns", pa.int64()),
+        ("model", pa.string()),
+        ("gpu", pa.string()),
+        ("count", pa.float64()),
+        ("rate_rps", pa.float64()),
+        ("errors", pa.float64()),
+        ("mean_ms", pa.float64()),
+        ("p50_ms", pa.float64()),
+        ("p95_ms", pa.float64()),
+        ("p99_ms", pa.float64()),
+        *[(c, pa.float64()) for c in PHASE_COLUMNS],
+        ("batch_size_mean", pa.float64()),
+    ]
+)
+"""Per (window, model, gpu): request count and rate, latency mean and quantiles, mean time per
+phase (ms per request) and mean batch size."""
+
+GPU_WINDOWS = pa.schema(
+    [
+        ("ts_ns", pa.int64()),
+        ("host", pa.string()),
+        ("gpu", pa.string()),
+        ("sm_util", pa.float64()),
+        ("mem_util", pa.float64()),
+        ("dram_active", pa.float64()),
+        ("pcie_tx_bps", pa.float64()),
+        ("pcie_rx_bps", pa.float64()),
+        ("nvlink_tx_bps", pa.float64()),
+        ("nvlink_rx_bps", pa.float64()),
+        ("mem_used_bytes", pa.float64()),
+        ("mem_total_bytes", pa.float64()),
+        ("power_w", pa.float64()),
+        ("temp_c", pa.float64()),
+        ("sm_clock_mhz", pa.float64()),
+        ("max_sm_clock_mhz", pa.float64()),
+        ("clock_event_reasons", pa.int64()),
+    ]
+)
+"""Per (window, GPU): means of the counters (utilisations in percent 0-100, like NVML;
+``dram_active`` 0-1 like DCGM) and the OR of the clock-event reason bits."""
+
+PROCESS_WINDOWS = pa.schema(
+    [
+        ("ts_ns", pa.int64()),
+        ("host", pa.string()),
+        ("gpu", pa.string()),
+        ("pid", pa.int64()),
+        ("process_name", pa.string()),
+        ("model", pa.string()),
+        ("sm_util", pa.float64()),
+        ("mem_util", pa.float64()),
+        ("mem_used_bytes", pa.float64()),
+    ]
+)
+"""Per (window, GPU, process): mean SM / memory utilisation (percent) and memory used."""
+
+SERVING_WINDOWS = pa.schema(
+    [
+        ("ts_ns", pa.int64()),
+        ("model", pa.string()),
+        ("gpu", pa.string()),
+        ("requests_waiting", pa.float64()),
+        ("requests_running", pa.float64()),
+        ("kv_cache_usage", pa.float64()),
+        ("preemptions_per_s", pa.float64()),
+    ]
+)
+"""Per (window, model): serving-engine gauges (vLLM): queue length, running requests, KV-cache
+usage (0-1), preemption rate."""

@@ -1,0 +1,178 @@
+"""``MetricSource``: the one interface analysis reads through.
+
+Two implementations: :class:`StoreSource` (the embedded DuckDB store, spans and NVML samples)
+and ``collectors.prometheus.PrometheusSource`` (PromQL against Prometheus, Thanos, Mimir,
+VictoriaMetrics — exporter series, possibly without spans). Both return the frames of
+:mod:`store.frames`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from store.db import Store
+from store.errors import QueryError
+from store.frames import GPU_WINDOWS, PROCESS_WINDOWS, REQUEST_WINDOWS, SERVING_WINDOWS
+from store.queries import TimeRange
+from store.schema import PHASE_COLUMNS
+
+
+class MetricSource(Protocol):
+    """Windowed series for analysis. ``rng`` must be closed (both ends set)."""
+
+    @property
+    def has_spans(self) -> bool:
+        """True when request rows carry the phase decomposition (spans were ingested)."""
+        ...
+
+    def request_windows(
+        self, rng: TimeRange, step_s: float, model: str | None = None
+    ) -> pa.Table: ...
+
+    def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table: ...
+
+    def process_windows(
+        self, rng: TimeRange, step_s: float, gpu: str | None = None
+    ) -> pa.Table: ...
+
+    def serving_windows(
+        self, rng: TimeRange, step_s: float, model: str | None = None
+    ) -> pa.Table: ...
+
+
+def check_range(rng: TimeRange, step_s: float) -> tuple[int, int, int]:
+    """(since_ns, until_ns, step_ns) or QueryError."""
+    if rng.since_ns is None or rng.until_ns is None:
+        raise QueryError("a window query needs both since and until")
+    if not step_s > 0:
+        raise QueryError(f"step {step_s} s must be > 0")
+    step_ns = int(step_s * 1e9)
+    if (rng.until_ns - rng.since_ns) // step_ns > 1_000_000:
+        raise QueryError("too many windows (more than 1,000,000): use a larger step")
+    return rng.since_ns, rng.until_ns, step_ns
+
+
+MINUTE_NS = 60_000_000_000
+
+
+class StoreSource:
+    """:class:`MetricSource` over the embedded store. Steps that are whole minutes read the
+    per-minute rollups (so long ranges never scan raw rows); other steps read raw rows.
+
+    From rollups, quantiles of windows longer than a minute are the count-weighted mean of the
+    per-minute quantiles (an approximation; exact for one-minute steps)."""
+
+    has_spans = True
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def _query(self, sql: str, params: dict[str, Any], schema: pa.Schema) -> pa.Table:
+        with self._store.cursor() as cur:
+            t = cur.sql(sql, params=params).to_arrow_table()
+        return t.select(schema.names).cast(schema)
+
+    def request_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
+        lo, hi, step = check_range(rng, step_s)
+        p: dict[str, Any] = {"lo": lo, "hi": hi, "step": step, "secs": step / 1e9}
+        mf = ""
+        if model is not None:
+            mf = "AND model = $model"
+            p["model"] = model
+        if step % MINUTE_NS == 0:
+            phases = ", ".join(f"sum({c} * count) / sum(count) AS {c}" for c in PHASE_COLUMNS)
+            sql = f"""
+                SELECT (minute_ns // $step) * $step AS ts_ns, model, gpu,
+                       sum(count)::DOUBLE AS count, sum(count) / $secs AS rate_rps,
+                       sum(errors)::DOUBLE AS errors, sum(latency_sum_ms) / sum(count) AS mean_ms,
+                       sum(p50_ms * count) / sum(count) AS p50_ms,
+                       sum(p95_ms * count) / sum(count) AS p95_ms,
+                       sum(p99_ms * count) / sum(count) AS p99_ms, {phases},
+                       sum(batch_size_mean * count) / sum(count) AS batch_size_mean
+                FROM request_rollup_1m
+                WHERE minute_ns >= $lo AND minute_ns < $hi {mf}
+                GROUP BY ALL ORDER BY ts_ns, model, gpu"""
+        else:
+            phases = ", ".join(f"avg({c}) AS {c}" for c in PHASE_COLUMNS)
+            sql = f"""
+                SELECT ts_ns, model, gpu, count, rate_rps, errors, mean_ms,
+                       q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms,
+                       {", ".join(PHASE_COLUMNS)}, batch_size_mean
+                FROM (
+                    SELECT (ts_end_ns // $step) * $step AS ts_ns, model, gpu,
+                           count(*)::DOUBLE AS count, count(*) / $secs AS rate_rps,
+                           (count(*) FILTER (WHERE status = 'error'))::DOUBLE AS errors,
+                           avg(latency_ms) AS mean_ms,
+                           quantile_cont(latency_ms, [0.5, 0.95, 0.99]) AS q, {phases},
+                           avg(batch_size) AS batch_size_mean
+                    FROM requests WHERE ts_end_ns >= $lo AND ts_end_ns < $hi {mf}
+                    GROUP BY ALL)
+                ORDER BY ts_ns, model, gpu"""
+        return self._query(sql, p, REQUEST_WINDOWS)
+
+    def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+        lo, hi, step = check_range(rng, step_s)
+        p: dict[str, Any] = {"lo": lo, "hi": hi, "step": step}
+        gf = ""
+        if gpu is not None:
+            gf = "AND gpu = $gpu"
+            p["gpu"] = gpu
+        if step % MINUTE_NS == 0:
+            sql = f"""
+                SELECT (minute_ns // $step) * $step AS ts_ns, host, gpu,
+                       avg(sm_util) AS sm_util, avg(mem_util) AS mem_util,
+                       avg(dram_active) AS dram_active, avg(pcie_tx_bps) AS pcie_tx_bps,
+                       avg(pcie_rx_bps) AS pcie_rx_bps, avg(nvlink_tx_bps) AS nvlink_tx_bps,
+                       avg(nvlink_rx_bps) AS nvlink_rx_bps,
+                       max(mem_used_bytes_max) AS mem_used_bytes,
+                       max(mem_total_bytes) AS mem_total_bytes, avg(power_w) AS power_w,
+                       max(temp_c_max) AS temp_c, avg(sm_clock_mhz) AS sm_clock_mhz,
+                       max(max_sm_clock_mhz) AS max_sm_clock_mhz,
+                       bit_or(clock_event_reasons) AS clock_event_reasons
+                FROM gpu_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi {gf}
+                GROUP BY ALL ORDER BY ts_ns, host, gpu"""
+        else:
+            sql = f"""
+                SELECT (ts_ns // $step) * $step AS ts_ns, host, gpu,
+                       avg(sm_util) AS sm_util, avg(mem_util) AS mem_util,
+                       avg(dram_active) AS dram_active, avg(pcie_tx_bps) AS pcie_tx_bps,
+                       avg(pcie_rx_bps) AS pcie_rx_bps, avg(nvlink_tx_bps) AS nvlink_tx_bps,
+                       avg(nvlink_rx_bps) AS nvlink_rx_bps, avg(mem_used_bytes) AS mem_used_bytes,
+                       max(mem_total_bytes) AS mem_total_bytes, avg(power_w) AS power_w,
+                       avg(temp_c) AS temp_c, avg(sm_clock_mhz) AS sm_clock_mhz,
+                       max(max_sm_clock_mhz) AS max_sm_clock_mhz,
+                       bit_or(clock_event_reasons) AS clock_event_reasons
+                FROM gpu_samples WHERE ts_ns >= $lo AND ts_ns < $hi {gf}
+                GROUP BY ALL ORDER BY ts_ns, host, gpu"""
+        return self._query(sql, p, GPU_WINDOWS)
+
+    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+        lo, hi, step = check_range(rng, step_s)
+        p: dict[str, Any] = {"lo": lo, "hi": hi, "step": step}
+        gf = ""
+        if gpu is not None:
+            gf = "AND gpu = $gpu"
+            p["gpu"] = gpu
+        if step % MINUTE_NS == 0:
+            sql = f"""
+                SELECT (minute_ns // $step) * $step AS ts_ns, host, gpu, pid,
+                       any_value(process_name) AS process_name, any_value(model) AS model,
+                       avg(sm_util) AS sm_util, avg(mem_util) AS mem_util,
+                       max(mem_used_bytes_max) AS mem_used_bytes
+                FROM process_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi {gf}
+                GROUP BY ts_ns, host, gpu, pid ORDER BY ts_ns, host, gpu, pid"""
+        else:
+            sql = f"""
+                SELECT (ts_ns // $step) * $step AS ts_ns, host, gpu, pid,
+                       any_value(process_name) AS process_name, any_value(model) AS model,
+                       avg(sm_util) AS sm_util, avg(mem_util) AS mem_util,
+                       avg(mem_used_bytes) AS mem_used_bytes
+                FROM process_samples WHERE ts_ns >= $lo AND ts_ns < $hi {gf}
+                GROUP BY 1, host, gpu, pid ORDER BY ts_ns, host, gpu, pid"""
+        return self._query(sql, p, PROCESS_WINDOWS)
+
+    def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
+        check_range(rng, step_s)
+        return SERVING_WINDOWS.empty_table()  # engine gauges come only from exporters
