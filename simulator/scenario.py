@@ -1,0 +1,202 @@
+"""Scenario model: the typed form of a scenario YAML file (schema version 1).
+
+The YAML schema is a public interface, documented in docs/scenarios.md. Loading and
+validation live in :mod:`simulator.scenario_load`; the engine reads only these types.
+Units: times in seconds unless the name says ``_ms``; sizes in MB / GiB as named; demands and
+utilisations are fractions 0-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SCHEMA_VERSION = 1
+
+Sharing = Literal["timeslice", "mps", "mig"]
+ArrivalKind = Literal["poisson", "bursty", "trace", "closed"]
+FaultKind = Literal[
+    "cotenant_burst",
+    "process_active",
+    "bandwidth_hog",
+    "lock_hog",
+    "throttle",
+    "memory_pressure",
+    "cpu_hog",
+    "load_surge",
+]
+
+CLOCK_REASON_BITS: dict[str, int] = {
+    # NVML nvmlClocksEventReason* bit values
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """A GPU preset: memory, PCIe bandwidth each way, DRAM peak, clocks, power."""
+
+    name: str
+    memory_gib: float
+    pcie_gbps: float  # GB/s each direction, effective
+    dram_gbps: float  # peak DRAM bandwidth, GB/s
+    max_sm_clock_mhz: float
+    idle_power_w: float
+    max_power_w: float
+
+
+GPU_TYPES: dict[str, GpuType] = {
+    "h100-sxm": GpuType("h100-sxm", 80, 50.0, 3350.0, 1980, 70, 700),
+    "h200": GpuType("h200", 141, 50.0, 4800.0, 1980, 75, 700),
+    "a100-80g": GpuType("a100-80g", 80, 25.0, 2039.0, 1410, 55, 400),
+    "l4": GpuType("l4", 24, 25.0, 300.0, 2040, 16, 72),
+}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str
+    type: GpuType
+    sharing: Sharing = "timeslice"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """``poisson``: rate_rps. ``bursty``: on/off — rate_rps between bursts, burst_rps during
+    bursts of mean length mean_burst_s separated by gaps of mean mean_gap_s (exponential).
+    ``trace``: replay inter-arrival times and token counts of a CSV (TIMESTAMP,
+    ContextTokens, GeneratedTokens), ``scale`` x faster. ``closed``: ``concurrency`` clients
+    each sending the next request when the previous returns (after ``think_ms``)."""
+
+    kind: ArrivalKind
+    rate_rps: float = 0.0
+    burst_rps: float = 0.0
+    mean_burst_s: float = 0.0
+    mean_gap_s: float = 0.0
+    file: str = ""  # resolved absolute path for kind=trace
+    scale: float = 1.0
+    concurrency: int = 1
+    think_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Batching:
+    max_batch: int = 1
+    max_wait_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One batch's GPU work alone at full clock: ``base_ms + per_item_ms * batch``.
+    ``sm_demand``: fraction of the SMs it keeps busy; ``dram_demand``: fraction of peak DRAM
+    bandwidth it uses while running; ``memory_bound``: fraction of its time that stretches when
+    co-runners load DRAM (MPS)."""
+
+    base_ms: float
+    per_item_ms: float = 0.0
+    sm_demand: float = 1.0
+    dram_demand: float = 0.0
+    memory_bound: float = 0.0
+
+
+@dataclass(frozen=True)
+class Transfer:
+    h2d_mb: float = 0.0  # per request (item), host -> device
+    d2h_mb: float = 0.0  # per request (item), device -> host
+
+
+@dataclass(frozen=True)
+class Lock:
+    name: str
+    hold_ms: float
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    gpu: str
+    arrival: Arrival
+    kernel: Kernel
+    batching: Batching = field(default_factory=Batching)
+    slo_p99_ms: float | None = None
+    preprocess_ms: float = 0.0  # host CPU time per request, on the shared pool
+    postprocess_ms: float = 0.0
+    locks: tuple[Lock, ...] = ()
+    transfer: Transfer = field(default_factory=Transfer)
+    memory_gib: float = 0.0
+    kv_cache_gib: float = 0.0  # > 0: KV cache that memory pressure preempts
+    priority: int = 0
+    tenant: str = ""
+
+
+@dataclass(frozen=True)
+class Process:
+    """A user that emits no spans: on a GPU (training job, copy loop) or host-only (no gpu).
+    It loads its GPU only while a ``process_active`` or ``bandwidth_hog`` fault runs, unless
+    ``always_active``."""
+
+    name: str
+    gpu: str | None = None
+    sm_demand: float = 0.0
+    dram_demand: float = 0.0
+    pcie_gbps: float = 0.0
+    memory_gib: float = 0.0
+    always_active: bool = False
+    pid: int = 0  # assigned by the loader when 0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault; which fields apply depends on ``kind`` (docs/scenarios.md)."""
+
+    kind: FaultKind
+    start_s: float
+    duration_s: float
+    target: str = ""  # model or process
+    factor: float = 1.0  # cotenant_burst, load_surge: arrival-rate multiplier
+    resource: Literal["dram", "pcie", "nvlink"] = "dram"  # bandwidth_hog
+    level: float = 0.0  # bandwidth_hog: fraction of the resource's peak
+    lock: str = ""  # lock_hog
+    holder: str = ""  # lock_hog
+    hold_ms: float = 0.0  # lock_hog
+    gpu: str = ""  # throttle
+    clock_factor: float = 1.0  # throttle
+    reason: str = "hw_thermal"  # throttle: a key of CLOCK_REASON_BITS
+    gib: float = 0.0  # memory_pressure
+    cores: int = 0  # cpu_hog
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    duration_s: float
+    gpus: tuple[Gpu, ...]
+    models: tuple[Model, ...]
+    host_cpus: int = 16
+    processes: tuple[Process, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    sample_period_s: float = 1.0  # NVML-like counter sampling
+    host: str = "sim-node"
+    version: int = SCHEMA_VERSION
+
+    def gpu(self, gpu_id: str) -> Gpu:
+        return next(g for g in self.gpus if g.id == gpu_id)
+
+    def without_fault(self, index: int) -> Scenario:
+        """The same scenario with fault ``index`` removed (for counterfactual runs)."""
+        from dataclasses import replace
+
+        return replace(self, faults=self.faults[:index] + self.faults[index + 1 :])
