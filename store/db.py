@@ -52,23 +52,32 @@ class Store:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._lock = threading.Lock()
         self._closed = False
-        if not read_only:
-            self._init_schema()
-        else:
-            self._check_version()
+        try:
+            if not read_only:
+                self._init_schema()
+            else:
+                self._check_version()
+        except BaseException as exc:
+            # release the file (and its lock) at once, not whenever the object is collected
+            self._con.close()
+            if isinstance(exc, duckdb.Error):
+                raise StoreError(f"cannot use store {self.path}: {exc}") from exc
+            raise
 
     def _init_schema(self) -> None:
         con = self._con
-        for stmt in ddl():
-            con.execute(stmt)
+        stmts = ddl()
+        con.execute(stmts[0])  # meta only: a file of another version must not be altered
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        elif int(row[0]) != SCHEMA_VERSION:
+        elif str(row[0]) != str(SCHEMA_VERSION):
             raise SchemaVersionError(
                 f"store {self.path} has schema version {row[0]}, this cotenant uses "
                 f"{SCHEMA_VERSION}: point --store at a new file or use a matching release"
             )
+        for stmt in stmts[1:]:
+            con.execute(stmt)
 
     def _check_version(self) -> None:
         try:
@@ -77,7 +86,7 @@ class Store:
             ).fetchone()
         except duckdb.CatalogException as exc:
             raise StoreError(f"{self.path} is not a cotenant store (no meta table)") from exc
-        if row is None or int(row[0]) != SCHEMA_VERSION:
+        if row is None or str(row[0]) != str(SCHEMA_VERSION):
             got = None if row is None else row[0]
             raise SchemaVersionError(
                 f"store {self.path} has schema version {got}, expected {SCHEMA_VERSION}"

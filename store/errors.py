@@ -14,6 +14,9 @@ so callers catch one family::
     │   ├── UnsupportedMediaType  the content type or encoding is not OTLP            -> 415
     │   └── Overloaded         the writer queue is full; retry after ``retry_after_s``-> 429/503
     ├── QueryError             a query parameter (time, model, limit) is invalid      -> 400
+    ├── SourceError            a metric source (Prometheus) is down, too slow, or answers
+    │                          something that is not its API (names URL, query, remedy)
+    ├── ScenarioError          a simulator scenario file is invalid (names file, field, value)
     └── UsageError             a library API was called wrongly (also a ValueError)
 
 It lives in ``store/`` because ``store`` is the package every other layer may import.
@@ -64,6 +67,22 @@ class Overloaded(IngestError):
 
 class QueryError(CotenantError):
     """A query parameter is invalid; the message names it."""
+
+
+class ScenarioError(CotenantError):
+    """A scenario file cannot be read or is invalid; the message names the file, the field path
+    (e.g. ``models[1].kernel.sm_demand``) and the bad value."""
+
+
+class SourceError(CotenantError):
+    """A metric source cannot answer: unreachable, timed out, HTTP error, or an answer that is
+    not its API. The message names the URL, the query and what to do; ``url`` and ``query``
+    hold them in full."""
+
+    def __init__(self, message: str, *, url: str = "", query: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+        self.query = query
 
 
 class UsageError(CotenantError, ValueError):

@@ -84,6 +84,8 @@ _ROLLUPS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
+_RAW_EXPIRED_META = "raw_expired_before_ns"
+
 # table -> (timestamp column, retention class)
 _RETENTION: dict[str, tuple[str, str]] = {
     "requests": ("ts_end_ns", "raw"),
@@ -122,6 +124,9 @@ class Maintenance:
         }
         self._clock_ns = clock_ns
         self._dirty: dict[str, set[int]] = {t: set() for t in _ROLLUPS}
+        # raw rows before this time may have been deleted by expire(); kept across restarts
+        held = store.get_meta(_RAW_EXPIRED_META)
+        self._raw_expired_before: int | None = None if held is None else int(held)
         now = clock_ns()
         self._last_rollup = now
         self._last_retention = now - self._retention_every_ns  # expire once soon after start
@@ -161,10 +166,10 @@ class Maintenance:
         done = 0
         with self._store.cursor() as cur:
             for raw, (rollup, _, select) in _ROLLUPS.items():
-                minutes = sorted(self._dirty[raw])
+                minutes = self._refreshable(cur, rollup, sorted(self._dirty[raw]))
+                self._dirty[raw] = set()
                 if not minutes:
                     continue
-                self._dirty[raw] = set()
                 dirty = np.asarray(minutes, dtype=np.int64)
                 cur.execute("CREATE OR REPLACE TEMP TABLE _dirty (minute_ns BIGINT)")
                 cur.execute("INSERT INTO _dirty SELECT unnest($m)", {"m": dirty.tolist()})
@@ -185,6 +190,27 @@ class Maintenance:
                 done += len(minutes)
         return done
 
+    def _refreshable(
+        self, cur: duckdb.DuckDBPyConnection, rollup: str, minutes: list[int]
+    ) -> list[int]:
+        """``minutes`` less those whose raw rows were (partly) expired but whose rollup remains.
+
+        Recomputing such a minute from the raw rows left (e.g. one very late span) would
+        replace its rollup, the only full record of that minute, with a fragment.
+        """
+        cut = self._raw_expired_before
+        old = [m for m in minutes if cut is not None and m < cut]
+        if not old:
+            return minutes
+        rows = cur.execute(
+            f"SELECT DISTINCT minute_ns FROM {rollup} WHERE minute_ns IN (SELECT unnest($m))",
+            {"m": old},
+        ).fetchall()
+        keep = {int(r[0]) for r in rows}
+        if keep:
+            log.info("not recomputing %d expired minutes of %s from late rows", len(keep), rollup)
+        return [m for m in minutes if m not in keep]
+
     def expire(self, now_ns: int | None = None) -> dict[str, int]:
         """Delete rows older than their table's retention; returns rows deleted per table."""
         now = self._clock_ns() if now_ns is None else now_ns
@@ -194,6 +220,10 @@ class Maintenance:
                 cutoff = now - self._keep_ns[klass]
                 row = cur.execute(f"DELETE FROM {table} WHERE {ts} < $c", {"c": cutoff}).fetchone()
                 deleted[table] = int(row[0]) if row else 0
+        raw_cut = now - self._keep_ns["raw"]
+        if self._raw_expired_before is None or raw_cut > self._raw_expired_before:
+            self._raw_expired_before = raw_cut
+            self._store.set_meta(_RAW_EXPIRED_META, str(raw_cut))
         if any(deleted.values()):
             log.info("retention deleted %s", {k: v for k, v in deleted.items() if v})
         return deleted

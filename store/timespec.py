@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from store.errors import QueryError
 
@@ -20,6 +20,7 @@ _UNITS_NS = {
     "d": 86_400_000_000_000,
     "w": 604_800_000_000_000,
 }
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _DURATION = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 
 
@@ -45,7 +46,7 @@ def parse_time_ns(text: str, name: str = "time", now_ns: int | None = None) -> i
     except ValueError:
         pass
     else:
-        if secs < 0 or secs > 1e11:
+        if not 0 <= secs <= 1e11:  # also refuses nan, which int() cannot convert
             raise QueryError(f"{name} {text!r} is not a plausible Unix time in seconds")
         return int(secs * 1e9)
     try:
@@ -57,7 +58,8 @@ def parse_time_ns(text: str, name: str = "time", now_ns: int | None = None) -> i
         ) from exc
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1_000_000) * 1000
+    # integer arithmetic: float timestamp() * 1e6 truncates some microseconds to one less
+    return (dt - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
 def format_ns(ts_ns: int) -> str:

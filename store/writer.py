@@ -102,13 +102,17 @@ class Writer:
         """Queue ``batch`` for ``table``; raise :class:`Overloaded` if the queue is full.
 
         Once this returns, the rows are acknowledged: they are written before :meth:`close`
-        returns. ``batch`` must carry the table's columns (extra ones are an error).
+        returns. ``batch`` must carry the table's columns (extra ones are an error), with
+        values castable to the table's types; otherwise :class:`StoreError` is raised here.
         """
         if table not in self._schemas:
             raise StoreError(f"table {table} does not take appends")
         n = batch.num_rows
         if n == 0:
             return
+        # Conform here, on the caller's thread: a malformed batch found only by the writer
+        # would make it drop every acknowledged batch written together with it.
+        batch = _conform(table, batch, self._schemas[table])
         with self._cond:
             if self._closing:
                 raise Overloaded("store is shutting down", self._retry_after_s)
@@ -183,12 +187,7 @@ class Writer:
             rows = sum(b.num_rows for b in batches)
             t0 = time.perf_counter()
             try:
-                combined = pa.concat_tables(
-                    [
-                        b.select(self._schemas[table].names).cast(self._schemas[table])
-                        for b in batches
-                    ]
-                )
+                combined = pa.concat_tables(batches)
                 self._append(table, combined)
             except Exception as exc:  # the data path must not kill the writer thread
                 log.exception("writing %d rows to %s failed: %s", rows, table, exc)
@@ -209,10 +208,28 @@ class Writer:
                 cur.unregister("_cotenant_batch")
 
 
+def _conform(table: str, batch: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``batch`` with exactly ``schema``'s columns and types, or :class:`StoreError`."""
+    if batch.schema.equals(schema):
+        return batch
+    missing = [c for c in schema.names if c not in batch.column_names]
+    extra = [c for c in batch.column_names if c not in schema.names]
+    if missing or extra:
+        raise StoreError(
+            f"batch for {table} does not match its schema (missing columns: "
+            f"{', '.join(missing) or 'none'}; unknown columns: {', '.join(extra) or 'none'})"
+        )
+    try:
+        return batch.select(schema.names).cast(schema)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise StoreError(f"batch for {table} has values of the wrong type: {exc}") from exc
+
+
 def _minutes(table: str, data: pa.Table) -> np.ndarray:
     """Distinct minute starts (ns) touched by ``data``, for rollup refresh."""
     col = {"requests": "ts_end_ns"}.get(table, "ts_ns")
     if col not in data.column_names:
         return np.empty(0, dtype=np.int64)
-    ts = data.column(col).to_numpy(zero_copy_only=False)
+    # nulls would turn the column into float64 (NaN, and ns rounded to the wrong minute)
+    ts = data.column(col).drop_null().to_numpy(zero_copy_only=False)
     return np.unique(ts // MINUTE_NS) * MINUTE_NS
