@@ -1,4 +1,4 @@
-"""``cotenant`` command line: serve, config show."""
+"""``cotenant`` command line: serve, config show, nvml."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import argparse
 import dataclasses
 import logging
 import os
+import socket
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from cotenant.config import Config, load_config
 from store.errors import CotenantError
@@ -39,6 +42,126 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service = Service(cfg)
     service.run()
     return 0
+
+
+def cmd_nvml(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _configure_logging(cfg.log.level)
+    from collectors.nvml import NvmlUnavailable, load_pynvml
+
+    try:
+        api = load_pynvml()
+    except NvmlUnavailable as exc:
+        print(f"cotenant nvml: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return nvml_report(api, cfg, sys.stdout)
+
+
+def nvml_report(
+    nvml: Any,
+    cfg: Config,
+    out: TextIO,
+    *,
+    clock: Callable[[], int] = time.time_ns,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """``cotenant nvml``: one line per GPU and MIG instance, then the counters of two polls
+    ``min(nvml.poll_interval_s, 1)`` apart (byte rates need two reads). Exit 2, with what
+    to do on stderr, where NVML is unavailable."""
+    import pyarrow as pa
+
+    from collectors.gpu_resolve import GpuResolver
+    from collectors.nvml import NvmlCollector, NvmlUnavailable
+
+    tables: dict[str, pa.Table] = {}
+    collector = NvmlCollector(
+        nvml,
+        sink=tables.__setitem__,
+        resolver=GpuResolver(),
+        host=cfg.nvml.host or socket.gethostname(),
+        clock=clock,
+        batch_interval_s=0.0,
+    )
+    try:
+        collector.open()
+    except NvmlUnavailable as exc:
+        print(f"cotenant nvml: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        devices = collector.devices()
+        driver = _try(nvml.nvmlSystemGetDriverVersion) or "unknown"
+        gpus = sum(d.parent is None for d in devices)
+        out.write(f"NVML: {gpus} GPUs on host {collector.host} (driver {driver})\n")
+        for d in devices:
+            kind = f"GPU {d.index}" if d.parent is None else "  MIG"
+            mig = ("MIG on" if d.mig_enabled else "MIG off") if d.parent is None else ""
+            state = "" if d.up else "  DOWN"
+            out.write(
+                f"{kind}  {d.uuid}  {d.name}  memory {_gib(d.memory_total_bytes)}  {mig}{state}\n"
+            )
+        interval = min(cfg.nvml.poll_interval_s, 1.0)
+        collector.poll_once()
+        tables.clear()
+        sleep(interval)
+        collector.poll_once()
+        out.write(f"counters (rates over {interval:g} s):\n")
+        procs = tables["process_samples"].to_pylist() if "process_samples" in tables else []
+        for g in tables["gpu_samples"].to_pylist() if "gpu_samples" in tables else []:
+            out.write(_gpu_line(g) + "\n")
+            for p in procs:
+                if p["gpu"] == g["gpu"]:
+                    out.write(_process_line(p) + "\n")
+    finally:
+        collector.stop()
+    return 0
+
+
+def _try(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception:  # only decoration for the report; NVML errors vary by driver
+        return None
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def _bps(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e9:.2f} GB/s"
+
+
+def _num(v: float | None, unit: str) -> str:
+    return "-" if v is None else f"{v:.0f} {unit}"
+
+
+def _gpu_line(g: dict[str, Any]) -> str:
+    from collectors.nvml_metrics import CLOCK_EVENT_REASONS
+
+    r = g["clock_event_reasons"]
+    reasons = "-" if r is None else f"{r:#x}"
+    if r:
+        reasons += " " + ",".join(name for name, bit in CLOCK_EVENT_REASONS if r & bit)
+    return (
+        f"{g['gpu']}  sm {_pct(g['sm_util'])}  mem {_pct(g['mem_util'])}  "
+        f"used {_gib(g['mem_used_bytes'])} of {_gib(g['mem_total_bytes'])}  "
+        f"pcie tx {_bps(g['pcie_tx_bps'])} rx {_bps(g['pcie_rx_bps'])}  "
+        f"nvlink tx {_bps(g['nvlink_tx_bps'])} rx {_bps(g['nvlink_rx_bps'])}  "
+        f"power {_num(g['power_w'], 'W')}  temp {_num(g['temp_c'], 'C')}  "
+        f"sm clock {_num(g['sm_clock_mhz'], 'MHz')} of {_num(g['max_sm_clock_mhz'], 'MHz')}  "
+        f"clock events {reasons}"
+    )
+
+
+def _process_line(p: dict[str, Any]) -> str:
+    return (
+        f"  pid {p['pid']}  {p['process_name'] or '?'}  model {p['model'] or '-'}  "
+        f"sm {_pct(p['sm_util'])}  mem {_pct(p['mem_util'])}  used {_gib(p['mem_used_bytes'])}"
+    )
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -76,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(serve)
     serve.set_defaults(func=cmd_serve)
 
+    nvml = sub.add_parser(
+        "nvml", help="list the GPUs NVML sees and print one poll of their counters"
+    )
+    common(nvml, store=False)
+    nvml.set_defaults(func=cmd_nvml)
+
     config = sub.add_parser("config", help="configuration tools")
     csub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
     show = csub.add_parser("show", help="print the effective configuration as TOML")
@@ -83,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_config_show)
     keys = csub.add_parser("keys", help="list every key as a Markdown table")
     keys.set_defaults(func=cmd_config_keys)
+
+    from cotenant.simulate_cmd import add_parser as add_simulate
+
+    add_simulate(sub)
     return p
 
 
