@@ -105,6 +105,12 @@ class NvmlConfig:
 class PrometheusConfig:
     url: str = _key("", "Prometheus-compatible query URL for the fleet path ('' = not used)")
     timeout_s: float = _key(10.0, "timeout of one PromQL query", min=0.1, max=600.0)
+    scrape_interval_s: float = _key(
+        15.0,
+        "scrape interval of the exporters' series (rate windows are at least 4x this)",
+        min=0.1,
+        max=3600.0,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,99 @@
+"""Baselines and spike detection on one latency series.
+
+Baseline: rolling median of the preceding ``history`` windows (windows with too few requests
+ignored), spread: rolling MAD scaled to a standard deviation. A window is a *spike* when its
+p99 exceeds the model's SLO (when one is set) **and** the baseline by a margin —
+``baseline + max(k_mad x MAD, rel_margin x baseline, abs_margin_ms)``. Spikes are merged with
+hysteresis into incidents: open after ``open_windows`` spikes among the last
+``open_windows + 1`` windows, close after ``close_windows`` windows without a spike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class SpikeParams:
+    history: int = 120          # windows in the rolling baseline
+    min_history: int = 10       # windows needed before anything is called a spike
+    min_count: float = 3        # requests a window needs for its p99 to count
+    k_mad: float = 5.0
+    rel_margin: float = 0.3
+    abs_margin_ms: float = 2.0
+    open_windows: int = 2
+    close_windows: int = 5
+
+
+@dataclass(frozen=True)
+class Span:
+    """Window indices ``[start, end]`` (inclusive) of one incident, and its peak window."""
+
+    start: int
+    end: int
+    peak: int
+
+
+def baseline(p99: np.ndarray, count: np.ndarray, p: SpikeParams
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline, robust sigma) per window from the *preceding* windows only."""
+    v = np.where(count >= p.min_count, p99, np.nan)
+    s = pd.Series(v)
+    med = s.rolling(p.history, min_periods=p.min_history).median().shift(1)
+    mad = (s - med).abs().rolling(p.history, min_periods=p.min_history).median().shift(1)
+    return med.to_numpy(), 1.4826 * mad.to_numpy()
+
+
+def spike_mask(p99: np.ndarray, count: np.ndarray, slo_ms: float | None,
+               p: SpikeParams) -> tuple[np.ndarray, np.ndarray]:
+    """(spike flags, threshold) per window."""
+    base, sigma = baseline(p99, count, p)
+    margin = np.fmax(np.fmax(p.k_mad * np.nan_to_num(sigma), p.rel_margin * base),
+                     p.abs_margin_ms)
+    thr = base + margin
+    if slo_ms is not None:
+        thr = np.fmax(thr, slo_ms)
+    with np.errstate(invalid="ignore"):
+        spikes = (count >= p.min_count) & (p99 > thr)
+    return np.nan_to_num(spikes, nan=0).astype(bool), thr
+
+
+def merge(spikes: np.ndarray, p99: np.ndarray, p: SpikeParams, *, open_at_end: bool = True
+          ) -> list[Span]:
+    """Incidents by hysteresis; an incident still open at the end is returned too."""
+    out: list[Span] = []
+    start = -1
+    last = -1
+    quiet = 0
+    recent = 0
+    n = len(spikes)
+    hist: list[bool] = []
+    for i in range(n):
+        s = bool(spikes[i])
+        hist.append(s)
+        if len(hist) > p.open_windows + 1:
+            recent -= hist.pop(0)
+        recent += s
+        if start < 0:
+            if s and recent >= p.open_windows:
+                first = i - len(hist) + 1 + hist.index(True)
+                start, last, quiet = first, i, 0
+            continue
+        if s:
+            last, quiet = i, 0
+        else:
+            quiet += 1
+            if quiet >= p.close_windows:
+                out.append(_span(start, last, p99))
+                start = -1
+    if start >= 0 and open_at_end:
+        out.append(_span(start, last, p99))
+    return out
+
+
+def _span(start: int, end: int, p99: np.ndarray) -> Span:
+    seg = np.nan_to_num(p99[start:end + 1], nan=-np.inf)
+    return Span(start, end, start + int(np.argmax(seg)))

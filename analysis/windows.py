@@ -1,0 +1,124 @@
+"""Aligned windows for analysis: every series of one GPU on one time grid.
+
+A :class:`GpuWindows` holds, for ``[since, until)`` cut into ``step_s`` windows, NumPy arrays of
+shape ``(n_windows,)``: per model on the GPU its request windows (count, rate, quantiles, mean
+phases, batch size), the GPU's counters, and per process (keyed by process name) its SM and
+memory utilisation and memory used. Missing windows are NaN (counts 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from store.frames import GPU_WINDOWS, PROCESS_WINDOWS, REQUEST_WINDOWS
+from store.queries import TimeRange
+from store.source import MetricSource, check_range
+
+REQ_FIELDS = tuple(n for n in REQUEST_WINDOWS.names if n not in ("ts_ns", "model", "gpu"))
+GPU_FIELDS = tuple(n for n in GPU_WINDOWS.names if n not in ("ts_ns", "host", "gpu"))
+PROC_FIELDS = ("sm_util", "mem_util", "mem_used_bytes")
+
+
+@dataclass
+class GpuWindows:
+    gpu: str
+    since_ns: int
+    step_ns: int
+    n: int
+    models: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    counters: dict[str, np.ndarray] = field(default_factory=dict)
+    processes: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    process_model: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def ts_ns(self) -> np.ndarray:
+        return self.since_ns + np.arange(self.n, dtype=np.int64) * self.step_ns
+
+    def index(self, ts_ns: int) -> int:
+        return int((ts_ns - self.since_ns) // self.step_ns)
+
+
+def _grid(table: pa.Table, since: int, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = (table.column("ts_ns").to_numpy() - since) // step
+    ok = (idx >= 0) & (idx < n)
+    return idx.astype(np.int64), ok
+
+
+def _col(table: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def pivot_requests(table: pa.Table, since: int, step: int, n: int
+                   ) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+    """REQUEST_WINDOWS rows -> {(model, gpu): {field: array[n]}} on the grid."""
+    out: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    if table.num_rows == 0:
+        return out
+    idx, ok = _grid(table, since, step, n)
+    models = np.asarray(table.column("model").to_pylist(), dtype=object)
+    gpus = np.asarray([g or "" for g in table.column("gpu").to_pylist()], dtype=object)
+    cols = {f: _col(table, f) for f in REQ_FIELDS}
+    keys = np.char.add(models.astype(str), np.char.add("\x00", gpus.astype(str)))
+    for key in np.unique(keys[ok]):
+        sel = ok & (keys == key)
+        model, gpu = str(key).split("\x00", 1)
+        series: dict[str, np.ndarray] = {}
+        for f, v in cols.items():
+            arr = np.zeros(n) if f in ("count", "rate_rps", "errors") else np.full(n, np.nan)
+            arr[idx[sel]] = v[sel]
+            series[f] = arr
+        out[(model, gpu)] = series
+    return out
+
+
+def gpu_windows(source: MetricSource, gpu: str, rng: TimeRange, step_s: float) -> GpuWindows:
+    """Every series of ``gpu`` over ``rng`` on one grid."""
+    since, until, step = check_range(rng, step_s)
+    n = int(-(-(until - since) // step))
+    w = GpuWindows(gpu, since, step, n)
+    for (model, g), series in pivot_requests(source.request_windows(rng, step_s), since, step,
+                                             n).items():
+        if g == gpu:
+            w.models[model] = series
+    gt = source.gpu_windows(rng, step_s, gpu=gpu)
+    if gt.num_rows:
+        idx, ok = _grid(gt, since, step, n)
+        for f in GPU_FIELDS:
+            arr = np.full(n, np.nan)
+            arr[idx[ok]] = _col(gt, f)[ok]
+            w.counters[f] = arr
+    pt = source.process_windows(rng, step_s, gpu=gpu)
+    if pt.num_rows:
+        _pivot_processes(w, pt, since, step, n)
+    return w
+
+
+def _pivot_processes(w: GpuWindows, pt: pa.Table, since: int, step: int, n: int) -> None:
+    idx, ok = _grid(pt, since, step, n)
+    names = [p or f"pid {pid}" for p, pid in zip(pt.column("process_name").to_pylist(),
+                                                 pt.column("pid").to_pylist(), strict=True)]
+    models = pt.column("model").to_pylist()
+    cols = {f: _col(pt, f) for f in PROC_FIELDS}
+    name_arr = np.asarray(names, dtype=object)
+    for name in sorted(set(names)):
+        sel = ok & (name_arr == name)
+        series = {}
+        for f, v in cols.items():
+            arr = np.full(n, np.nan)
+            arr[idx[sel]] = v[sel]
+            series[f] = arr
+        w.processes[name] = series
+        w.process_model[name] = next((m for m, s in zip(models, sel, strict=True) if s and m),
+                                     None)
+
+
+def gpus_of(source: MetricSource, rng: TimeRange, step_s: float) -> dict[str, list[str]]:
+    """GPU -> models served on it in ``rng`` (from the request windows)."""
+    t = source.request_windows(rng, step_s)
+    out: dict[str, set[str]] = {}
+    for m, g in zip(t.column("model").to_pylist(), t.column("gpu").to_pylist(), strict=True):
+        out.setdefault(g or "", set()).add(m)
+    return {g: sorted(ms) for g, ms in out.items()}

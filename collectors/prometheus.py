@@ -1,0 +1,458 @@
+"""``PrometheusSource``: the fleet path's :class:`store.source.MetricSource`, in PromQL.
+
+It reads exporter series from Prometheus or anything that speaks its HTTP API (Thanos, Mimir,
+VictoriaMetrics) through ``prometheus-api-client`` and returns the frames of
+:mod:`store.frames`, so the analysis runs on a cluster that has these exporters and no spans.
+The query texts are in :mod:`collectors.promql`.
+
+**Windows.** Window ``[ts_ns, ts_ns + step)`` starts at a multiple of ``step`` (as in
+``StoreSource``) and holds the range query evaluated at ``ts_ns + step``. Gauges are
+``avg_over_time(x[g])``, counters ``rate(x[r])``, with ``g = max(step, scrape_interval_s)`` and
+``r = max(step, 4 * scrape_interval_s)``: a rate needs two samples, so a step shorter than that
+gives overlapping (smoothed) windows rather than empty ones. Steps are whole milliseconds.
+
+**GPU_WINDOWS** (DCGM exporter), keyed by ``UUID`` (the ``gpu`` index when absent), host from
+``Hostname`` / ``hostname`` (else ``instance``): ``sm_util`` = ``DCGM_FI_DEV_GPU_UTIL`` (%, like
+NVML) or else 100 x ``DCGM_FI_PROF_SM_ACTIVE``; ``mem_util`` = ``DCGM_FI_DEV_MEM_COPY_UTIL`` (%);
+``dram_active`` = ``DCGM_FI_PROF_DRAM_ACTIVE`` (0-1); ``pcie_{tx,rx}_bps`` =
+``DCGM_FI_PROF_PCIE_{TX,RX}_BYTES`` and ``nvlink_*`` = ``DCGM_FI_PROF_NVLINK_*_BYTES`` (already
+bytes/s: gauges despite the name); ``mem_used_bytes`` / ``mem_total_bytes`` = ``FB_USED`` /
+``FB_USED + FB_FREE`` (MiB -> bytes); ``power_w`` = ``DCGM_FI_DEV_POWER_USAGE``; ``temp_c`` =
+``DCGM_FI_DEV_GPU_TEMP``; ``sm_clock_mhz`` / ``max_sm_clock_mhz`` = ``DCGM_FI_DEV_SM_CLOCK`` /
+``DCGM_FI_DEV_MAX_SM_CLOCK``; ``clock_event_reasons`` = bitwise OR of the raw samples of
+``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` and its older name ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``.
+
+**PROCESS_WINDOWS**: DCGM series carrying ``pod``; ``process_name`` = ``namespace/pod/container``
+(the parts present), ``pid`` null, the values of the GPU the pod is on (DCGM does not split a
+shared GPU per pod), ``model`` from the vLLM / Triton / cotenant series of the same pod.
+
+**REQUEST_WINDOWS**, per model from the first family that has it: cotenant's own
+``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase), else
+vLLM (``vllm:e2e_request_latency_seconds`` quantiles and mean; ``queue_ms`` from
+``vllm:request_queue_time_seconds``, ``compute_ms`` from ``vllm:request_inference_time_seconds``
+when exported), else Triton (means = ``rate(nv_inference_*_duration_us) /
+rate(nv_inference_request_success)`` (``nv_inference_count`` when absent), quantiles null,
+``queue/h2d/compute/d2h_ms`` from queue / compute_input / compute_infer / compute_output,
+``errors`` from ``nv_inference_request_failure``, ``batch_size_mean`` = inferences / executions).
+Rows are windows with requests; ``count`` = rate x step. ``has_spans`` is True when cotenant's
+own phase series exist (an agent ingested spans): probed once, over the last hour, on first use,
+and set by any ``request_windows`` that reads them.
+
+**SERVING_WINDOWS** from vLLM gauges (``num_requests_waiting`` / ``running`` summed over
+replicas, ``kv_cache_usage_perc`` (``gpu_cache_usage_perc`` before vLLM 0.9) averaged,
+``rate(num_preemptions_total)``).
+
+**GPU of a model**: the series' own ``gpu`` label; else the GPU whose DCGM series carry the same
+``namespace``/``pod`` (the first UUID when a pod has several); else ``model_gpu``; else
+``default_gpu``. Series landing on one ``(model, gpu)`` add up; their quantiles are averaged
+weighted by request rate (an approximation, as for ``StoreSource``'s rollups).
+
+**Errors**: every failure (refused, timed out, HTTP error, not JSON, unexpected JSON) raises
+:class:`store.errors.SourceError` naming the URL, the query and what to do. Nothing is retried.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+import pyarrow as pa
+import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from urllib3.util.retry import Retry
+
+from collectors import promql
+from collectors.promql import FIELD, GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
+from store.errors import SourceError, UsageError
+from store.frames import GPU_WINDOWS, PROCESS_WINDOWS, REQUEST_WINDOWS, SERVING_WINDOWS
+from store.queries import TimeRange
+from store.schema import PHASES
+
+Series = tuple[dict[str, str], np.ndarray, np.ndarray]
+"""``(labels, ts_ns int64[n], values float64[n])``."""
+Fields = dict[str, np.ndarray]
+"""Column -> float64[n windows], NaN where unknown."""
+
+
+class PromClient(Protocol):
+    """What the source needs of ``prometheus_api_client.PrometheusConnect``: the parsed
+    ``data.result`` of ``/api/v1/query`` and ``/api/v1/query_range``."""
+
+    def custom_query(self, query: str, params: dict[str, Any]) -> Any: ...
+
+    def custom_query_range(
+        self,
+        query: str,
+        start_time: datetime,
+        end_time: datetime,
+        step: str,
+        params: dict[str, Any],
+    ) -> Any: ...
+
+
+class PrometheusSource:
+    """:class:`store.source.MetricSource` over PromQL (see the module docstring).
+
+    ``url`` is the API root (``http://prometheus:9090``); ``timeout_s`` bounds each HTTP call
+    and each query on the server. ``client`` replaces the ``PrometheusConnect`` built here
+    (auth, proxies, a test double). ``scrape_interval_s`` is the exporters' scrape interval (it
+    sets the shortest rate window); ``model_gpu`` / ``default_gpu`` place models whose series
+    name no GPU, as ``[gpu] model_gpu`` does for spans. Every method may raise
+    :class:`SourceError`; window arguments raise ``QueryError`` / ``UsageError``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        *,
+        client: PromClient | None = None,
+        scrape_interval_s: float = 15.0,
+        model_gpu: Mapping[str, str] | None = None,
+        default_gpu: str = "",
+    ) -> None:
+        if not url:
+            raise UsageError("PrometheusSource needs the URL of a Prometheus ([prometheus] url)")
+        if not timeout_s > 0 or not scrape_interval_s > 0:
+            raise UsageError(f"timeout_s {timeout_s} and scrape_interval_s must be > 0")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._scrape_ns = int(scrape_interval_s * 1e9)
+        self._model_gpu = dict(model_gpu or {})
+        self._default_gpu = default_gpu
+        self._has_spans: bool | None = None
+        self._owned: PrometheusConnect | None = None
+        if client is None:
+            # No retries: a down server fails within the timeout, not after backoffs; read=False
+            # keeps a read timeout a requests.Timeout. The timeout is seconds, float allowed.
+            no_retry = Retry(total=0, read=False)
+            self._owned = PrometheusConnect(self.url, retry=no_retry, timeout=timeout_s)  # type: ignore[arg-type]
+            client = self._owned
+        self._client: PromClient = client
+
+    def close(self) -> None:
+        """Release the HTTP connections of the client built here (not an injected one)."""
+        if self._owned is not None:
+            self._owned.close()
+
+    def __enter__(self) -> PrometheusSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def instant(self, query: str, at_ns: int | None = None) -> list[tuple[dict[str, str], float]]:
+        """An instant query at ``at_ns`` (default now): one ``(labels, value)`` per series
+        (the last sample of each series of a range-vector query)."""
+        return [(labels, float(v[-1])) for labels, _, v in self._at(query, at_ns) if v.size]
+
+    def range(self, query: str, rng: TimeRange, step_s: float) -> list[Series]:
+        """``query`` evaluated at the end of each window of ``step_s`` that starts in ``rng``;
+        each series' ``ts_ns`` are window starts. Long ranges go in chunks of 10,000 points."""
+        return self._range(query, promql.grid(rng, step_s))
+
+    def _fail(self, query: str, what: str, remedy: str, exc: BaseException) -> NoReturn:
+        q = query if len(query) <= 240 else query[:240] + "…"
+        raise SourceError(
+            f"Prometheus at {self.url} {what} (query: {q}); {remedy}", url=self.url, query=query
+        ) from exc
+
+    def _call(self, query: str, fn: Callable[[], Any]) -> list[Series]:
+        """Run one HTTP call; translate every failure into SourceError."""
+        try:
+            return promql.parse_result(fn())
+        except requests.Timeout as exc:
+            self._fail(
+                query,
+                f"did not answer within {self.timeout_s:g} s",
+                "raise [prometheus] timeout_s, or query a shorter range or a larger step",
+                exc,
+            )
+        except (requests.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            self._fail(
+                query,
+                f"answered something that is not the Prometheus HTTP API ({exc!s:.200})",
+                "check that [prometheus] url is the API root (e.g. http://host:9090)",
+                exc,
+            )
+        except PrometheusApiClientException as exc:
+            self._fail(
+                query,
+                f"refused the query: {promql.complaint(str(exc))}",
+                "check the query, the URL and the server's limits",
+                exc,
+            )
+        except OSError as exc:  # requests' ConnectionError and the rest of its family
+            m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
+            self._fail(
+                query,
+                f"cannot be reached ({m.group(1) if m else type(exc).__name__})",
+                "check that it is running and that [prometheus] url points at it",
+                exc,
+            )
+
+    def _at(self, query: str, at_ns: int | None) -> list[Series]:
+        params = {"timeout": f"{self.timeout_s:g}"}
+        if at_ns is not None:
+            params["time"] = promql.seconds(at_ns)
+        return self._call(query, partial(self._client.custom_query, query, params=params))
+
+    def _range(self, query: str, g: Grid) -> list[Series]:
+        parts: dict[tuple[tuple[str, str], ...], list[Series]] = defaultdict(list)
+        for c in range(0, g.n, MAX_POINTS):
+            first = g.w0 + (c + 1) * g.step
+            last = g.w0 + min(g.n, c + MAX_POINTS) * g.step
+            params = {
+                "start": promql.seconds(first),  # exact; the client rounds its own to seconds
+                "end": promql.seconds(last),
+                "timeout": f"{self.timeout_s:g}",
+            }
+            t0, t1 = (datetime.fromtimestamp(t / 1e9, UTC) for t in (first, last))
+            step = promql.seconds(g.step)
+            call = partial(self._client.custom_query_range, query, t0, t1, step, params=params)
+            for labels, ts, vals in self._call(query, call):
+                parts[tuple(sorted(labels.items()))].append((labels, ts - g.step, vals))
+        return [
+            (p[0][0], np.concatenate([s[1] for s in p]), np.concatenate([s[2] for s in p]))
+            for p in parts.values()
+        ]
+
+    def _blocks(self, query: str, g: Grid, by: tuple[str, ...]) -> dict[tuple[str, ...], Fields]:
+        """A union query's series as dense columns: identity (``by`` labels) -> field -> values
+        per window."""
+        out: dict[tuple[str, ...], Fields] = {}
+        for labels, ts, vals in self._range(query, g):
+            fields = out.setdefault(tuple(labels.get(b, "") for b in by), {})
+            arr = fields.setdefault(labels.get(FIELD, ""), np.full(g.n, np.nan))
+            k, ok = g.index(ts)
+            arr[k[ok]] = vals[ok]
+        return out
+
+    # -- MetricSource ------------------------------------------------------------------------
+
+    @property
+    def has_spans(self) -> bool:
+        """True when cotenant's own per-phase series exist (see the module docstring)."""
+        if self._has_spans is None:
+            self._has_spans = bool(self.instant(promql.SPANS_PROBE))
+        return self._has_spans
+
+    def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+        g = promql.grid(rng, step_s)
+        if g.n == 0:
+            return GPU_WINDOWS.empty_table()
+        window = promql.duration(max(g.step, self._scrape_ns))
+        blocks = self._blocks(promql.dcgm_query(promql.GPU_FIELDS, GPU_BY, "", window), g, GPU_BY)
+        reasons = self._clock_reasons(g)
+        out = []
+        for ident, f in blocks.items():
+            key = (promql.host_of(ident), promql.gpu_of(ident))
+            if gpu is None or key[1] == gpu:
+                f["clock_event_reasons"] = reasons.get(key, np.full(g.n, np.nan))
+                out.append((key, f, _any(f)))
+        return _table(GPU_WINDOWS, g, ("host", "gpu"), out)
+
+    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+        g = promql.grid(rng, step_s)
+        if g.n == 0:
+            return PROCESS_WINDOWS.empty_table()
+        window = promql.duration(max(g.step, self._scrape_ns))
+        by = GPU_BY + POD_BY
+        query = promql.dcgm_query(promql.PROCESS_FIELDS, by, 'pod!=""', window)
+        blocks = self._blocks(query, g, by)
+        models = self._pod_models(g) if blocks else {}
+        out = []
+        for ident, f in blocks.items():
+            dev = promql.gpu_of(ident)
+            if gpu is not None and dev != gpu:
+                continue
+            ns, pod, container = ident[len(GPU_BY) :]
+            name = "/".join(p for p in (ns, pod, container) if p)
+            key = (promql.host_of(ident), dev, None, name, models.get((ns, pod)))
+            out.append((key, f, _any(f)))
+        return _table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
+
+    def request_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
+        g = promql.grid(rng, step_s)
+        if g.n == 0:
+            return REQUEST_WINDOWS.empty_table()
+        window = promql.duration(max(g.step, 4 * self._scrape_ns))
+        taken: set[str] = set()
+        keyed: list[tuple[tuple[str, ...], Fields]] = []
+        for fam in promql.FAMILIES:
+            m = f"{fam.model_label}={promql.quote(model)}" if model is not None else ""
+            blocks = self._blocks(fam.query(m, window), g, fam.by)
+            mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
+            for ident, f in blocks.items():
+                if ident[0] in mine:
+                    keyed.append((ident, f))
+                    if fam.spans and any(f"{p}_sum" in f for p in PHASES):
+                        self._has_spans = True
+            taken |= mine
+        nan = np.full(g.n, np.nan)
+        out = []
+        for key, fs in self._place(keyed, g).items():
+            f = _merge(fs, means=())
+            rate = f.get("rate", nan)
+            cols = {
+                "count": rate * step_s,
+                "rate_rps": rate,
+                "errors": f.get("errors", nan) * step_s,
+                "mean_ms": 1e3 * _div(f.get("sum", nan), rate),
+                "batch_size_mean": _div(f.get("items", nan), f.get("execs", nan)),
+            }
+            for name, _ in QUANTILES:
+                cols[f"{name}_ms"] = 1e3 * f.get(name, nan)
+            for p in PHASES:
+                if f"{p}_sum" in f:
+                    cols[f"{p}_ms"] = 1e3 * _div(f[f"{p}_sum"], f.get(f"{p}_n", rate))
+            out.append((key, cols, rate > 0))
+        return _table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
+
+    def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
+        g = promql.grid(rng, step_s)
+        if g.n == 0:
+            return SERVING_WINDOWS.empty_table()
+        m = f"model_name={promql.quote(model)}" if model is not None else ""
+        gauge_w = promql.duration(max(g.step, self._scrape_ns))
+        rate_w = promql.duration(max(g.step, 4 * self._scrape_ns))
+        by = ("model_name", "", "namespace", "pod")
+        blocks = self._blocks(promql.serving_query(m, gauge_w, rate_w), g, by)
+        out = []
+        for key, fs in self._place(blocks.items(), g).items():
+            f = _merge(fs, means=("kv_cache_usage",))
+            out.append((key, f, _any(f)))
+        return _table(SERVING_WINDOWS, g, ("model", "gpu"), out)
+
+    # -- joins -------------------------------------------------------------------------------
+
+    def _clock_reasons(self, g: Grid) -> dict[tuple[str, str], np.ndarray]:
+        """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where
+        none). Raw samples, because PromQL has no bitwise OR over time."""
+        bits: dict[tuple[str, str], np.ndarray] = {}
+        seen: dict[tuple[str, str], np.ndarray] = {}
+        for c in range(0, g.n, MAX_POINTS):
+            lo, hi = g.w0 + c * g.step, g.w0 + min(g.n, c + MAX_POINTS) * g.step
+            for labels, ts, vals in self._at(
+                promql.clock_reasons_query(promql.duration(hi - lo)), hi
+            ):
+                ident = tuple(labels.get(b, "") for b in GPU_BY)
+                key = (promql.host_of(ident), promql.gpu_of(ident))
+                k = (ts - g.w0 - 1) // g.step  # (w, w + step], as the range queries see it
+                ok = ~np.isnan(vals) & (k >= 0) & (k < g.n)
+                acc = bits.setdefault(key, np.zeros(g.n, np.int64))
+                np.bitwise_or.at(acc, k[ok], vals[ok].astype(np.int64))
+                seen.setdefault(key, np.zeros(g.n, bool))[k[ok]] = True
+        return {key: np.where(seen[key], v, np.nan) for key, v in bits.items()}
+
+    def _pod_gpus(self, g: Grid) -> dict[tuple[str, str], str]:
+        """(namespace, pod) -> the GPU its DCGM series name (the first, when several)."""
+        found: dict[tuple[str, str], list[str]] = defaultdict(list)
+        query = promql.pod_gpus_query(promql.duration(g.end - g.w0))
+        for labels, _ in self.instant(query, g.end):
+            pod = (labels.get("namespace", ""), labels.get("pod", ""))
+            found[pod].append(labels.get("UUID") or labels.get("gpu", ""))
+        return {pod: sorted(gpus)[0] for pod, gpus in found.items()}
+
+    def _pod_models(self, g: Grid) -> dict[tuple[str, str], str]:
+        """(namespace, pod) -> the model its serving series name."""
+        query = promql.pod_models_query(promql.duration(g.end - g.w0))
+        return {
+            (lb.get("namespace", ""), lb.get("pod", "")): lb.get("model_name") or lb["model"]
+            for lb, _ in self.instant(query, g.end)
+            if lb.get("model_name") or lb.get("model")
+        }
+
+    def _place(
+        self, keyed: Iterable[tuple[tuple[str, ...], Fields]], g: Grid
+    ) -> dict[tuple[str, str], list[Fields]]:
+        """(model, own gpu, namespace, pod) identities -> (model, gpu), in the order of the
+        module docstring; identities without a model are dropped."""
+        keyed = [(ident, f) for ident, f in keyed if ident[0]]
+        pods = self._pod_gpus(g) if any(i[3] and not i[1] for i, _ in keyed) else {}
+        out: dict[tuple[str, str], list[Fields]] = defaultdict(list)
+        for (mdl, own, ns, pod), f in keyed:
+            dev = own or pods.get((ns, pod)) or self._model_gpu.get(mdl, self._default_gpu)
+            out[(mdl, dev)].append(f)
+        return out
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a / b where b > 0, else NaN (no warnings)."""
+    out = np.full(np.broadcast(a, b).shape, np.nan)
+    np.divide(a, b, out=out, where=(b > 0) & ~np.isnan(a))
+    return out
+
+
+def _any(f: Fields) -> np.ndarray:
+    """Windows where any field has a value."""
+    arrays = list(f.values())
+    out = np.zeros(arrays[0].shape, bool)
+    for a in arrays:
+        out |= ~np.isnan(a)
+    return out
+
+
+def _merge(fs: list[Fields], *, means: tuple[str, ...]) -> Fields:
+    """Series landing on one key: fields add up, except ``means`` (averaged) and quantiles
+    (averaged weighted by ``rate``). Names go through :data:`promql.ALIASES` first."""
+    fs = [{promql.ALIASES.get(k, k): v for k, v in f.items()} for f in fs]
+    if len(fs) == 1:
+        return fs[0]
+    n = next(iter(fs[0].values())).shape[0]
+    out: Fields = {}
+    for name in {k for f in fs for k in f}:
+        x = np.vstack([f.get(name, np.full(n, np.nan)) for f in fs])
+        have = ~np.isnan(x)
+        x0 = np.where(have, x, 0.0)
+        if name in dict(QUANTILES):
+            w = np.vstack([f.get("rate", np.full(n, np.nan)) for f in fs])
+            w = np.where(have & ~np.isnan(w), w, 0.0)
+            out[name] = _div((x0 * w).sum(axis=0), w.sum(axis=0))
+        elif name in means:
+            out[name] = _div(x0.sum(axis=0), have.sum(axis=0).astype(np.float64))
+        else:
+            out[name] = np.where(have.any(axis=0), x0.sum(axis=0), np.nan)
+    return out
+
+
+def _table(
+    schema: pa.Schema,
+    g: Grid,
+    key_names: tuple[str, ...],
+    rows: Iterable[tuple[tuple[str | None, ...], Mapping[str, np.ndarray], np.ndarray]],
+) -> pa.Table:
+    """``(key values, column -> values per window, mask)`` -> ``schema``, one row per window
+    in the mask; NaN and missing columns become null. Sorted by window, then key."""
+    starts = g.starts()
+    values = [f for f in schema if f.name != "ts_ns" and f.name not in key_names]
+    ts: list[np.ndarray] = []
+    keys: list[list[np.ndarray]] = [[] for _ in key_names]
+    cols: dict[str, list[np.ndarray]] = defaultdict(list)
+    for key, fields, mask in rows:
+        idx = np.flatnonzero(mask)
+        if idx.size == 0:
+            continue
+        ts.append(starts[idx])
+        for i, kv in enumerate(key):
+            keys[i].append(np.full(idx.size, kv, dtype=object))
+        for f in values:
+            arr = fields.get(f.name)
+            cols[f.name].append(arr[idx] if arr is not None else np.full(idx.size, np.nan))
+    if not ts:
+        return schema.empty_table()
+    data: dict[str, pa.Array] = {"ts_ns": pa.array(np.concatenate(ts), pa.int64())}
+    for name, parts in zip(key_names, keys, strict=True):
+        data[name] = pa.array(np.concatenate(parts), schema.field(name).type, from_pandas=True)
+    for f in values:
+        data[f.name] = pa.array(np.concatenate(cols[f.name]), from_pandas=True).cast(f.type)
+    order = [("ts_ns", "ascending")] + [(k, "ascending") for k in key_names if k != "pid"]
+    return pa.table(data).select(schema.names).cast(schema).sort_by(order)
