@@ -18,9 +18,9 @@ import pandas as pd
 
 @dataclass(frozen=True)
 class SpikeParams:
-    history: int = 120          # windows in the rolling baseline
-    min_history: int = 10       # windows needed before anything is called a spike
-    min_count: float = 3        # requests a window needs for its p99 to count
+    history: int = 120  # windows in the rolling baseline
+    min_history: int = 10  # windows needed before anything is called a spike
+    min_count: float = 3  # requests a window needs for its p99 to count
     k_mad: float = 5.0
     rel_margin: float = 0.3
     abs_margin_ms: float = 2.0
@@ -37,8 +37,7 @@ class Span:
     peak: int
 
 
-def baseline(p99: np.ndarray, count: np.ndarray, p: SpikeParams
-             ) -> tuple[np.ndarray, np.ndarray]:
+def baseline(p99: np.ndarray, count: np.ndarray, p: SpikeParams) -> tuple[np.ndarray, np.ndarray]:
     """(baseline, robust sigma) per window from the *preceding* windows only."""
     v = np.where(count >= p.min_count, p99, np.nan)
     s = pd.Series(v)
@@ -47,12 +46,12 @@ def baseline(p99: np.ndarray, count: np.ndarray, p: SpikeParams
     return med.to_numpy(), 1.4826 * mad.to_numpy()
 
 
-def spike_mask(p99: np.ndarray, count: np.ndarray, slo_ms: float | None,
-               p: SpikeParams) -> tuple[np.ndarray, np.ndarray]:
+def spike_mask(
+    p99: np.ndarray, count: np.ndarray, slo_ms: float | None, p: SpikeParams
+) -> tuple[np.ndarray, np.ndarray]:
     """(spike flags, threshold) per window."""
     base, sigma = baseline(p99, count, p)
-    margin = np.fmax(np.fmax(p.k_mad * np.nan_to_num(sigma), p.rel_margin * base),
-                     p.abs_margin_ms)
+    margin = np.fmax(np.fmax(p.k_mad * np.nan_to_num(sigma), p.rel_margin * base), p.abs_margin_ms)
     thr = base + margin
     if slo_ms is not None:
         thr = np.fmax(thr, slo_ms)
@@ -61,8 +60,9 @@ def spike_mask(p99: np.ndarray, count: np.ndarray, slo_ms: float | None,
     return np.nan_to_num(spikes, nan=0).astype(bool), thr
 
 
-def merge(spikes: np.ndarray, p99: np.ndarray, p: SpikeParams, *, open_at_end: bool = True
-          ) -> list[Span]:
+def merge(
+    spikes: np.ndarray, p99: np.ndarray, p: SpikeParams, *, open_at_end: bool = True
+) -> list[Span]:
     """Incidents by hysteresis; an incident still open at the end is returned too."""
     out: list[Span] = []
     start = -1
@@ -95,5 +95,5 @@ def merge(spikes: np.ndarray, p99: np.ndarray, p: SpikeParams, *, open_at_end: b
 
 
 def _span(start: int, end: int, p99: np.ndarray) -> Span:
-    seg = np.nan_to_num(p99[start:end + 1], nan=-np.inf)
+    seg = np.nan_to_num(p99[start : end + 1], nan=-np.inf)
     return Span(start, end, start + int(np.argmax(seg)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from store.frames import GPU_WINDOWS, PROCESS_WINDOWS, REQUEST_WINDOWS
+from store.frames import GPU_WINDOWS, REQUEST_WINDOWS
 from store.queries import TimeRange
 from store.source import MetricSource, check_range
 
@@ -51,8 +51,9 @@ def _col(table: pa.Table, name: str) -> np.ndarray:
     return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def pivot_requests(table: pa.Table, since: int, step: int, n: int
-                   ) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+def pivot_requests(
+    table: pa.Table, since: int, step: int, n: int
+) -> dict[tuple[str, str], dict[str, np.ndarray]]:
     """REQUEST_WINDOWS rows -> {(model, gpu): {field: array[n]}} on the grid."""
     out: dict[tuple[str, str], dict[str, np.ndarray]] = {}
     if table.num_rows == 0:
@@ -79,8 +80,9 @@ def gpu_windows(source: MetricSource, gpu: str, rng: TimeRange, step_s: float) -
     since, until, step = check_range(rng, step_s)
     n = int(-(-(until - since) // step))
     w = GpuWindows(gpu, since, step, n)
-    for (model, g), series in pivot_requests(source.request_windows(rng, step_s), since, step,
-                                             n).items():
+    for (model, g), series in pivot_requests(
+        source.request_windows(rng, step_s), since, step, n
+    ).items():
         if g == gpu:
             w.models[model] = series
     gt = source.gpu_windows(rng, step_s, gpu=gpu)
@@ -98,8 +100,12 @@ def gpu_windows(source: MetricSource, gpu: str, rng: TimeRange, step_s: float) -
 
 def _pivot_processes(w: GpuWindows, pt: pa.Table, since: int, step: int, n: int) -> None:
     idx, ok = _grid(pt, since, step, n)
-    names = [p or f"pid {pid}" for p, pid in zip(pt.column("process_name").to_pylist(),
-                                                 pt.column("pid").to_pylist(), strict=True)]
+    names = [
+        p or f"pid {pid}"
+        for p, pid in zip(
+            pt.column("process_name").to_pylist(), pt.column("pid").to_pylist(), strict=True
+        )
+    ]
     models = pt.column("model").to_pylist()
     cols = {f: _col(pt, f) for f in PROC_FIELDS}
     name_arr = np.asarray(names, dtype=object)
@@ -111,8 +117,7 @@ def _pivot_processes(w: GpuWindows, pt: pa.Table, since: int, step: int, n: int)
             arr[idx[sel]] = v[sel]
             series[f] = arr
         w.processes[name] = series
-        w.process_model[name] = next((m for m, s in zip(models, sel, strict=True) if s and m),
-                                     None)
+        w.process_model[name] = next((m for m, s in zip(models, sel, strict=True) if s and m), None)
 
 
 def gpus_of(source: MetricSource, rng: TimeRange, step_s: float) -> dict[str, list[str]]:

@@ -37,24 +37,59 @@ from simulator.scenario import (  # noqa: E402
 
 
 def builtin(duration: float) -> Scenario:
-    gpus = (Gpu("gpu0", GPU_TYPES["h100-sxm"], "timeslice"),
-            Gpu("gpu1", GPU_TYPES["a100-80g"], "mps"))
-    models = (
-        Model("tts", "gpu0", Arrival("poisson", rate_rps=400), Kernel(4, 0.4, 0.3, 0.3, 0.5),
-              Batching(16, 4), preprocess_ms=0.5, locks=(Lock("tokenizer", 0.02),),
-              transfer=Transfer(0.2, 0.5), slo_p99_ms=100),
-        Model("embed", "gpu0", Arrival("poisson", rate_rps=600), Kernel(2, 0.1, 0.4, 0.4, 0.6),
-              Batching(32, 5), transfer=Transfer(0.05, 0.01)),
-        Model("sdxl", "gpu1", Arrival("bursty", rate_rps=1, burst_rps=6, mean_burst_s=10,
-                                      mean_gap_s=60), Kernel(80, 30, 0.9, 0.6, 0.4),
-              Batching(4, 20)),
-        Model("chat", "gpu1", Arrival("poisson", rate_rps=300), Kernel(8, 0.5, 0.5, 0.7, 0.8),
-              Batching(32, 8), kv_cache_gib=30, memory_gib=20),
+    gpus = (
+        Gpu("gpu0", GPU_TYPES["h100-sxm"], "timeslice"),
+        Gpu("gpu1", GPU_TYPES["a100-80g"], "mps"),
     )
-    faults = (Fault("cotenant_burst", duration * 0.2, duration * 0.1, target="sdxl", factor=4),
-              Fault("throttle", duration * 0.5, duration * 0.1, gpu="gpu0", clock_factor=0.7),
-              Fault("lock_hog", duration * 0.7, duration * 0.05, lock="tokenizer",
-                    holder="embed", hold_ms=20))
+    models = (
+        Model(
+            "tts",
+            "gpu0",
+            Arrival("poisson", rate_rps=400),
+            Kernel(4, 0.4, 0.3, 0.3, 0.5),
+            Batching(16, 4),
+            preprocess_ms=0.5,
+            locks=(Lock("tokenizer", 0.02),),
+            transfer=Transfer(0.2, 0.5),
+            slo_p99_ms=100,
+        ),
+        Model(
+            "embed",
+            "gpu0",
+            Arrival("poisson", rate_rps=600),
+            Kernel(2, 0.1, 0.4, 0.4, 0.6),
+            Batching(32, 5),
+            transfer=Transfer(0.05, 0.01),
+        ),
+        Model(
+            "sdxl",
+            "gpu1",
+            Arrival("bursty", rate_rps=1, burst_rps=6, mean_burst_s=10, mean_gap_s=60),
+            Kernel(80, 30, 0.9, 0.6, 0.4),
+            Batching(4, 20),
+        ),
+        Model(
+            "chat",
+            "gpu1",
+            Arrival("poisson", rate_rps=300),
+            Kernel(8, 0.5, 0.5, 0.7, 0.8),
+            Batching(32, 8),
+            kv_cache_gib=30,
+            memory_gib=20,
+        ),
+    )
+    faults = (
+        Fault("cotenant_burst", duration * 0.2, duration * 0.1, target="sdxl", factor=4),
+        Fault("throttle", duration * 0.5, duration * 0.1, gpu="gpu0", clock_factor=0.7),
+        Fault(
+            "lock_hog",
+            duration * 0.7,
+            duration * 0.05,
+            lock="tokenizer",
+            holder="embed",
+            hold_ms=20,
+        ),
+    )
     return Scenario("bench-mix", 11, duration, gpus, models, host_cpus=16, faults=faults)
 
 
@@ -82,14 +117,25 @@ def main() -> int:
         wall = time.perf_counter() - t0
         n = len(sim.take_requests()["rid"])
         rates.append(n / wall * 60)
-        print(f"run {i + 1}/{args.repeats}: {n} requests in {wall:.2f} s wall "
-              f"-> {n / wall * 60:,.0f} requests/min", file=sys.stderr)
+        print(
+            f"run {i + 1}/{args.repeats}: {n} requests in {wall:.2f} s wall "
+            f"-> {n / wall * 60:,.0f} requests/min",
+            file=sys.stderr,
+        )
     med = statistics.median(rates)
-    result = {"scenario": s.name, "virtual_s": s.duration_s, "requests": n,
-              "requests_per_wall_min_median": med, "runs": rates, "cores": os.cpu_count(),
-              "goal": 1_000_000}
-    print(f"{s.name}: median {med:,.0f} simulated requests per wall minute on one core "
-          f"({n} requests per run; goal 1,000,000)")
+    result = {
+        "scenario": s.name,
+        "virtual_s": s.duration_s,
+        "requests": n,
+        "requests_per_wall_min_median": med,
+        "runs": rates,
+        "cores": os.cpu_count(),
+        "goal": 1_000_000,
+    }
+    print(
+        f"{s.name}: median {med:,.0f} simulated requests per wall minute on one core "
+        f"({n} requests per run; goal 1,000,000)"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

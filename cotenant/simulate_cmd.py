@@ -19,7 +19,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "write requests.parquet, gpu_samples.parquet, process_samples.parquet and "
         "truth.json; with --otlp, stream spans to a running cotenant.",
     )
-    p.add_argument("scenario", type=Path, help="scenario YAML (see docs/scenarios.md)")
+    p.add_argument(
+        "scenario",
+        type=Path,
+        help="scenario YAML, or the name of a bundled one (see docs/scenarios.md)",
+    )
     p.add_argument("--out", type=Path, metavar="DIR", help="write the outputs to DIR")
     p.add_argument(
         "--otlp",
@@ -59,11 +63,11 @@ def _speed(text: str) -> float | None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator import output
-    from simulator.scenario_load import load_scenario
+    from simulator.scenario_load import find_scenario, load_scenario
 
     if (args.out is None) == (args.otlp is None):
         raise UsageError("give exactly one of --out DIR or --otlp URL")
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(find_scenario(str(args.scenario)))
     speed = _speed(args.speed)
     if args.out is not None:
         start_ns = parse_time_ns(args.start, "--start") if args.start else None

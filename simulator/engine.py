@@ -30,6 +30,7 @@ _CLOSED, _LOCK, _ENQUEUE, _TIMER, _FLUID, _SAMPLE, _FSTART, _FEND, _HOG, _POST, 
 )
 GIB = 1024**3
 MB_TO_GB = 1e-3
+NVLINK_GBPS = 450.0  # one direction, H100-class
 
 
 class _Lock:
@@ -135,6 +136,7 @@ class Simulation:
         self._batch_seq = 0
         self._closed_rng = np.random.default_rng([s.seed, 99_999])
         self._active_faults: set[int] = set()
+        self._model_bg: dict[int, Job] = {}
         # open-loop arrivals, merged across models
         parts = [model_arrivals(s, i) for i in range(len(s.models))]
         times = np.concatenate([p[0] for p in parts]) if parts else np.empty(0)
@@ -468,11 +470,16 @@ class Simulation:
         if f.kind == "process_active":
             if f.target in self._proc_index:
                 self._process(t, self._proc_index[f.target], start)
+            else:
+                self._model_background(t, f.target, start)
         elif f.kind == "bandwidth_hog":
             g = self._target_gpu(f.target)
             if g is not None:
                 if f.resource == "pcie":
                     g.state.pcie_hog = f.level if start else 0.0
+                elif f.resource == "nvlink":
+                    # single-GPU serving does not use NVLink: visible in counters only
+                    g.state.nvlink_hog = f.level if start else 0.0
                 else:
                     g.state.dram_hog = f.level if start else 0.0
                     g.kern.changed(t)
@@ -525,6 +532,21 @@ class Simulation:
             if job in g.kern.jobs:
                 g.kern.remove(t, job)
 
+    def _model_background(self, t: float, name: str, start: bool) -> None:
+        """``process_active`` aimed at a model: its process loads the GPU like a kernel that
+        never ends (e.g. a warm-up or an offline job in the same process)."""
+        ms = next((x for x in self.models if x.m.name == name), None)
+        if ms is None:
+            return
+        g = self.gpus[ms.gpu]
+        if start and ms.idx not in self._model_bg:
+            k = ms.m.kernel
+            job = Job(INF, ms.idx, ms.weight, None, k.sm_demand, k.dram_demand, 0.0)
+            self._model_bg[ms.idx] = job
+            g.kern.add(t, job)
+        elif not start and ms.idx in self._model_bg:
+            g.kern.remove(t, self._model_bg.pop(ms.idx))
+
     def _hog(self, t: float, fi: int) -> None:
         f = self.s.faults[fi]
         if fi not in self._active_faults:
@@ -560,6 +582,7 @@ class Simulation:
                 + (spec.max_power_w - spec.idle_power_w) * sm * g.state.clock_factor
             )
             used = min(self._mem_used_gib(g), spec.memory_gib) * GIB
+            nvl = g.state.nvlink_hog * NVLINK_GBPS * 1e9 if g.state.nvlink_hog else None
             self._samples.append(
                 (
                     ts,
@@ -570,8 +593,8 @@ class Simulation:
                     mem,
                     tx,
                     rx,
-                    None,
-                    None,
+                    nvl,
+                    nvl,
                     int(used),
                     int(spec.memory_gib * GIB),
                     power,

@@ -56,9 +56,10 @@ class Job:
 class GpuState:
     """Mutable per-GPU state that faults change."""
 
-    __slots__ = ("clock_factor", "dram_hog", "pcie_hog", "reasons")
+    __slots__ = ("clock_factor", "dram_hog", "nvlink_hog", "pcie_hog", "reasons")
 
     def __init__(self) -> None:
+        self.nvlink_hog = 0.0
         self.clock_factor = 1.0
         self.dram_hog = 0.0
         self.pcie_hog = 0.0

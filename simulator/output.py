@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from simulator.engine import Simulation
 from simulator.scenario import Fault, Scenario
+from simulator.scenario_load import truth_cause
 from store.schema import PHASE_COLUMNS, arrow_schema
 
 SETTLE_S = 10.0
@@ -112,26 +113,17 @@ def _p99_by_model(t: pa.Table, lo_ns: int, hi_ns: int) -> dict[str, float]:
 
 
 def truth_entry(f: Fault) -> dict[str, Any]:
-    """Ground-truth cause of a fault (DESIGN.md vocabulary)."""
-    kind, culprit, resource = {
-        "cotenant_burst": ("cotenant", f.target, None),
-        "process_active": ("cotenant", f.target, None),
-        "bandwidth_hog": ("bandwidth", f.target, f.resource),
-        "lock_hog": ("lock", f.lock, None),
-        "throttle": ("throttle", f.gpu, None),
-        "memory_pressure": ("memory", f.target, None),
-        "cpu_hog": ("cpu", f.target, None),
-        "load_surge": ("load", f.target, None),
-    }[f.kind]
+    """Ground-truth cause of a fault (DESIGN.md vocabulary), as written to truth.json."""
+    cause = truth_cause(f)
     out: dict[str, Any] = {
         "fault": f.kind,
-        "kind": kind,
-        "culprit": culprit,
+        "kind": cause.kind,
+        "culprit": cause.culprit,
         "start_s": f.start_s,
         "end_s": f.end_s,
     }
-    if resource:
-        out["resource"] = resource
+    if cause.resource:
+        out["resource"] = cause.resource
     if f.kind == "lock_hog":
         out["holder"] = f.holder
     return out

@@ -35,10 +35,13 @@ class FieldError(Exception):
 
 
 def show(value: Any) -> str:
+    """A value as it looks in YAML, shortened to 60 characters."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))  # a YAML 600 is cast to 600.0; show what the file says
     shown = repr(value)
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
@@ -202,26 +205,18 @@ def check_references(s: Scenario) -> None:
 
 
 def _check_gpu(s: Scenario, i: int, g: Gpu) -> None:
+    """MIG exists on this preset and has room for every tenant; the declared memory fits."""
     on_gpu = [m.memory_gib + m.kv_cache_gib for m in s.models if m.gpu == g.id]
     on_gpu += [p.memory_gib for p in s.processes if p.gpu == g.id]
-    if sum(on_gpu) > g.type.memory_gib:
-        bad(
-            f"gpus[{i}].type",
-            g.type.name,
-            f"its {g.type.memory_gib:g} GiB cannot hold the "
-            f"{sum(on_gpu):g} GiB that models and processes on {g.id} declare",
-        )
     if g.sharing == "mig" and g.type.name not in MIG_CAPABLE:
-        bad(
-            f"gpus[{i}].sharing", "mig", f"{g.type.name} does not support MIG; use timeslice or mps"
-        )
+        why = f"{g.type.name} does not support MIG; use timeslice or mps"
+        bad(f"gpus[{i}].sharing", "mig", why)
     if g.sharing == "mig" and len(on_gpu) > MIG_MAX_INSTANCES:
-        bad(
-            f"gpus[{i}].sharing",
-            "mig",
-            f"{len(on_gpu)} models and processes on {g.id}, "
-            f"but a GPU has at most {MIG_MAX_INSTANCES} MIG instances",
-        )
+        why = f"{len(on_gpu)} models and processes on {g.id}, but at most {MIG_MAX_INSTANCES}"
+        bad(f"gpus[{i}].sharing", "mig", why + " MIG instances fit on a GPU")
+    if sum(on_gpu) > g.type.memory_gib:
+        why = f"its {g.type.memory_gib:g} GiB cannot hold the {sum(on_gpu):g} GiB"
+        bad(f"gpus[{i}].type", g.type.name, why + f" that models and processes on {g.id} declare")
 
 
 def _check_fault(
