@@ -62,13 +62,17 @@ def pivot_requests(
     models = np.asarray(table.column("model").to_pylist(), dtype=object)
     gpus = np.asarray([g or "" for g in table.column("gpu").to_pylist()], dtype=object)
     cols = {f: _col(table, f) for f in REQ_FIELDS}
-    keys = np.char.add(models.astype(str), np.char.add("\x00", gpus.astype(str)))
+    keys = np.char.add(models.astype(str), np.char.add("\x1f", gpus.astype(str)))
     for key in np.unique(keys[ok]):
         sel = ok & (keys == key)
-        model, gpu = str(key).split("\x00", 1)
+        model, gpu = str(key).split("\x1f", 1)
         series: dict[str, np.ndarray] = {}
         for f, v in cols.items():
-            arr = np.zeros(n) if f in ("count", "rate_rps", "errors") else np.full(n, np.nan)
+            arr = (
+                np.zeros(n)
+                if f in ("count", "rate_rps", "arrival_rps", "errors")
+                else np.full(n, np.nan)
+            )
             arr[idx[sel]] = v[sel]
             series[f] = arr
         out[(model, gpu)] = series

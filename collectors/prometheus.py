@@ -70,9 +70,16 @@ from urllib3.util.retry import Retry
 from collectors import promql
 from collectors.promql import FIELD, GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
 from store.errors import SourceError, UsageError
-from store.frames import GPU_WINDOWS, PROCESS_WINDOWS, REQUEST_WINDOWS, SERVING_WINDOWS
+from store.frames import (
+    GPU_WINDOWS,
+    LOCK_WAITS,
+    PROCESS_WINDOWS,
+    REQUEST_WINDOWS,
+    SERVING_WINDOWS,
+)
 from store.queries import TimeRange
 from store.schema import PHASES
+from store.source import check_range
 
 Series = tuple[dict[str, str], np.ndarray, np.ndarray]
 """``(labels, ts_ns int64[n], values float64[n])``."""
@@ -305,6 +312,7 @@ class PrometheusSource:
             cols = {
                 "count": rate * step_s,
                 "rate_rps": rate,
+                "arrival_rps": rate,  # exporters count completions only
                 "errors": f.get("errors", nan) * step_s,
                 "mean_ms": 1e3 * _div(f.get("sum", nan), rate),
                 "batch_size_mean": _div(f.get("items", nan), f.get("execs", nan)),
@@ -316,6 +324,11 @@ class PrometheusSource:
                     cols[f"{p}_ms"] = 1e3 * _div(f[f"{p}_sum"], f.get(f"{p}_n", rate))
             out.append((key, cols, rate > 0))
         return _table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
+
+    def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
+        """Exporters carry no lock detail: always empty (lock causes need spans)."""
+        check_range(rng, 1.0)
+        return LOCK_WAITS.empty_table()
 
     def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
         g = promql.grid(rng, step_s)

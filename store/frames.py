@@ -17,6 +17,7 @@ REQUEST_WINDOWS = pa.schema(
         ("gpu", pa.string()),
         ("count", pa.float64()),
         ("rate_rps", pa.float64()),
+        ("arrival_rps", pa.float64()),
         ("errors", pa.float64()),
         ("mean_ms", pa.float64()),
         ("p50_ms", pa.float64()),
@@ -26,8 +27,9 @@ REQUEST_WINDOWS = pa.schema(
         ("batch_size_mean", pa.float64()),
     ]
 )
-"""Per (window, model, gpu): request count and rate, latency mean and quantiles, mean time per
-phase (ms per request) and mean batch size."""
+"""Per (window, model, gpu): requests completed (count, rate), requests that *arrived* in the
+window (``arrival_rps``; sources that only see completions repeat the completion rate), latency
+mean and quantiles, mean time per phase (ms per request) and mean batch size."""
 
 GPU_WINDOWS = pa.schema(
     [
@@ -81,3 +83,13 @@ SERVING_WINDOWS = pa.schema(
 )
 """Per (window, model): serving-engine gauges (vLLM): queue length, running requests, KV-cache
 usage (0-1), preemption rate."""
+
+LOCK_WAITS = pa.schema(
+    [
+        ("lock_name", pa.string()),
+        ("lock_holder", pa.string()),
+        ("requests", pa.int64()),
+        ("wait_ms_sum", pa.float64()),
+    ]
+)
+"""Per (lock, holder) over a range for one model: requests that waited and total wait."""

@@ -14,7 +14,13 @@ import pyarrow as pa
 
 from store.db import Store
 from store.errors import QueryError
-from store.frames import GPU_WINDOWS, PROCESS_WINDOWS, REQUEST_WINDOWS, SERVING_WINDOWS
+from store.frames import (
+    GPU_WINDOWS,
+    LOCK_WAITS,
+    PROCESS_WINDOWS,
+    REQUEST_WINDOWS,
+    SERVING_WINDOWS,
+)
 from store.queries import TimeRange
 from store.schema import PHASE_COLUMNS
 
@@ -40,6 +46,10 @@ class MetricSource(Protocol):
     def serving_windows(
         self, rng: TimeRange, step_s: float, model: str | None = None
     ) -> pa.Table: ...
+
+    def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
+        """LOCK_WAITS rows: which locks ``model``'s requests waited on, and behind whom."""
+        ...
 
 
 def check_range(rng: TimeRange, step_s: float) -> tuple[int, int, int]:
@@ -86,6 +96,7 @@ class StoreSource:
             sql = f"""
                 SELECT (minute_ns // $step) * $step AS ts_ns, model, gpu,
                        sum(count)::DOUBLE AS count, sum(count) / $secs AS rate_rps,
+                       sum(count) / $secs AS arrival_rps,
                        sum(errors)::DOUBLE AS errors, sum(latency_sum_ms) / sum(count) AS mean_ms,
                        sum(p50_ms * count) / sum(count) AS p50_ms,
                        sum(p95_ms * count) / sum(count) AS p95_ms,
@@ -97,7 +108,8 @@ class StoreSource:
         else:
             phases = ", ".join(f"avg({c}) AS {c}" for c in PHASE_COLUMNS)
             sql = f"""
-                SELECT ts_ns, model, gpu, count, rate_rps, errors, mean_ms,
+                SELECT ts_ns, model, gpu, count, rate_rps,
+                       coalesce(a.arrivals, 0) / $secs AS arrival_rps, errors, mean_ms,
                        q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms,
                        {", ".join(PHASE_COLUMNS)}, batch_size_mean
                 FROM (
@@ -108,7 +120,12 @@ class StoreSource:
                            quantile_cont(latency_ms, [0.5, 0.95, 0.99]) AS q, {phases},
                            avg(batch_size) AS batch_size_mean
                     FROM requests WHERE ts_end_ns >= $lo AND ts_end_ns < $hi {mf}
-                    GROUP BY ALL)
+                    GROUP BY ALL) c
+                LEFT JOIN (
+                    SELECT (ts_start_ns // $step) * $step AS ts_ns, model, gpu,
+                           count(*)::DOUBLE AS arrivals
+                    FROM requests WHERE ts_start_ns >= $lo AND ts_start_ns < $hi {mf}
+                    GROUP BY ALL) a USING (ts_ns, model, gpu)
                 ORDER BY ts_ns, model, gpu"""
         return self._query(sql, p, REQUEST_WINDOWS)
 
@@ -176,3 +193,13 @@ class StoreSource:
     def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
         check_range(rng, step_s)
         return SERVING_WINDOWS.empty_table()  # engine gauges come only from exporters
+
+    def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
+        lo, hi, _ = check_range(rng, 1.0)
+        sql = """
+            SELECT lock_name, lock_holder, count(*) AS requests, sum(lock_wait_ms) AS wait_ms_sum
+            FROM requests
+            WHERE ts_end_ns >= $lo AND ts_end_ns < $hi AND model = $model
+              AND lock_wait_ms > 0 AND lock_name IS NOT NULL
+            GROUP BY ALL ORDER BY wait_ms_sum DESC"""
+        return self._query(sql, {"lo": lo, "hi": hi, "model": model}, LOCK_WAITS)

@@ -1,0 +1,83 @@
+"""How much a series changed between a *before* and a *during* set of windows.
+
+The shared scoring core of attribution: the GPU attribution uses it for the confidence and
+evidence of each cause, and the tabular mode ranks entities with it directly.
+
+The score of a series is its robust standardised shift: ``(x_during - median_before) /
+scale_before`` where ``x_during`` is the median over the during windows (robust to a single
+outlier) and ``scale_before`` the before windows' interquartile range / 1.349 (a standard
+deviation for Gaussian data), floored so that a flat baseline does not turn a tiny absolute
+change into an infinite score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Change:
+    before: float  # median over the before windows
+    during: float  # median over the during windows
+    peak: float  # the most extreme during value in the direction of the change
+    scale: float  # robust spread of the before windows
+    score: float  # signed standardised shift (during - before) / scale
+
+    @property
+    def delta(self) -> float:
+        return self.during - self.before
+
+
+def robust_change(
+    x: np.ndarray,
+    before: np.ndarray,
+    during: np.ndarray,
+    rel_floor: float = 0.05,
+    abs_floor: float = 1e-9,
+) -> Change | None:
+    """Change of ``x`` from the ``before`` windows to the ``during`` windows (boolean masks).
+
+    Returns None when either side has no finite value. ``scale`` is at least
+    ``rel_floor x |median_before|`` and ``abs_floor``."""
+    b = x[before]
+    d = x[during]
+    b = b[np.isfinite(b)]
+    d = d[np.isfinite(d)]
+    if len(b) == 0 or len(d) == 0:
+        return None
+    med = float(np.median(b))
+    q75, q25 = np.percentile(b, [75, 25])
+    scale = max(float(q75 - q25) / 1.349, rel_floor * abs(med), abs_floor)
+    dur = float(np.median(d))
+    peak = float(d.max() if dur >= med else d.min())
+    return Change(med, dur, peak, scale, (dur - med) / scale)
+
+
+def strength(score: float, half: float = 3.0) -> float:
+    """Map a standardised shift to a confidence-like strength in [0, 1):
+    0 for no change, 0.5 at ``half`` robust sigmas, approaching 1 for large shifts."""
+    s = max(0.0, score)
+    return s / (s + half)
+
+
+def rank_changes(
+    series: Mapping[str, np.ndarray],
+    before: np.ndarray,
+    during: np.ndarray,
+    *,
+    increase_only: bool = False,
+) -> list[tuple[str, Change]]:
+    """Series by decreasing absolute score (only increases when ``increase_only``)."""
+    out = []
+    for name, x in series.items():
+        c = robust_change(np.asarray(x, dtype=np.float64), before, during)
+        if c is None:
+            continue
+        if increase_only and c.score <= 0:
+            continue
+        out.append((name, c))
+    out.sort(key=lambda nc: -abs(nc[1].score))
+    return out

