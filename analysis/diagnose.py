@@ -101,8 +101,23 @@ def _locks(
 
 
 def host_cpu(source: MetricSource, rng: TimeRange, step_s: float, n: int) -> dict[str, np.ndarray]:
-    """Host CPU use (cores) per process from process rows that carry ``cpu_cores``."""
-    return {}
+    """Host CPU use (cores) per process name, on the window grid of ``rng``."""
+    t = source.process_windows(rng, step_s)
+    if t.num_rows == 0:
+        return {}
+    since = rng.since_ns or 0
+    step = int(step_s * 1e9)
+    idx = (t.column("ts_ns").to_numpy() - since) // step
+    cpu = np.asarray(t.column("cpu_cores").to_numpy(zero_copy_only=False), dtype=np.float64)
+    names = np.asarray(t.column("process_name").to_pylist(), dtype=object)
+    ok = np.isfinite(cpu) & (idx >= 0) & (idx < n)
+    out: dict[str, np.ndarray] = {}
+    for name in set(names[ok].tolist()):
+        sel = ok & (names == name)
+        arr = np.full(n, np.nan)
+        arr[idx[sel]] = cpu[sel]
+        out[str(name)] = arr
+    return out
 
 
 def diagnose(

@@ -3,7 +3,8 @@
 Baseline: rolling median of the preceding ``history`` windows (windows with too few requests
 ignored), spread: rolling MAD scaled to a standard deviation. A window is a *spike* when its
 p99 exceeds the model's SLO (when one is set) **and** the baseline by a margin —
-``baseline + max(k_mad x MAD, rel_margin x baseline, abs_margin_ms)``. Spikes are merged with
+``baseline + max(k x MAD, rel_margin x baseline, abs_margin_ms)`` with ``k = k_mad`` (5), or
+``k_mad_slo`` (3) when an SLO is set and must be breached as well. Spikes are merged with
 hysteresis into incidents: open after ``open_windows`` spikes among the last
 ``open_windows + 1`` windows, close after ``close_windows`` windows without a spike.
 """
@@ -21,7 +22,8 @@ class SpikeParams:
     history: int = 120  # windows in the rolling baseline
     min_history: int = 10  # windows needed before anything is called a spike
     min_count: float = 3  # requests a window needs for its p99 to count
-    k_mad: float = 5.0
+    k_mad: float = 5.0  # without an SLO the baseline margin alone decides: be strict
+    k_mad_slo: float = 3.0  # with an SLO, breaching it is the main gate
     rel_margin: float = 0.3
     abs_margin_ms: float = 2.0
     open_windows: int = 2
@@ -51,7 +53,8 @@ def spike_mask(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(spike flags, threshold) per window."""
     base, sigma = baseline(p99, count, p)
-    margin = np.fmax(np.fmax(p.k_mad * np.nan_to_num(sigma), p.rel_margin * base), p.abs_margin_ms)
+    k = p.k_mad if slo_ms is None else p.k_mad_slo
+    margin = np.fmax(np.fmax(k * np.nan_to_num(sigma), p.rel_margin * base), p.abs_margin_ms)
     thr = base + margin
     if slo_ms is not None:
         thr = np.fmax(thr, slo_ms)

@@ -31,6 +31,7 @@ _CLOSED, _LOCK, _ENQUEUE, _TIMER, _FLUID, _SAMPLE, _FSTART, _FEND, _HOG, _POST, 
 GIB = 1024**3
 MB_TO_GB = 1e-3
 NVLINK_GBPS = 450.0  # one direction, H100-class
+HOST_IDLE_CORES = 0.05  # what an idle host process shows
 
 
 class _Lock:
@@ -136,6 +137,9 @@ class Simulation:
         self._batch_seq = 0
         self._closed_rng = np.random.default_rng([s.seed, 99_999])
         self._active_faults: set[int] = set()
+        self._cpu_s = [0.0] * len(s.models)  # host CPU seconds per model this period
+        self._cpu_hogs: dict[str, float] = {}  # target -> cores taken by a cpu_hog
+        self._bw_hogs: dict[str, tuple[str, float]] = {}  # target -> (resource, level)
         self._model_bg: dict[int, Job] = {}
         # open-loop arrivals, merged across models
         parts = [model_arrivals(s, i) for i in range(len(s.models))]
@@ -289,6 +293,7 @@ class Simulation:
             start = core if core > t else t
             done = start + m.preprocess_ms / 1000.0
             heapq.heappush(self._cores, done)
+            self._cpu_s[mi] += m.preprocess_ms / 1000.0
         self._r_pre.append(done - t)
         self._r_lockw.append(0.0)
         self._r_lockname.append(None)
@@ -475,6 +480,10 @@ class Simulation:
         elif f.kind == "bandwidth_hog":
             g = self._target_gpu(f.target)
             if g is not None:
+                if start:
+                    self._bw_hogs[f.target] = (f.resource, f.level)
+                else:
+                    self._bw_hogs.pop(f.target, None)
                 if f.resource == "pcie":
                     g.state.pcie_hog = f.level if start else 0.0
                 elif f.resource == "nvlink":
@@ -496,6 +505,10 @@ class Simulation:
                 else:
                     g.extra_mem_gib[f.target] = g.extra_mem_gib.get(f.target, 0.0) - f.gib
         elif f.kind == "cpu_hog":
+            if start:
+                self._cpu_hogs[f.target] = self._cpu_hogs.get(f.target, 0.0) + f.cores
+            else:
+                self._cpu_hogs[f.target] = self._cpu_hogs.get(f.target, 0.0) - f.cores
             if start:
                 cores = sorted(self._cores)
                 k = min(f.cores, len(cores) - 1)
@@ -623,8 +636,9 @@ class Simulation:
                         ms.m.name,
                         ms.m.name,
                         min(100.0, a[0] / period * 100.0),
-                        min(100.0, a[1] / period * 100.0),
+                        min(100.0, a[1] / period * 100.0 + self._hog_mem_util(ms.m.name, g)),
                         mem_b,
+                        self._cpu_s[ms.idx] / period + self._cpu_hogs.get(ms.m.name, 0.0),
                     )
                 )
             for pi, p in enumerate(self.s.processes):
@@ -632,7 +646,8 @@ class Simulation:
                     continue
                 owner = -1 - pi
                 a = self._proc_acc.pop((g.idx, owner), [0.0, 0.0])
-                if owner not in g.proc_jobs and a == [0.0, 0.0]:
+                hog = self._hog_mem_util(p.name, g)
+                if owner not in g.proc_jobs and a == [0.0, 0.0] and not hog:
                     continue
                 self._psamples.append(
                     (
@@ -643,11 +658,32 @@ class Simulation:
                         p.name,
                         None,
                         min(100.0, a[0] / period * 100.0),
-                        min(100.0, a[1] / period * 100.0),
+                        min(100.0, a[1] / period * 100.0 + hog),
                         int(p.memory_gib * GIB),
+                        self._cpu_hogs.get(p.name) or None,
                     )
                 )
+        for ms in self.models:
+            self._cpu_s[ms.idx] = 0.0
+        for p in self.s.processes:
+            if p.gpu is None:  # host-only processes: their CPU use is all that shows
+                cores = self._cpu_hogs.get(p.name, 0.0)
+                self._psamples.append(
+                    (ts, host, None, p.pid, p.name, None, None, None, None, cores + HOST_IDLE_CORES)
+                )
         self._last_sample = t
+
+    def _hog_mem_util(self, name: str, g: _Gpu) -> float:
+        """Memory-controller load (percent) a bandwidth hog puts on its own process's counters:
+        its DRAM level, or for a PCIe copy loop the DRAM traffic of the copies."""
+        hog = self._bw_hogs.get(name)
+        if hog is None:
+            return 0.0
+        resource, level = hog
+        if resource == "dram":
+            return level * 100.0
+        t = g.spec.type
+        return min(100.0, level * 2 * t.pcie_gbps / t.dram_gbps * 100.0)
 
     # -- output -----------------------------------------------------------------------------
 

@@ -66,9 +66,11 @@ PROCESS_WINDOWS = pa.schema(
         ("sm_util", pa.float64()),
         ("mem_util", pa.float64()),
         ("mem_used_bytes", pa.float64()),
+        ("cpu_cores", pa.float64()),
     ]
 )
-"""Per (window, GPU, process): mean SM / memory utilisation (percent) and memory used."""
+"""Per (window, GPU, process): mean SM / memory utilisation (percent), memory used, and host CPU
+use in cores where sampled. Host-only processes have a null ``gpu``."""
 
 SERVING_WINDOWS = pa.schema(
     [

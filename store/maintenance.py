@@ -76,7 +76,8 @@ _ROLLUPS: dict[str, tuple[str, str, str]] = {
         SELECT (ts_ns // {MINUTE_NS}) * {MINUTE_NS} AS minute_ns, host, gpu, pid,
                any_value(process_name) AS process_name, any_value(model) AS model,
                count(*) AS samples, avg(sm_util) AS sm_util, max(sm_util) AS sm_util_max,
-               avg(mem_util) AS mem_util, max(mem_used_bytes) AS mem_used_bytes_max
+               avg(mem_util) AS mem_util, max(mem_used_bytes) AS mem_used_bytes_max,
+               avg(cpu_cores) AS cpu_cores
         FROM process_samples
         WHERE ts_ns >= $lo AND ts_ns < $hi
           AND (ts_ns // {MINUTE_NS}) * {MINUTE_NS} IN (SELECT minute_ns FROM _dirty)

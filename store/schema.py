@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 PHASES: tuple[str, ...] = (
     "queue",
@@ -78,7 +78,11 @@ PROCESS_SAMPLES: list[tuple[str, str]] = [
     ("sm_util", "DOUBLE"),
     ("mem_util", "DOUBLE"),
     ("mem_used_bytes", "BIGINT"),
+    ("cpu_cores", "DOUBLE"),
 ]
+"""Per-process samples: GPU processes from NVML (``sm_util``/``mem_util`` in percent, memory
+used); host CPU use in cores (``cpu_cores``) where sampled. Host-only processes have no ``gpu``.
+Schema 2 added ``cpu_cores``."""
 
 INCIDENTS: list[tuple[str, str]] = [
     ("id", "VARCHAR PRIMARY KEY"),
@@ -177,6 +181,7 @@ PROCESS_ROLLUP: list[tuple[str, str]] = [
     ("sm_util_max", "DOUBLE"),
     ("mem_util", "DOUBLE"),
     ("mem_used_bytes_max", "BIGINT"),
+    ("cpu_cores", "DOUBLE"),
 ]
 
 PENDING_SPANS: list[tuple[str, str]] = [
