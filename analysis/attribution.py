@@ -307,8 +307,11 @@ def _compute_causes(
     if used is not None and total is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             full = used / total
-        if _mean(full, during) >= 0.95 and _mean(full, before) < 0.95:
-            best, best_rise = None, 0.0
+        cap = float(np.nanmax(total)) if np.isfinite(total).any() else 0.0
+        if _mean(full, during) >= 0.95 and cap > 0:
+            # a nearly full GPU alone is normal for KV-cache servers; the cause is memory that
+            # *grew* into it (at least 2 % of the GPU)
+            best, best_rise = None, 0.02 * cap
             for name, ps in w.processes.items():
                 r = _rise(ps["mem_used_bytes"], before, during)
                 if r > best_rise:
