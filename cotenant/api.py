@@ -10,8 +10,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
+from analysis.analyzer import Analyzer
 from store.db import Store
-from store.errors import CotenantError, QueryError
+from store.errors import CotenantError, NotFoundError, QueryError
 from store.queries import MAX_LIMIT, TimeRange, requests_rows
 from store.timespec import parse_time_ns
 
@@ -57,10 +58,22 @@ class ErrorResponse(BaseModel):
     error: str
 
 
+class DiagnoseRequest(BaseModel):
+    """Diagnose ``model`` between ``start`` and ``end`` ('now', '15m' ago, ISO 8601 or Unix s)."""
+
+    model: str
+    start: str
+    end: str = "now"
+
+
 def create_api(
-    store: Store, registry: CollectorRegistry, readiness: Callable[[], str | None]
+    store: Store,
+    registry: CollectorRegistry,
+    readiness: Callable[[], str | None],
+    analyzer: Analyzer | None = None,
 ) -> FastAPI:
-    """The API app. ``readiness()`` returns None when ready, else the reason it is not."""
+    """The API app. ``readiness()`` returns None when ready, else the reason it is not;
+    ``analyzer`` adds the diagnosis and incident routes."""
     app = FastAPI(
         title="cotenant",
         version="0.1.0",
@@ -69,7 +82,9 @@ def create_api(
 
     @app.exception_handler(CotenantError)
     async def _cotenant_error(_: Request, exc: CotenantError) -> JSONResponse:
-        status = 400 if isinstance(exc, QueryError) else 500
+        status = (
+            404 if isinstance(exc, NotFoundError) else 400 if isinstance(exc, QueryError) else 500
+        )
         return JSONResponse({"error": str(exc)}, status_code=status)
 
     @app.get("/healthz", summary="Liveness: the process answers")
@@ -110,4 +125,38 @@ def create_api(
         rows: list[dict[str, Any]] = requests_rows(store, rng, model=model, gpu=gpu, limit=limit)
         return JSONResponse({"count": len(rows), "requests": rows})
 
+    if analyzer is not None:
+        _analysis_routes(app, analyzer)
     return app
+
+
+def _analysis_routes(app: FastAPI, analyzer: Analyzer) -> None:
+    errors: dict[int | str, dict[str, Any]] = {
+        400: {"model": ErrorResponse},
+        404: {"model": ErrorResponse},
+    }
+
+    @app.post("/api/v1/diagnose", summary="Diagnose a model over a time range", responses=errors)
+    def diagnose(body: DiagnoseRequest) -> JSONResponse:
+        start = parse_time_ns(body.start, "start")
+        end = parse_time_ns(body.end, "end")
+        if end <= start:
+            raise QueryError("end must be after start")
+        return JSONResponse(analyzer.diagnose(body.model, start, end))
+
+    @app.get("/api/v1/incidents", summary="Incidents, newest first", responses=errors)
+    def incidents(
+        since: str | None = Query(None, description="only incidents still going at or after"),
+        model: str | None = Query(None, description="only this victim model"),
+        state: str | None = Query(None, description="open or resolved"),
+        limit: int = Query(500, description="1..10000"),
+    ) -> JSONResponse:
+        since_ns = None if since is None else parse_time_ns(since, "since")
+        rows = analyzer.incidents(since_ns=since_ns, model=model, state=state, limit=limit)
+        return JSONResponse({"count": len(rows), "incidents": rows})
+
+    @app.get(
+        "/api/v1/incidents/{incident_id}", summary="One incident with its causes", responses=errors
+    )
+    def incident(incident_id: str) -> JSONResponse:
+        return JSONResponse(analyzer.incident(incident_id))

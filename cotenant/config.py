@@ -114,6 +114,16 @@ class PrometheusConfig:
 
 
 @dataclass(frozen=True)
+class AnalysisConfig:
+    enabled: bool = _key(True, "run spike detection and attribution continuously in serve")
+    interval_s: float = _key(5.0, "how often the continuous loop re-diagnoses", min=0.1)
+    horizon_s: float = _key(600.0, "how far back each pass looks for incidents", min=10.0)
+    step_s: float = _key(1.0, "window width", min=0.1, max=3600.0)
+    slo_ms: dict[str, float] = _key({}, "p99 latency SLO per model in ms (env: 'tts=100,chat=400')")
+    max_range_h: float = _key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = _key("info", "log level", choices=("debug", "info", "warning", "error"))
 
@@ -126,6 +136,7 @@ class Config:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -210,6 +221,8 @@ def _cast(name: str, f: dataclasses.Field[Any], raw: Any, from_env: bool) -> Any
             if not isinstance(raw, str):
                 raise ValueError("expected a string")
             value = raw
+        elif typ == "dict[str, float]":
+            value = _float_map(_cast_map(raw, from_env))
         elif typ.startswith("dict"):
             value = _cast_map(raw, from_env)
         else:  # pragma: no cover - a new field type must be added here
@@ -228,6 +241,19 @@ def _cast(name: str, f: dataclasses.Field[Any], raw: Any, from_env: bool) -> Any
     return value
 
 
+def _float_map(m: dict[str, str]) -> dict[str, float]:
+    out = {}
+    for k, v in m.items():
+        try:
+            f = float(v)
+        except ValueError:
+            f = math.nan
+        if not (math.isfinite(f) and f > 0):
+            raise ValueError(f"value for {k!r} must be a positive number, got {v!r}")
+        out[k] = f
+    return out
+
+
 def _cast_map(raw: Any, from_env: bool) -> dict[str, str]:
     if from_env and isinstance(raw, str):
         out: dict[str, str] = {}
@@ -240,8 +266,8 @@ def _cast_map(raw: Any, from_env: bool) -> dict[str, str]:
     if not isinstance(raw, Mapping):
         raise ValueError("expected a table of key = value")
     for k, v in raw.items():
-        if not isinstance(v, str | int) or isinstance(v, bool):
-            raise ValueError(f"value for {k!r} must be a string or an integer")
+        if not isinstance(v, str | int | float) or isinstance(v, bool):
+            raise ValueError(f"value for {k!r} must be a string or a number")
     return {str(k): str(v) for k, v in raw.items()}
 
 

@@ -14,6 +14,7 @@ so callers catch one family::
     │   ├── UnsupportedMediaType  the content type or encoding is not OTLP            -> 415
     │   └── Overloaded         the writer queue is full; retry after ``retry_after_s``-> 429/503
     ├── QueryError             a query parameter (time, model, limit) is invalid      -> 400
+    │   └── NotFoundError      the named model, incident or action does not exist     -> 404
     ├── SourceError            a metric source (Prometheus) is down, too slow, or answers
     │                          something that is not its API (names URL, query, remedy)
     ├── ScenarioError          a simulator scenario file is invalid (names file, field, value)
@@ -87,3 +88,7 @@ class SourceError(CotenantError):
 
 class UsageError(CotenantError, ValueError):
     """A library function was called with an invalid argument (e.g. an unknown phase)."""
+
+
+class NotFoundError(QueryError):
+    """The model, incident or action named in a request does not exist."""

@@ -1,0 +1,83 @@
+"""The analysis facade the HTTP API and the CLI use: on-demand diagnosis and incidents."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from analysis.diagnose import diagnose
+from analysis.incidents import IncidentBook
+from analysis.windows import gpus_of
+from store.errors import NotFoundError, QueryError
+from store.queries import TimeRange
+from store.source import MetricSource
+
+
+class Analyzer:
+    def __init__(
+        self,
+        source: MetricSource,
+        book: IncidentBook,
+        *,
+        slo_ms: Mapping[str, float] | None = None,
+        step_s: float = 1.0,
+        max_range_s: float = 24 * 3600.0,
+    ) -> None:
+        self.source = source
+        self.book = book
+        self.slo_ms = dict(slo_ms or {})
+        self.step_s = step_s
+        self.max_range_s = max_range_s
+
+    def diagnose(self, model: str, start_ns: int, end_ns: int) -> dict[str, Any]:
+        """Diagnose ``model`` over ``[start, end)``: its incidents there, or — when none — the
+        range as a whole against the windows before it. Raises QueryError for a bad range and
+        NotFoundError for a model with no requests in it."""
+        if not model:
+            raise QueryError("model is required")
+        rng = TimeRange(start_ns, end_ns)
+        length = (end_ns - start_ns) / 1e9
+        if length <= 0:
+            raise QueryError("end must be after start")
+        if length > self.max_range_s:
+            raise QueryError(
+                f"range of {length:.0f} s is longer than the {self.max_range_s:.0f} s "
+                "allowed (analysis.max_range_h): diagnose a shorter range"
+            )
+        if not any(model in ms for ms in gpus_of(self.source, rng, self.step_s).values()):
+            raise NotFoundError(f"model {model!r} served no requests between start and end")
+        diags = diagnose(
+            self.source,
+            model,
+            rng,
+            slo_ms=self.slo_ms.get(model),
+            step_s=self.step_s,
+            on_demand=True,
+        )
+        return {
+            "model": model,
+            "start_ns": start_ns,
+            "end_ns": end_ns,
+            "spans": self.source.has_spans,
+            "diagnoses": [d.to_dict() for d in diags],
+        }
+
+    def incidents(
+        self,
+        since_ns: int | None = None,
+        model: str | None = None,
+        state: str | None = None,
+        limit: int = 500,
+    ) -> list[dict[str, Any]]:
+        if state is not None and state not in ("open", "resolved"):
+            raise QueryError(f"state {state!r} must be open or resolved")
+        return [
+            i.to_dict()
+            for i in self.book.find(since_ns=since_ns, model=model, state=state, limit=limit)
+        ]
+
+    def incident(self, incident_id: str) -> dict[str, Any]:
+        inc = self.book.get(incident_id)
+        if inc is None:
+            raise NotFoundError(f"no incident {incident_id!r}")
+        return inc.to_dict()

@@ -1,0 +1,146 @@
+"""The continuous analysis loop inside ``cotenant serve``.
+
+Every ``interval_s`` it re-diagnoses the last ``horizon_s`` of every model seen in that horizon,
+merges the results into incidents (:class:`analysis.incidents.IncidentBook`) and publishes
+``cotenant_incident_active{victim,gpu,cause,culprit}`` and
+``cotenant_cause_share{victim,gpu,cause,culprit}``. A failing pass is logged and counted; the
+loop keeps going.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from analysis.diagnose import diagnose
+from analysis.incidents import Incident, IncidentBook
+from analysis.windows import gpus_of
+from store.errors import CotenantError
+from store.queries import TimeRange
+from store.source import MetricSource
+
+log = logging.getLogger(__name__)
+
+OnIncident = Callable[[Incident, bool], None]
+"""Called with each incident written and whether it is new."""
+
+
+class AnalysisLoop:
+    def __init__(
+        self,
+        source: MetricSource,
+        book: IncidentBook,
+        *,
+        slo_ms: Mapping[str, float] | None = None,
+        interval_s: float = 5.0,
+        horizon_s: float = 600.0,
+        step_s: float = 1.0,
+        registry: CollectorRegistry | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        on_incident: OnIncident | None = None,
+    ) -> None:
+        self._source = source
+        self._book = book
+        self._slo = dict(slo_ms or {})
+        self._interval = interval_s
+        self._horizon_ns = int(horizon_s * 1e9)
+        self._step_s = step_s
+        self._step_ns = int(step_s * 1e9)
+        self._clock = clock_ns
+        self._on_incident = on_incident
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._active: list[Incident] = []
+        self._seen: set[str] = set()
+        self.passes = 0
+        self._failures = (
+            Counter("cotenant_analysis_failures", "Analysis passes that failed", registry=registry)
+            if registry is not None
+            else None
+        )
+        if registry is not None:
+            registry.register(self)
+
+    def run_once(self) -> list[Incident]:
+        """One pass over every model; returns the incidents written."""
+        now = self._clock()
+        now -= now % self._step_ns
+        lo = now - self._horizon_ns
+        rng = TimeRange(lo, now)
+        written: list[Incident] = []
+        for gpu, models in gpus_of(self._source, rng, self._step_s).items():
+            for model in models:
+                try:
+                    diags = [
+                        d
+                        for d in diagnose(
+                            self._source,
+                            model,
+                            rng,
+                            slo_ms=self._slo.get(model),
+                            step_s=self._step_s,
+                        )
+                        if d.gpu == gpu
+                    ]
+                except CotenantError as exc:
+                    log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
+                    continue
+                written += self._book.update(diags, model, gpu, lo, now)
+        self._active = self._book.find(state="open")
+        for inc in written:
+            new = inc.id not in self._seen
+            self._seen.add(inc.id)
+            if self._on_incident is not None:
+                self._on_incident(inc, new)
+        self.passes += 1
+        return written
+
+    def collect(self) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "cotenant_incident_active",
+            "1 while an incident is open, by its top cause",
+            labels=["victim", "gpu", "cause", "culprit"],
+        )
+        share = GaugeMetricFamily(
+            "cotenant_cause_share",
+            "Share of an open incident's excess latency per cause",
+            labels=["victim", "gpu", "cause", "culprit"],
+        )
+        for inc in self._active:
+            top = inc.top
+            active.add_metric(
+                [
+                    inc.model,
+                    inc.gpu,
+                    top["kind"] if top else "unknown",
+                    top["culprit"] if top else "—",
+                ],
+                1.0,
+            )
+            for c in inc.detail.get("causes", []):
+                share.add_metric([inc.model, inc.gpu, c["kind"], c["culprit"]], float(c["share"]))
+        yield active
+        yield share
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="cotenant-analysis", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.run_once()
+            except Exception:  # the loop must survive any bad pass
+                log.exception("analysis pass failed")
+                if self._failures is not None:
+                    self._failures.inc()
