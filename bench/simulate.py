@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulator.engine import Simulation  # noqa: E402
-from simulator.scenario import (  # noqa: E402
+from simulator.engine import Simulation
+from simulator.scenario import (
     GPU_TYPES,
     Arrival,
     Batching,

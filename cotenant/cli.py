@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cotenant.simulate_cmd import add_parser as add_simulate
 
     add_simulate(sub)
+
+    from cotenant.diagnose_cmd import add_parser as add_diagnose
+
+    add_diagnose(sub)
     return p
 
 

@@ -1,0 +1,249 @@
+"""Attribution on generated frames with known answers, and diagnosis end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from analysis_frames import FAULT, N, _refresh, masks, slow_compute, windows
+from prometheus_client import CollectorRegistry, generate_latest
+
+from analysis.attribution import attribute
+from analysis.bench import load_outputs
+from analysis.diagnose import diagnose
+from analysis.incidents import IncidentBook
+from analysis.loop import AnalysisLoop
+from analysis.spikes import SpikeParams, merge, spike_mask
+from simulator.output import run
+from simulator.scenario_load import find_scenario, load_scenario
+from store.db import Store
+from store.queries import TimeRange
+from store.source import StoreSource
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def top(att):  # type: ignore[no-untyped-def]
+    return [(c.kind, c.culprit) for c in att.causes if c.kind != "unknown"]
+
+
+def test_cotenant_rise_explains_compute_inflation() -> None:
+    w = windows()
+    w.processes["sdxl"]["sm_util"][FAULT] = 80.0
+    slow_compute(w)
+    att = attribute(w, "tts", *masks())
+    assert top(att)[0] == ("cotenant", "sdxl")
+    c = att.causes[0]
+    assert c.share > 0.8 and c.confidence > 0.9
+    assert c.evidence["during"] > c.evidence["before"]
+    assert att.phases_ms["compute_ms"] == pytest.approx(10, abs=0.5)
+
+
+def test_clock_drop_is_throttle_and_two_causes_share_the_excess() -> None:
+    w = windows()
+    w.counters["sm_clock_mhz"][FAULT] = 1188.0  # 0.6 x
+    w.counters["clock_event_reasons"][FAULT] = 0x40
+    w.processes["sdxl"]["sm_util"][FAULT] = 50.0
+    slow_compute(w, 2.2)
+    att = attribute(w, "tts", *masks())
+    assert set(top(att)[:2]) == {("throttle", "gpu0"), ("cotenant", "sdxl")}
+    thr = next(c for c in att.causes if c.kind == "throttle")
+    assert thr.evidence["clock_event_reasons"] == 0x40
+    assert sum(c.share for c in att.causes) == pytest.approx(1.0)
+
+
+def test_dram_traffic_without_sm_is_bandwidth() -> None:
+    w = windows()
+    w.processes["copy"] = {
+        "sm_util": np.full(N, 1.0),
+        "mem_util": np.full(N, 1.0),
+        "mem_used_bytes": np.full(N, 1e9),
+    }
+    w.process_model["copy"] = None
+    w.processes["copy"]["mem_util"][FAULT] = 90.0
+    slow_compute(w, 1.5)
+    att = attribute(w, "tts", *masks())
+    assert att.causes[0].kind == "bandwidth" and att.causes[0].culprit == "copy"
+    assert att.causes[0].resource == "dram"
+
+
+def test_lock_wait_names_the_lock_and_holder() -> None:
+    w = windows()
+    w.models["tts"]["lock_wait_ms"][FAULT] = 25.0
+    _refresh(w)
+    att = attribute(w, "tts", *masks(), locks=[("tokenizer", "chat", 900.0)])
+    assert att.causes[0].kind == "lock" and att.causes[0].culprit == "tokenizer"
+    assert att.causes[0].evidence["holder"] == "chat"
+
+
+def test_own_arrival_surge_is_load_and_queue_growth_alone_is_not() -> None:
+    w = windows()
+    w.models["tts"]["arrival_rps"][FAULT] *= 3
+    w.models["tts"]["queue_ms"][FAULT] += 30
+    _refresh(w)
+    att = attribute(w, "tts", *masks())
+    assert top(att)[0] == ("load", "tts")
+    quiet = windows()
+    quiet.models["tts"]["queue_ms"][FAULT] += 30  # no more arrivals, no slower service
+    _refresh(quiet)
+    att2 = attribute(quiet, "tts", *masks())
+    assert top(att2) == [] and att2.causes[0].kind == "unknown"
+
+
+def test_host_cpu_culprit_for_preprocess_growth() -> None:
+    w = windows()
+    w.models["tts"]["preprocess_ms"][FAULT] = 20.0
+    _refresh(w)
+    cpu = {"etl": np.full(N, 0.1), "tts": np.full(N, 0.5)}
+    cpu["etl"][FAULT] = 12.0
+    att = attribute(w, "tts", *masks(), host_cpu=cpu)
+    assert top(att)[0] == ("cpu", "etl")
+
+
+def test_nothing_changed_means_nothing_blamed() -> None:
+    w = windows()
+    att = attribute(w, "tts", *masks())
+    assert all(c.share < 0.2 for c in att.causes if c.kind != "unknown")
+
+
+def test_spikes_need_the_slo_and_merge_with_hysteresis() -> None:
+    rng = np.random.default_rng(1)
+    p99 = rng.normal(30, 1, 300)
+    cnt = np.full(300, 40.0)
+    p99[100:120] = 90  # a burst within the SLO: no incident
+    p99[200:230] = 160  # over the SLO
+    p99[215] = 30  # one quiet window inside does not split it
+    p = SpikeParams()
+    spikes, _ = spike_mask(p99, cnt, 100.0, p)
+    spans = merge(spikes, p99, p)
+    assert [(s.start, s.end) for s in spans] == [(200, 229)]
+    spikes_no_slo, _ = spike_mask(p99, cnt, None, p)
+    assert len(merge(spikes_no_slo, p99, p)) == 2
+
+
+@pytest.fixture(scope="module")
+def demo_store() -> Store:
+    s = load_scenario(find_scenario("demo"))
+    return load_outputs(run(s, start_ns=0))
+
+
+def test_diagnose_the_demo_names_each_fault(demo_store: Store) -> None:
+    src = StoreSource(demo_store)
+    diags = diagnose(src, "tts", TimeRange(0, 900_000_000_000), slo_ms=100.0)
+
+    def first(lo: int, hi: int):  # type: ignore[no-untyped-def]
+        d = next(d for d in diags if lo * 10**9 <= d.start_ns < hi * 10**9)
+        return (d.causes[0].kind, d.causes[0].culprit)
+
+    assert first(95, 150) == ("lock", "tokenizer")
+    assert first(295, 365) == ("cotenant", "sdxl")
+    assert first(595, 650) == ("throttle", "gpu0")
+
+
+def test_incident_book_keeps_one_incident_while_it_grows(demo_store: Store) -> None:
+    src = StoreSource(demo_store)
+    book = IncidentBook(demo_store)
+    ids = set()
+    for now_s in (320, 340, 380, 420):
+        now = now_s * 10**9
+        rng = TimeRange(now - 300 * 10**9, now)
+        diags = [d for d in diagnose(src, "tts", rng, slo_ms=100.0) if d.gpu == "gpu0"]
+        for inc in book.update(diags, "tts", "gpu0", rng.since_ns or 0, now):
+            if 300e9 <= inc.start_ns < 320e9:
+                ids.add(inc.id)
+    assert len(ids) == 1
+    [inc] = [i for i in book.find(model="tts") if i.id in ids]
+    assert inc.state == "resolved" and inc.top is not None and inc.top["culprit"] == "sdxl"
+
+
+def test_loop_publishes_incident_metrics(demo_store: Store) -> None:
+    reg = CollectorRegistry()
+    seen = []
+    loop = AnalysisLoop(
+        StoreSource(demo_store),
+        IncidentBook(demo_store),
+        slo_ms={"tts": 100},
+        horizon_s=120,
+        registry=reg,
+        clock_ns=lambda: 330 * 10**9,
+        on_incident=lambda inc, new: seen.append((inc.model, new)),
+    )
+    loop.run_once()
+    text = generate_latest(reg).decode()
+    assert (
+        'cotenant_incident_active{cause="cotenant",culprit="sdxl",gpu="gpu0",victim="tts"} 1.0'
+        in text
+    )
+    assert ("tts", True) in seen
+
+
+def test_cli_diagnose_reads_a_store_file(tmp_path: Path) -> None:
+    s = load_scenario(find_scenario("lock-hog-tokenizer-held-by-chat"))
+    mem = load_outputs(run(s, start_ns=1_700_000_000_000_000_000))
+    path = tmp_path / "s.duckdb"
+    with mem.cursor() as cur:
+        cur.execute(f"ATTACH '{path}' AS f")
+    mem.close()
+    # write a real store file with the schema, then copy the rows in
+    st = Store(path)
+    st.close()
+    mem = load_outputs(run(s, start_ns=1_700_000_000_000_000_000))
+    with mem.cursor() as cur:
+        cur.execute(f"ATTACH '{path}' AS f")
+        cur.execute("INSERT INTO f.requests SELECT * FROM requests")
+        cur.execute("INSERT INTO f.gpu_samples SELECT * FROM gpu_samples")
+        cur.execute("INSERT INTO f.process_samples SELECT * FROM process_samples")
+        cur.execute("DETACH f")
+    mem.close()
+    truth = [f for f in json.loads(json.dumps([1]))]  # noqa: F841 - keep json import honest
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cotenant",
+            "diagnose",
+            "--store",
+            str(path),
+            "--model",
+            "tts",
+            "--since",
+            "1700000000",
+            "--until",
+            str(1_700_000_000 + s.duration_s),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "COTENANT_ANALYSIS_SLO_MS": "tts=60"},
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    causes = [(c["kind"], c["culprit"]) for d in result["diagnoses"] for c in d["causes"][:1]]
+    assert ("lock", "tokenizer") in causes
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cotenant",
+            "diagnose",
+            "--store",
+            str(path),
+            "--model",
+            "nope",
+            "--since",
+            "1700000000",
+            "--until",
+            "1700000300",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "nope" in bad.stderr
