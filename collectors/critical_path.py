@@ -10,19 +10,21 @@ twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
+from typing import Any
 
 from store.schema import PHASES
 
 OTHER = PHASES.index("other")
 N_PHASES = len(PHASES)
+_END = itemgetter(2)
 
 
-def critical_path(
-    start_ns: int, end_ns: int, children: Sequence[tuple[int, int, int]]
-) -> list[int]:
+def critical_path(start_ns: int, end_ns: int, children: Sequence[Sequence[Any]]) -> list[int]:
     """Nanoseconds per phase (indexed like :data:`store.schema.PHASES`).
 
-    ``children`` holds ``(phase_index, start_ns, end_ns)``; children outside the root are
+    ``children`` holds ``(phase_index, start_ns, end_ns, …)`` (extra items are ignored);
+    children outside the root are
     clipped to it. The result sums to ``end_ns - start_ns`` (0 when ``end_ns <= start_ns``).
     """
     out = [0] * N_PHASES
@@ -31,13 +33,16 @@ def critical_path(
     if not children:
         out[OTHER] = end_ns - start_ns
         return out
-    cands = sorted(children, key=lambda c: c[2], reverse=True)
+    cands = sorted(children, key=_END, reverse=True)
     t = end_ns
     while cands and t > start_ns:
-        i = next((k for k, c in enumerate(cands) if c[1] < t), -1)
-        if i < 0:
+        # hot path: a plain loop beats next() over a generator here
+        for i, c in enumerate(cands):  # noqa: B007
+            if c[1] < t:
+                break
+        else:
             break
-        phase, c_start, c_end = cands[i]
+        phase, c_start, c_end = c[0], c[1], c[2]
         stop = c_end if c_end < t else t
         if stop <= start_ns:
             break

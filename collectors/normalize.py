@@ -91,8 +91,17 @@ def any_value(v: Any) -> Any:
     return getattr(v, kind)
 
 
+_SCALARS = frozenset({"string_value", "bool_value", "int_value", "double_value", "bytes_value"})
+
+
 def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
-    return {kv.key: any_value(kv.value) for kv in kvs}
+    """Attributes as a dict (any_value inlined: this runs for every request span)."""
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        v = kv.value
+        kind = v.WhichOneof("value")
+        out[kv.key] = getattr(v, kind) if kind in _SCALARS else None
+    return out
 
 
 def _as_int(attrs: dict[str, Any], key: str) -> int | None:
@@ -185,7 +194,9 @@ class Normalizer:
                             }
                         elif phase == _COMPUTE and len(span.events):
                             extra = {"events": {e.name: e.time_unix_nano for e in span.events}}
-                        if span.end_time_unix_nano < span.start_time_unix_nano:
+                        c_start = span.start_time_unix_nano
+                        c_end = span.end_time_unix_nano
+                        if c_end < c_start:
                             res.rejected["bad_time"] += 1
                             res.first_error = res.first_error or (
                                 f"span {name!r} ends before it starts"
@@ -195,8 +206,8 @@ class Normalizer:
                         lst = children.get(key)
                         child = (
                             phase,
-                            span.start_time_unix_nano,
-                            span.end_time_unix_nano,
+                            c_start,
+                            c_end,
                             span.span_id,
                             extra,
                         )
@@ -360,7 +371,7 @@ class Normalizer:
         start, end, model, host, gpu, pid, status = self._common(
             span, rattrs, a.get(ATTR_MODEL), a.get("cotenant.gpu")
         )
-        ns = critical_path(start, end, [(c[0], c[1], c[2]) for c in kids if c[0] >= 0])
+        ns = critical_path(start, end, [c for c in kids if c[0] >= 0])
         lock_name = lock_holder = None
         longest = -1
         for p, s, e, _, x in kids:

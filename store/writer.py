@@ -66,6 +66,7 @@ class Writer:
         self._in_flight = 0
         self._cond = threading.Condition()
         self._closing = False
+        self._flushers = 0
         self._schemas = {t: arrow_schema(t) for t in APPEND_TABLES}
         self._thread = threading.Thread(target=self._run, name="cotenant-writer", daemon=True)
         self._thread.start()
@@ -130,12 +131,16 @@ class Writer:
         """Wait until everything submitted so far is written; True if it was in time."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            self._flushers += 1  # the writer stops waiting for a full batch while we wait
             self._cond.notify_all()
-            while self._queued_rows or self._in_flight:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
+            try:
+                while self._queued_rows or self._in_flight:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(min(left, 0.05))
+            finally:
+                self._flushers -= 1
         return True
 
     def close(self, timeout_s: float = 60.0) -> None:
@@ -154,7 +159,7 @@ class Writer:
     def _take(self) -> list[tuple[str, pa.Table]]:
         with self._cond:
             deadline = self._clock() + self._flush_interval_s
-            while not self._closing and self._queued_rows < self._batch_rows:
+            while not self._closing and not self._flushers and self._queued_rows < self._batch_rows:
                 left = deadline - self._clock()
                 if left <= 0:
                     break
