@@ -19,9 +19,9 @@ install: $(STAMP)
 system-deps:
 	bash scripts/install-system-deps.sh
 
-## demo: run cotenant on the embedded store and print where to point an OTLP exporter
+## demo: the whole service on a fresh embedded store, fed by a simulated shared GPU
 demo: install
-	$(BIN)/cotenant serve --store ./.cotenant/demo.duckdb
+	$(BIN)/cotenant demo
 
 ## test: lint, type-check and run the whole suite (installs what the tests need)
 test: install system-deps lint typecheck unit

@@ -90,7 +90,7 @@ def _rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
 def _conf(x: np.ndarray | None, before: np.ndarray, during: np.ndarray) -> float:
     if x is None:
         return 0.3
-    c = robust_change(np.asarray(x, dtype=np.float64), before, during)
+    c = robust_change(np.asarray(x, dtype=np.float64), before, during, during_stat="mean")
     return 0.0 if c is None else strength(c.score)
 
 

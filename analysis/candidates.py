@@ -39,7 +39,8 @@ def activity(w: GpuWindows, victim: str) -> dict[str, tuple[np.ndarray, np.ndarr
 
     A model's SM activity is its per-process SM utilisation when NVML sampled its process,
     else its compute seconds in flight per second; its DRAM activity is its per-process
-    memory utilisation (0 when unknown). Non-model processes come from NVML only."""
+    memory utilisation (0 when unknown). Non-model processes come from NVML only. Windows
+    without a sample are NaN; consumers average over the finite ones."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     by_model = {m: name for name, m in w.process_model.items() if m}
     for model, series in w.models.items():
@@ -47,18 +48,16 @@ def activity(w: GpuWindows, victim: str) -> dict[str, tuple[np.ndarray, np.ndarr
             continue
         pname = by_model.get(model)
         if pname is not None:
+            # NaN where NVML had no sample: "unknown", not "idle"
             ps = w.processes[pname]
-            out[model] = (
-                np.nan_to_num(ps["sm_util"]) / 100.0,
-                np.nan_to_num(ps["mem_util"]) / 100.0,
-            )
+            out[model] = (ps["sm_util"] / 100.0, ps["mem_util"] / 100.0)
         else:
             out[model] = (busy_fraction(series), np.zeros(w.n))
     for name, ps in w.processes.items():
         owner = w.process_model.get(name)
         if owner == victim or (owner and owner in out):
             continue
-        out[name] = (np.nan_to_num(ps["sm_util"]) / 100.0, np.nan_to_num(ps["mem_util"]) / 100.0)
+        out[name] = (ps["sm_util"] / 100.0, ps["mem_util"] / 100.0)
     return out
 
 
@@ -90,7 +89,8 @@ def candidate_series(
         out[Candidate("bandwidth", name, "dram")] = dram
         if pcie_total is not None:
             scale = float(np.nanmax(pcie_total)) or 1.0
-            out[Candidate("bandwidth", name, "pcie")] = (sm + dram + 0.01) * pcie_total / scale
+            act = np.nan_to_num(sm) + np.nan_to_num(dram) + 0.01
+            out[Candidate("bandwidth", name, "pcie")] = act * pcie_total / scale
     clock = w.counters.get("sm_clock_mhz")
     max_clock = w.counters.get("max_sm_clock_mhz")
     if clock is not None and max_clock is not None:

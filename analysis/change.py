@@ -5,9 +5,10 @@ evidence of each cause, and the tabular mode ranks entities with it directly.
 
 The score of a series is its robust standardised shift: ``(x_during - median_before) /
 scale_before`` where ``x_during`` is the median over the during windows (robust to a single
-outlier) and ``scale_before`` the before windows' interquartile range / 1.349 (a standard
-deviation for Gaussian data), floored so that a flat baseline does not turn a tiny absolute
-change into an infinite score.
+outlier), or their mean with ``during_stat="mean"`` (a culprit active in bursts shows in the
+mean even when it is idle in half the windows), and ``scale_before`` the before windows'
+interquartile range / 1.349 (a standard deviation for Gaussian data), floored so that a flat
+baseline does not turn a tiny absolute change into an infinite score.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def robust_change(
     during: np.ndarray,
     rel_floor: float = 0.05,
     abs_floor: float = 1e-9,
+    during_stat: str = "median",
 ) -> Change | None:
     """Change of ``x`` from the ``before`` windows to the ``during`` windows (boolean masks).
 
@@ -51,7 +53,7 @@ def robust_change(
     med = float(np.median(b))
     q75, q25 = np.percentile(b, [75, 25])
     scale = max(float(q75 - q25) / 1.349, rel_floor * abs(med), abs_floor)
-    dur = float(np.median(d))
+    dur = float(np.mean(d) if during_stat == "mean" else np.median(d))
     peak = float(d.max() if dur >= med else d.min())
     return Change(med, dur, peak, scale, (dur - med) / scale)
 

@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cotenant.diagnose_cmd import add_parser as add_diagnose
 
     add_diagnose(sub)
+
+    from cotenant.demo_cmd import add_parser as add_demo
+
+    add_demo(sub)
     return p
 
 

@@ -140,6 +140,7 @@ def stream(
     progress: Callable[[str], None] = lambda _: None,
     gpu_names: dict[str, str] | None = None,
     stop: Callable[[], bool] = lambda: False,
+    on_requests: Callable[[dict[str, list[Any]]], None] | None = None,
 ) -> StreamStats:
     """Run ``scenario`` paced at ``speed`` x wall clock (None = as fast as possible), exporting
     spans to ``endpoint`` (an OTLP/HTTP base URL or ``…/v1/traces``). ``on_tick`` is called after
@@ -162,6 +163,7 @@ def stream(
         progress=progress,
         gpu_names=gpu_names,
         stop=stop,
+        on_requests=on_requests,
     )
 
 
@@ -176,6 +178,7 @@ def stream_to(
     progress: Callable[[str], None] = lambda _: None,
     gpu_names: dict[str, str] | None = None,
     stop: Callable[[], bool] = lambda: False,
+    on_requests: Callable[[dict[str, list[Any]]], None] | None = None,
 ) -> StreamStats:
     sim = Simulation(scenario, start_ns=start_ns or time.time_ns())
     emitter = SpanEmitter(scenario, exporter, gpu_names)
@@ -188,7 +191,10 @@ def stream_to(
         while v < scenario.duration_s and not stop():
             v = min(scenario.duration_s, v + step)
             sim.run_until(v)
-            r, s = emitter.emit(sim.take_requests())
+            cols = sim.take_requests()
+            r, s = emitter.emit(cols)
+            if on_requests is not None:
+                on_requests(cols)
             stats.requests += r
             stats.spans += s
             if on_tick is not None:

@@ -1,0 +1,278 @@
+"""``cotenant demo``: the whole service on a fresh store, fed by a simulated shared GPU.
+
+The built-in scenario (``simulator/scenarios/demo.yaml``) is paced at ``--speed`` x real time
+(default 10x): its spans go through the real OTLP exporter into the service, its GPU counters
+through a FakeNvml that the service's real NVML collector polls. Incidents are printed with
+their ranked causes as the analysis loop finds them. Ctrl-C or ``--duration`` stops it cleanly.
+Virtual time runs ``speed`` x faster than the wall clock, so timestamps in the store run ahead
+of the wall clock by the same factor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from store.errors import CotenantError, UsageError
+
+DEMO_STORE = "./.cotenant/demo.duckdb"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "demo",
+        help="run the service on a simulated shared GPU (make demo)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "--scenario",
+        default="demo",
+        help="bundled scenario name or a scenario file (default: demo)",
+    )
+    p.add_argument(
+        "--speed", type=float, default=10.0, help="virtual seconds per wall second (default 10)"
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many wall seconds (default: the whole scenario)",
+    )
+    p.add_argument(
+        "--store", default=DEMO_STORE, help=f"store file, recreated (default {DEMO_STORE})"
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML config (ports, SLOs, …)")
+    p.set_defaults(func=cmd_demo)
+
+
+class VirtualClock:
+    """Wall time mapped onto the simulation: ``start_ns + elapsed_wall x speed``."""
+
+    def __init__(self, speed: float) -> None:
+        self.speed = speed
+        self.start_ns = time.time_ns()
+        self._wall0 = time.monotonic()
+
+    def __call__(self) -> int:
+        return self.start_ns + int((time.monotonic() - self._wall0) * self.speed * 1e9)
+
+    def virtual_s(self, ts_ns: int) -> float:
+        return (ts_ns - self.start_ns) / 1e9
+
+
+def _fresh_store(path: str) -> None:
+    p = Path(path)
+    for f in (p, p.with_name(p.name + ".wal")):
+        if f.exists():
+            f.unlink()
+
+
+def _fake_nvml(scenario: Any, clock: VirtualClock) -> tuple[Any, dict[str, str]]:
+    from collectors.fake_nvml import FakeNvml
+    from simulator.scenario_load import model_pid
+
+    fake = FakeNvml(clock=clock)
+    uuids: dict[str, str] = {}
+    for g in scenario.gpus:
+        uuids[g.id] = fake.add_gpu(
+            name=f"NVIDIA {g.type.name} (simulated)",
+            memory_total_bytes=int(g.type.memory_gib * 1024**3),
+            max_sm_clock_mhz=int(g.type.max_sm_clock_mhz),
+            uuid=f"GPU-{g.id}",
+            nvlink=False,
+        )
+    for m in scenario.models:
+        fake.add_process(
+            uuids[m.gpu],
+            model_pid(scenario, m.name),
+            name=m.name,
+            used_memory_bytes=int((m.memory_gib + m.kv_cache_gib) * 1024**3),
+        )
+    for p in scenario.processes:
+        if p.gpu is not None:
+            fake.add_process(
+                uuids[p.gpu], p.pid, name=p.name, used_memory_bytes=int(p.memory_gib * 1024**3)
+            )
+    return fake, uuids
+
+
+def _feed(
+    fake: Any,
+    uuids: dict[str, str],
+    gpu_rows: list[tuple[Any, ...]],
+    proc_rows: list[tuple[Any, ...]],
+) -> None:
+    """Counter samples of the simulator -> the FakeNvml the collector reads."""
+    for row in gpu_rows:
+        (
+            ts,
+            _host,
+            gid,
+            sm,
+            mem,
+            _dram,
+            tx,
+            rx,
+            _ntx,
+            _nrx,
+            used,
+            _total,
+            power,
+            temp,
+            clock,
+            _max_clock,
+            reasons,
+        ) = row
+        fake.set_gpu(
+            uuids[gid],
+            sm_util=sm,
+            mem_util=mem,
+            memory_used_bytes=used,
+            pcie_tx_bps=tx,
+            pcie_rx_bps=rx,
+            power_w=power,
+            temp_c=temp,
+            sm_clock_mhz=clock,
+            clock_event_reasons=reasons,
+        )
+    for row in proc_rows:
+        ts, _host, gid, pid, _name, _model, sm, mem, used = row[:9]
+        if gid is None or sm is None:
+            continue  # host-only process: NVML does not see it
+        try:
+            fake.record_process_util(pid, sm, mem or 0.0, ts_ns=ts)
+            fake.set_process_memory(pid, int(used or 0))
+        except KeyError:
+            continue
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from cotenant.config import load_config
+    from cotenant.service import Service
+    from simulator.scenario_load import find_scenario, load_scenario
+    from simulator.stream import stream
+
+    if not args.speed > 0:
+        raise UsageError("--speed must be a positive number")
+    scenario = load_scenario(find_scenario(args.scenario))
+    cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
+    slo = {m.name: m.slo_p99_ms for m in scenario.models if m.slo_p99_ms}
+    cfg = dataclasses.replace(
+        cfg,
+        store=dataclasses.replace(cfg.store, path=args.store),
+        nvml=dataclasses.replace(
+            cfg.nvml, enabled=True, host=scenario.host, poll_interval_s=max(0.05, 1.0 / args.speed)
+        ),
+        analysis=dataclasses.replace(
+            cfg.analysis,
+            slo_ms={**slo, **cfg.analysis.slo_ms},
+            interval_s=max(0.2, 5.0 / args.speed),
+        ),
+    )
+    _fresh_store(args.store)
+    clock = VirtualClock(args.speed)
+    fake, uuids = _fake_nvml(scenario, clock)
+    printer = _IncidentPrinter(clock)
+    service = Service(cfg, nvml=fake, clock_ns=clock, on_incident=printer)
+    runner = threading.Thread(target=service.run, name="cotenant-serve", daemon=True)
+    runner.start()
+    if not service.started.wait(60) or service.endpoints is None:
+        raise CotenantError("the service did not start: see the log above")
+    ep = service.endpoints
+    print(
+        f"\ncotenant demo: scenario {scenario.name!r} at {args.speed:g}x real time "
+        f"({scenario.duration_s / args.speed:.0f} s); store {args.store}"
+    )
+    print(f"  API and metrics: {ep.api}/api/v1/incidents  {ep.api}/metrics")
+    print("  Ctrl-C stops it.\n", flush=True)
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    stats = _LiveStats(clock)
+
+    def on_tick(sim: Any, v: float) -> None:
+        g, p = sim.take_samples()
+        _feed(fake, uuids, g, p)
+
+    try:
+        stream(
+            scenario,
+            ep.otlp_http or "",
+            speed=args.speed,
+            start_ns=clock.start_ns,
+            on_tick=on_tick,
+            gpu_names=uuids,
+            on_requests=stats.add,
+            stop=lambda: deadline is not None and time.monotonic() > deadline,
+        )
+    except KeyboardInterrupt:
+        print("\nstopping…", flush=True)
+    finally:
+        service.stop()
+        runner.join(60)
+    print(
+        f"\n{printer.count} incidents; store kept at {args.store} "
+        f"(cotenant diagnose --store {args.store} --model …)"
+    )
+    return 0
+
+
+class _LiveStats:
+    """Prints ingested counts and live p99 per model every 30 virtual seconds."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self._clock = clock
+        self._next = 30.0
+        self._lat: dict[str, list[float]] = {}
+        self.total = 0
+
+    def add(self, cols: dict[str, list[Any]]) -> None:
+        self.total += len(cols["model"])
+        for m, lat in zip(cols["model"], cols["latency_ms"], strict=True):
+            self._lat.setdefault(m, []).append(lat)
+        v = self._clock.virtual_s(self._clock())
+        if v >= self._next:
+            parts = ", ".join(
+                f"{m} {np.percentile(x, 99):.0f} ms" for m, x in sorted(self._lat.items()) if x
+            )
+            print(f"[{v:5.0f} s] {self.total} requests sent; p99 last 30 s: {parts}", flush=True)
+            self._lat = {}
+            self._next = v + 30.0
+
+
+class _IncidentPrinter:
+    def __init__(self, clock: VirtualClock) -> None:
+        self._clock = clock
+        self.count = 0
+        self._printed: dict[str, str] = {}
+
+    def __call__(self, inc: Any, new: bool) -> None:
+        top = inc.top
+        key = f"{inc.state}:{top['kind'] if top else ''}:{top['culprit'] if top else ''}"
+        if self._printed.get(inc.id) == key:
+            return
+        self._printed[inc.id] = key
+        if new:
+            self.count += 1
+        t0 = self._clock.virtual_s(inc.start_ns)
+        slo = f" (SLO {inc.slo_ms:.0f} ms)" if inc.slo_ms else ""
+        head = "INCIDENT" if inc.state == "open" else "resolved"
+        print(
+            f"[{t0:5.0f} s] {head} {inc.model} on {inc.gpu}: p99 {inc.peak_p99_ms:.0f} ms"
+            f"{slo}, baseline {inc.baseline_p99_ms or 0:.0f} ms",
+            flush=True,
+        )
+        for i, c in enumerate(inc.detail.get("causes", [])[:3], 1):
+            res = f" ({c['resource']})" if c.get("resource") else ""
+            print(
+                f"          {i}. {c['kind']} {c['culprit']}{res}: {c['share'] * 100:.0f}% "
+                f"of the excess, confidence {c['confidence']:.2f}",
+                flush=True,
+            )
+        sys.stdout.flush()
