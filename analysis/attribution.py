@@ -82,7 +82,24 @@ def _mean(x: np.ndarray, mask: np.ndarray) -> float:
     return float(v.mean()) if len(v) else float("nan")
 
 
+ABSENT = 0.25
+"""A process sampled in fewer than this fraction of the before windows was not running then."""
+
+
+def _absent_as_zero(x: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """A series almost never sampled before the incident belongs to a process that appeared:
+    its missing before windows count as 0. Otherwise missing windows stay unknown (NVML had
+    no new sample), and averages skip them."""
+    b = x[before]
+    if len(b) == 0 or np.isfinite(b).mean() >= ABSENT:
+        return x
+    y = x.copy()
+    y[before & ~np.isfinite(x)] = 0.0
+    return y
+
+
 def _rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
+    x = _absent_as_zero(x, before)
     b, d = _mean(x, before), _mean(x, during)
     return 0.0 if not (np.isfinite(b) and np.isfinite(d)) else max(0.0, d - b)
 
@@ -90,7 +107,8 @@ def _rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
 def _conf(x: np.ndarray | None, before: np.ndarray, during: np.ndarray) -> float:
     if x is None:
         return 0.3
-    c = robust_change(np.asarray(x, dtype=np.float64), before, during, during_stat="mean")
+    x = _absent_as_zero(np.asarray(x, dtype=np.float64), before)
+    c = robust_change(x, before, during, during_stat="mean")
     return 0.0 if c is None else strength(c.score)
 
 
@@ -99,6 +117,7 @@ def _ev(
 ) -> dict[str, Any]:
     if x is None:
         return {"series": series}
+    x = _absent_as_zero(x, before)
     return {
         "series": series,
         "unit": unit,

@@ -176,7 +176,7 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, int | float):
         return repr(v)
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_toml_str(k)} = {_toml_str(x)}" for k, x in v.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_str(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
     return _toml_str(str(v))
 
 
@@ -222,7 +222,7 @@ def _cast(name: str, f: dataclasses.Field[Any], raw: Any, from_env: bool) -> Any
                 raise ValueError("expected a string")
             value = raw
         elif typ == "dict[str, float]":
-            value = _float_map(_cast_map(raw, from_env))
+            value = _float_map(_cast_map(raw, from_env, numbers=True))
         elif typ.startswith("dict"):
             value = _cast_map(raw, from_env)
         else:  # pragma: no cover - a new field type must be added here
@@ -254,7 +254,7 @@ def _float_map(m: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def _cast_map(raw: Any, from_env: bool) -> dict[str, str]:
+def _cast_map(raw: Any, from_env: bool, numbers: bool = False) -> dict[str, str]:
     if from_env and isinstance(raw, str):
         out: dict[str, str] = {}
         for item in filter(None, (p.strip() for p in raw.split(","))):
@@ -266,8 +266,10 @@ def _cast_map(raw: Any, from_env: bool) -> dict[str, str]:
     if not isinstance(raw, Mapping):
         raise ValueError("expected a table of key = value")
     for k, v in raw.items():
-        if not isinstance(v, str | int | float) or isinstance(v, bool):
-            raise ValueError(f"value for {k!r} must be a string or a number")
+        allowed = (str, int, float) if numbers else (str, int)
+        if not isinstance(v, allowed) or isinstance(v, bool):
+            kinds = "a string or a number" if numbers else "a string or an integer"
+            raise ValueError(f"value for {k!r} must be {kinds}")
     return {str(k): str(v) for k, v in raw.items()}
 
 

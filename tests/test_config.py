@@ -318,8 +318,13 @@ def _random_value(rnd: random.Random, f: dataclasses.Field[Any]) -> Any:
     if typ == "str":
         return "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))
     assert typ.startswith("dict"), typ
+    value: Any = (
+        (lambda: rnd.uniform(0.1, 1e4))
+        if typ == "dict[str, float]"
+        else (lambda: str(rnd.randint(0, 7)))
+    )
     return {
-        "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 6))): str(rnd.randint(0, 7))
+        "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 6))): value()
         for _ in range(rnd.randint(0, 3))
     }
 
