@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from analysis.baselines.base import Ranker
 from analysis.candidates import Candidate, candidate_series
 from analysis.diagnose import Diagnosis, diagnose
 from analysis.windows import gpu_windows
@@ -36,14 +37,6 @@ from store.queries import TimeRange
 from store.source import StoreSource
 
 SETTLE_NS = int(output.SETTLE_S * 1e9)
-
-
-class Ranker(Protocol):
-    name: str
-
-    def rank(
-        self, series: dict[str, np.ndarray], anomaly_start: int
-    ) -> list[tuple[str, float]]: ...
 
 
 @dataclass

@@ -224,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     from cotenant.demo_cmd import add_parser as add_demo
 
     add_demo(sub)
+
+    from cotenant.bench_cmd import add_parser as add_bench
+
+    add_bench(sub)
+
+    from cotenant.rca_table_cmd import add_parser as add_rca_table
+
+    add_rca_table(sub)
     return p
 
 

@@ -2,9 +2,10 @@
 
 One process, one asyncio loop serving the API port and the OTLP/HTTP port through uvicorn
 (requests are routed by the local port they arrived on), a gRPC server on its own threads,
-and the store's writer thread. SIGTERM/SIGINT stop accepting, let in-flight exports finish,
-write everything acknowledged, save child spans still waiting for their root, and close the
-store.
+the store's writer thread, and the NVML poller's thread when ``nvml.enabled`` and NVML is
+available (otherwise one warning, and no GPU counters). SIGTERM/SIGINT stop accepting, let
+in-flight exports finish, stop the NVML poller, write everything acknowledged, save child
+spans still waiting for their root, and close the store.
 """
 
 from __future__ import annotations
@@ -24,10 +25,15 @@ from typing import Any, TextIO
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from analysis.analyzer import Analyzer
+from analysis.incidents import IncidentBook
+from analysis.loop import AnalysisLoop, OnIncident
 from collectors.gpu_resolve import GpuResolver
 from collectors.ingest import IngestPipeline
 from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer
+from collectors.nvml import NvmlCollector, NvmlUnavailable, load_pynvml
+from collectors.nvml_metrics import NvmlMetrics
 from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver
 from cotenant.api import create_api
@@ -35,6 +41,7 @@ from cotenant.config import Config
 from store.db import Store
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
+from store.source import StoreSource
 from store.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -94,8 +101,17 @@ class Service:
         *,
         store: Store | None = None,
         registry: CollectorRegistry | None = None,
+        nvml: Any | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        on_incident: OnIncident | None = None,
     ) -> None:
+        """``nvml``: the NVML surface to poll (default: ``pynvml``, imported only when
+        ``nvml.enabled``); tests pass a :class:`collectors.fake_nvml.FakeNvml`.
+        ``clock_ns``: the time NVML samples are stamped with and the analysis loop runs at
+        (the demo passes the simulation's clock). ``on_incident`` hears every incident
+        the analysis loop opens, updates or resolves."""
         self.config = config
+        self.clock_ns = clock_ns
         sc = config.store
         self.store = store or Store(sc.path, memory_limit=sc.memory_limit, threads=sc.threads)
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -128,8 +144,30 @@ class Service:
             sc.queue_max_rows,
             lambda: self.normalizer.pending_spans,
         )
+        self.nvml = self._open_nvml(nvml) if config.nvml.enabled else None
         self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
-        self.api = create_api(self.store, self.registry, self._not_ready_reason)
+        ac = config.analysis
+        source = StoreSource(self.store)
+        book = IncidentBook(self.store, gap_ns=int(ac.step_s * 1e9) * 10)
+        self.analyzer = Analyzer(
+            source, book, slo_ms=ac.slo_ms, step_s=ac.step_s, max_range_s=ac.max_range_h * 3600
+        )
+        self.analysis = (
+            AnalysisLoop(
+                source,
+                book,
+                slo_ms=ac.slo_ms,
+                interval_s=ac.interval_s,
+                horizon_s=ac.horizon_s,
+                step_s=ac.step_s,
+                registry=self.registry,
+                clock_ns=clock_ns,
+                on_incident=on_incident,
+            )
+            if ac.enabled
+            else None
+        )
+        self.api = create_api(self.store, self.registry, self._not_ready_reason, self.analyzer)
         self._server: _Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grpc: OtlpGrpcServer | None = None
@@ -137,6 +175,32 @@ class Service:
         self._otlp_port: int | None = None
         self.started = threading.Event()
         self.endpoints: Endpoints | None = None
+
+    def _open_nvml(self, api: Any | None) -> NvmlCollector | None:
+        """The NVML collector, opened; None (after one warning) where NVML is unavailable."""
+        nc = self.config.nvml
+        metrics = NvmlMetrics(self.registry)
+        try:
+            collector = NvmlCollector(
+                api if api is not None else load_pynvml(),
+                sink=self.writer.submit,
+                resolver=self.resolver,
+                host=nc.host or socket.gethostname(),
+                metrics=metrics,
+                poll_interval_s=nc.poll_interval_s,
+                clock=self.clock_ns,
+                backoff_max_s=nc.backoff_max_s,
+            )
+            collector.open()
+        except NvmlUnavailable as exc:
+            metrics.available.set(0)
+            log.warning("%s. Running without GPU counters.", exc)
+            return None
+        return collector
+
+    def _stop_nvml(self) -> None:
+        if self.nvml is not None:
+            self.nvml.stop()
 
     def _not_ready_reason(self) -> str | None:
         if self._stopping:
@@ -184,6 +248,7 @@ class Service:
         except OSError:
             for s in socks:
                 s.close()
+            self._stop_nvml()
             self._shutdown_store()
             raise
         ucfg = uvicorn.Config(
@@ -204,6 +269,10 @@ class Service:
         self.endpoints = Endpoints(
             _url(socks[0]), _url(socks[1], "/v1/traces") if len(socks) > 1 else None, grpc_addr
         )
+        if self.nvml is not None:
+            self.nvml.start()
+        if self.analysis is not None:
+            self.analysis.start()
         if banner is not None:
             self._print_banner(banner)
         self.started.set()
@@ -228,6 +297,9 @@ class Service:
             lines.append(f"  OTLP/HTTP  {ep.otlp_http}")
         if ep.otlp_grpc:
             lines.append(f"  OTLP/gRPC  {ep.otlp_grpc}")
+        if self.nvml is not None:
+            n = len(self.nvml.devices())
+            lines.append(f"  NVML       {n} GPUs, polled every {self.nvml.poll_interval_s:g} s")
         if ep.otlp_http:
             base = ep.otlp_http.removesuffix("/v1/traces")
             lines.append("Point your OpenTelemetry exporter here, e.g.:")
@@ -247,6 +319,9 @@ class Service:
         t0 = time.monotonic()
         if self._grpc is not None:
             self._grpc.stop(grace_s=5.0).wait(10.0)
+        if self.analysis is not None:
+            self.analysis.stop()
+        self._stop_nvml()  # its last rows go to the writer before it closes
         self._shutdown_store()
         log.info("cotenant stopped in %.1f s", time.monotonic() - t0)
 

@@ -18,6 +18,8 @@ so callers catch one family::
     ├── SourceError            a metric source (Prometheus) is down, too slow, or answers
     │                          something that is not its API (names URL, query, remedy)
     ├── ScenarioError          a simulator scenario file is invalid (names file, field, value)
+    ├── TabularError           a tabular case (wide CSV) cannot be read or analysed (names the
+    │                          file and what is wrong)
     └── UsageError             a library API was called wrongly (also a ValueError)
 
 It lives in ``store/`` because ``store`` is the package every other layer may import.
@@ -73,6 +75,12 @@ class QueryError(CotenantError):
 class ScenarioError(CotenantError):
     """A scenario file cannot be read or is invalid; the message names the file, the field path
     (e.g. ``models[1].kernel.sm_demand``) and the bad value."""
+
+
+class TabularError(CotenantError):
+    """A tabular case (``data.csv`` with ``time`` and ``<entity>_<metric>`` columns, optional
+    ``inject_time.txt``) cannot be read or analysed; the message names the file and what is
+    wrong with it."""
 
 
 class SourceError(CotenantError):

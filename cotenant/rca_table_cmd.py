@@ -1,0 +1,61 @@
+"""``cotenant rca-table CASE``: rank the entities of a wide metrics table as root causes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from store.timespec import parse_time_ns
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "rca-table",
+        help="rank the entities of a wide CSV as root causes of a latency anomaly",
+        description="CASE is a folder holding data.csv (a 'time' column in Unix seconds, then "
+        "<entity>_<metric> columns) and optionally inject_time.txt, or a CSV file. Without an "
+        "inject time the anomaly start is a change point of the front door's latency.",
+    )
+    p.add_argument("case", type=Path, metavar="CASE", help="case folder or CSV file")
+    p.add_argument(
+        "--inject-time",
+        metavar="T",
+        help="anomaly start: Unix seconds or ISO 8601 (overrides inject_time.txt)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help='print {"ranks": [...], "scores": {...}} only'
+    )
+    p.set_defaults(func=cmd_rca_table)
+
+
+def cmd_rca_table(args: argparse.Namespace) -> int:
+    from analysis.tabular import rca_table
+
+    inject = None
+    if args.inject_time is not None:
+        inject = parse_time_ns(args.inject_time, "--inject-time") / 1e9
+    result = rca_table(args.case, inject)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    when = datetime.fromtimestamp(result.anomaly_start, tz=UTC).isoformat().replace("+00:00", "Z")
+    how = (
+        "inject time"
+        if result.start_from == "inject-time"
+        else f"change point in {result.anomaly_metric}"
+    )
+    out = [f"anomaly from {when} ({how})", f"{'rank':>4s}  {'entity':24s} {'score':>9s}  evidence"]
+    for i, entity in enumerate(result.ranks, 1):
+        ev = result.evidence.get(entity)
+        detail = "-"
+        if ev is not None:
+            detail = f"{ev.metric}  {ev.before:.4g} -> {ev.during:.4g}"
+            if ev.inherited > 0:
+                detail += f"  ({ev.inherited:.0%} of it from its calls)"
+        out.append(f"{i:>4d}  {entity[:24]:24s} {result.scores[entity]:9.2f}  {detail}")
+    print("\n".join(out))
+    return 0

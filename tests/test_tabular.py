@@ -1,0 +1,372 @@
+"""Tabular mode: loading and validating wide CSV cases, ranking entities, the CLI, the bench."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.change import Change
+from analysis.tabular import (
+    Rules,
+    front_door_latency,
+    inherited_share,
+    load_case,
+    rank_entities,
+    rca_table,
+)
+from analysis.tabular_bench import bench_tabular, render_tabular
+from store.errors import CotenantError, TabularError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEV = ROOT.parent / "shared" / "data" / "tabular-dev"
+T0 = 1_700_000_000
+N, START = 16, 10  # rows, first anomalous row
+
+# web -> cart -> db and web -> pay; cart and pay share a node, so do web and db
+CALLS = {"web": ["cart", "pay"], "cart": ["db"], "pay": [], "db": []}
+LATENCY_S = {"web": 0.40, "cart": 0.05, "pay": 0.03, "db": 0.01}
+NODE = {"web": "n1", "db": "n1", "cart": "n2", "pay": "n2"}
+
+
+def shop(
+    fault: str | None = None,
+    culprit: str = "db",
+    *,
+    seed: int = 0,
+    node_storm: str | None = None,
+) -> pd.DataFrame:
+    """A small shop as a wide table: ``shop-svc`` is the end-to-end view; each service has
+    cpu, mem, own latency, the latency of its calls and its node's cpu. ``fault`` from row
+    ``START`` on: ``cpu`` (culprit's CPU and latency rise, callers slow down with it),
+    ``slow`` (only the culprit's latency rises) or ``fail-fast`` (the culprit answers in a
+    third of the time and the shop's success rate drops). ``node_storm``: that node's cpu
+    (shared by two services) jumps, from something outside the table."""
+    rng = np.random.default_rng(seed)
+    after = np.arange(N) >= START
+
+    def noisy(level: float, rel: float = 0.02) -> np.ndarray:
+        return level * np.exp(rel * rng.standard_normal(N))
+
+    # the p99 of a lightly used leaf (db) is noisier than that of the busy front
+    own = {e: noisy(v, 0.5 if e == "db" else 0.02) for e, v in LATENCY_S.items()}
+    cpu = {e: noisy(20.0, 0.05) for e in CALLS}
+    if fault in ("cpu", "slow"):
+        own[culprit] = own[culprit] + after * (0.3 if fault == "cpu" else 0.15)
+    if fault == "cpu":
+        cpu[culprit] = cpu[culprit] + after * 60.0
+    if fault == "fail-fast":
+        own[culprit] = np.where(after, own[culprit] / 3.0, own[culprit])
+
+    total: dict[str, np.ndarray] = {}
+
+    def latency(e: str) -> np.ndarray:  # own time plus the calls'
+        if e not in total:
+            total[e] = own[e] + sum((latency(c) for c in CALLS[e]), np.zeros(N))
+        return total[e]
+
+    node_cpu = {n: noisy(35.0, 0.03) for n in ("n1", "n2")}
+    if node_storm:
+        node_cpu[node_storm] = node_cpu[node_storm] + after * 50.0
+    cols: dict[str, np.ndarray] = {"time": T0 + 60 * np.arange(N)}
+    e2e = latency("web") * 1.02
+    success = np.where(after & (fault == "fail-fast"), 70.0, 99.5) + rng.normal(0, 0.1, N)
+    cols |= {"shop-svc_latency-p50": e2e / 2, "shop-svc_latency-p99": e2e}
+    cols["shop-svc_success"] = success
+    for e in CALLS:
+        cols[f"{e}_cpu"] = cpu[e]
+        cols[f"{e}_mem"] = noisy(300.0, 0.01)
+        cols[f"{e}_latency-p99"] = latency(e)
+        if CALLS[e]:
+            cols[f"{e}_client-latency-p99"] = sum((latency(c) for c in CALLS[e]), np.zeros(N))
+        cols[f"{e}_node-cpu"] = node_cpu[NODE[e]]
+    return pd.DataFrame(cols)
+
+
+def write_case(
+    folder: Path, frame: pd.DataFrame, inject: str | None = None, label: str | None = None
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(folder / "data.csv", index=False)
+    if inject is not None:
+        (folder / "inject_time.txt").write_text(inject)
+    if label is not None:
+        (folder / "label.json").write_text(json.dumps({"root_cause": label, "fault": "x"}))
+    return folder
+
+
+INJECT = str(T0 + 60 * START)
+
+
+# ------------------------------------------------------------------------------ ranking
+
+
+@pytest.mark.parametrize("culprit", ["db", "cart", "pay", "web"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cpu_contention_ranks_the_culprit_first_not_its_callers(
+    tmp_path: Path, culprit: str, seed: int
+) -> None:
+    case = write_case(tmp_path, shop("cpu", culprit, seed=seed), INJECT)
+    r = rca_table(case)
+    assert r.ranks[0] == culprit
+    assert "shop-svc" not in r.ranks and "shop-svc" not in r.scores  # the symptom, not a cause
+    assert sorted(r.ranks) == ["cart", "db", "pay", "web"]
+    assert r.start_from == "inject-time" and r.anomaly_start == T0 + 60 * START
+    assert r.evidence[culprit].metric in (f"{culprit}_cpu", f"{culprit}_latency-p99")
+    assert r.to_json() == {"ranks": r.ranks, "scores": r.scores}
+
+
+def test_a_callers_latency_explained_by_its_calls_is_not_held_against_it(tmp_path: Path) -> None:
+    case = load_case(write_case(tmp_path, shop("slow", "db"), INJECT))
+    ranks, scores, evidence = rank_entities(case, START)
+    assert ranks[0] == "db"
+    # cart is slower by as much as db, all of it inside its calls to db
+    cart = evidence.get("cart")
+    assert cart is None or cart.metric != "cart_latency-p99" or cart.inherited > 0.9
+    assert scores["cart"] < scores["db"] / 5
+    _, naive, ev = rank_entities(case, START, Rules(inherit=False))
+    assert ev["cart"].metric == "cart_latency-p99"  # without the rule: cart's latency...
+    assert naive["cart"] > 10 * max(scores["cart"], 1.0)  # ...is strong evidence against it
+
+
+def test_inherited_share_is_the_growth_the_calls_show_too() -> None:
+    def ch(before: float, during: float) -> Change:
+        return Change(before, during, during, 1.0, during - before)
+
+    assert inherited_share(ch(0.1, 0.4), ch(0.05, 0.2)) == pytest.approx(1.0)  # 4x and 4x
+    assert inherited_share(ch(0.1, 0.4), ch(0.05, 0.1)) == pytest.approx(0.5)  # 4x and 2x
+    assert inherited_share(ch(0.1, 0.4), ch(0.05, 0.04)) == 0.0  # calls got faster
+    assert inherited_share(ch(0.1, 0.4), None) == 0.0
+    assert inherited_share(ch(0.1, 0.1), ch(0.05, 0.2)) == 0.0
+    assert inherited_share(ch(0.0, 0.4), ch(0.05, 0.2)) == 0.0
+
+
+def test_host_series_and_series_shared_by_entities_are_not_evidence(tmp_path: Path) -> None:
+    # cart and pay share a node whose cpu storms and a volume whose IO jumps (something
+    # outside the table); db is the one whose CPU rose, a little
+    frame = shop("cpu", "db", node_storm="n2")
+    frame["db_cpu"] = frame["db_cpu"].to_numpy()[0] * (1 + 0.05 * (np.arange(N) >= START))
+    frame["cart_disk-io"] = frame["pay_disk-io"] = 1e6 * (1 + 9 * (np.arange(N) >= START))
+    case = load_case(write_case(tmp_path, frame, INJECT))
+    ranks, scores, evidence = rank_entities(case, START)
+    assert ranks[0] == "db"
+    assert not any(ev.metric.endswith(("node-cpu", "disk-io")) for ev in evidence.values())
+    _, naive, ev = rank_entities(case, START, Rules(drop_shared=False))
+    assert ev["cart"].metric == "cart_disk-io" and naive["cart"] > scores["db"]
+    _, naive, ev = rank_entities(case, START, Rules(drop_shared=False, drop_context=False))
+    assert ev["pay"].metric in ("pay_node-cpu", "pay_disk-io") and naive["pay"] > scores["db"]
+
+
+def test_a_service_failing_fast_is_found_by_its_falling_latency(tmp_path: Path) -> None:
+    case = load_case(write_case(tmp_path, shop("fail-fast", "pay"), INJECT))
+    ranks, _, evidence = rank_entities(case, START)
+    assert ranks[0] == "pay"
+    assert evidence["pay"].during < evidence["pay"].before
+    _, scores, _ = rank_entities(case, START)
+    _, one_way, _ = rank_entities(case, START, Rules(latency_both_ways=False))
+    assert one_way["pay"] < scores["pay"] / 10  # rises only: nothing stands out
+
+
+def test_without_an_inject_time_the_start_is_a_change_point_of_the_end_to_end_latency(
+    tmp_path: Path,
+) -> None:
+    case = write_case(tmp_path, shop("cpu", "cart"))
+    r = rca_table(case)
+    assert r.start_from == "change-point"
+    assert r.anomaly_metric is not None and r.anomaly_metric.startswith("shop-svc_latency")
+    assert abs(r.anomaly_start - (T0 + 60 * START)) <= 60
+    assert r.ranks[0] == "cart"
+
+
+def test_without_an_end_to_end_view_the_front_door_is_the_slowest_entity(tmp_path: Path) -> None:
+    frame = shop("cpu", "db").drop(columns=[c for c in shop().columns if c.startswith("shop-svc")])
+    case = load_case(write_case(tmp_path, frame))
+    assert front_door_latency(case) == ["web_latency-p99"]
+    r = rca_table(case)
+    assert r.anomaly_metric == "web_latency-p99"
+    assert r.ranks[0] == "db" and "web" in r.ranks
+
+
+def test_a_bare_csv_and_an_inject_time_that_overrides_the_file(tmp_path: Path) -> None:
+    folder = write_case(tmp_path / "c", shop("cpu", "pay"), inject=str(T0 + 60 * 4))
+    assert load_case(folder).inject_time == T0 + 240
+    assert load_case(folder / "data.csv").inject_time is None  # a bare CSV has no side file
+    r = rca_table(folder, inject_time=T0 + 60 * START - 30)  # between rows: next row starts
+    assert r.anomaly_start == T0 + 60 * START
+    assert r.ranks[0] == "pay"
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _csv(tmp_path: Path, text: str, name: str = "data.csv") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "is empty"),
+        ("t,a_cpu\n1,2\n", "no 'time' column"),
+        ("time,a_cpu\nx,1\ny,2\n", "'time' column is not numeric"),
+        ("time,a_cpu\n1,1\n,2\n", "empty or non-finite"),
+        ("time,a_cpu\n2,1\n1,2\n", "does not strictly increase"),
+        ("time,a_cpu,a_cpu\n1,1,1\n", "column names repeat: a_cpu"),
+        ("time,cpu\n1,1\n", "column 'cpu' is not named <entity>_<metric>"),
+        ("time,a_\n1,1\n", "column 'a_' is not named <entity>_<metric>"),
+        ("time,a_cpu\n1,1\n2,high\n", "column 'a_cpu' is not numeric (value 'high')"),
+        ("time\n1\n2\n", "no <entity>_<metric> column"),
+    ],
+)
+def test_every_malformed_table_is_refused_naming_the_file(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = _csv(tmp_path, text)
+    with pytest.raises(TabularError) as err:
+        load_case(path)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_missing_case_and_folder_without_data(tmp_path: Path) -> None:
+    with pytest.raises(TabularError, match="no such case folder or CSV file"):
+        load_case(tmp_path / "nope")
+    with pytest.raises(TabularError, match=r"no data\.csv in this case folder"):
+        load_case(tmp_path)
+    _csv(tmp_path, "\xff\xfe", name="x.csv").write_bytes(b"time,a_cpu\n\xff\xfe,1\n")
+    with pytest.raises(TabularError, match="cannot be read as CSV"):
+        load_case(tmp_path / "x.csv")
+
+
+def test_a_bad_inject_time_file_is_refused(tmp_path: Path) -> None:
+    write_case(tmp_path, shop(), inject="yesterday")
+    with pytest.raises(TabularError, match=r"inject_time\.txt: 'yesterday' is not a Unix time"):
+        load_case(tmp_path)
+
+
+@pytest.mark.parametrize(("row", "before", "after"), [(2, 2, 14), (15, 15, 1), (99, 16, 0)])
+def test_an_inject_time_needs_rows_on_both_sides(
+    tmp_path: Path, row: int, before: int, after: int
+) -> None:
+    write_case(tmp_path, shop("cpu"), inject=str(T0 + 60 * row))
+    with pytest.raises(TabularError) as err:
+        rca_table(tmp_path)
+    msg = str(err.value)
+    assert f"leaves {before} rows before and {after} from it on" in msg
+    assert "need at least 3 before and 2 after" in msg and "data.csv" in msg
+
+
+def test_no_change_point_no_latency_and_no_candidate_are_refused(tmp_path: Path) -> None:
+    write_case(tmp_path / "flat", shop(None))
+    with pytest.raises(TabularError, match="no change point upward in shop-svc_latency-p50"):
+        rca_table(tmp_path / "flat")
+    no_latency = shop("cpu")[["time", "db_cpu", "web_cpu"]]
+    write_case(tmp_path / "nolat", no_latency)
+    with pytest.raises(TabularError, match="no latency column to find the anomaly on"):
+        rca_table(tmp_path / "nolat")
+    assert rca_table(tmp_path / "nolat", inject_time=T0 + 60 * START).ranks[0] == "db"
+    only_view = shop("cpu")[["time", "shop-svc_latency-p99", "shop-svc_success"]]
+    write_case(tmp_path / "view", only_view, INJECT)
+    with pytest.raises(TabularError, match="every entity is an end-to-end view"):
+        rca_table(tmp_path / "view")
+    assert issubclass(TabularError, CotenantError)
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cotenant", "rca-table", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_json_prints_ranks_and_scores(tmp_path: Path) -> None:
+    write_case(tmp_path, shop("cpu", "cart"), INJECT)
+    out = cli(str(tmp_path), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"ranks", "scores"}
+    assert doc["ranks"][0] == "cart"
+    assert set(doc["scores"]) == set(doc["ranks"]) == {"web", "cart", "pay", "db"}
+    assert doc["scores"]["cart"] == max(doc["scores"].values())
+
+
+def test_cli_table_and_inject_time_option(tmp_path: Path) -> None:
+    write_case(tmp_path, shop("cpu", "db"))
+    out = cli(str(tmp_path / "data.csv"), "--inject-time", "2023-11-14T22:23:20Z")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "anomaly from 2023-11-14T22:23:20Z (inject time)"
+    assert lines[2].split()[:2] == ["1", "db"]
+    assert "db_" in lines[2]
+
+
+def test_cli_errors_name_the_file_and_exit_2(tmp_path: Path) -> None:
+    _csv(tmp_path, "t,a_cpu\n1,2\n")
+    out = cli(str(tmp_path / "data.csv"), "--json")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert "no 'time' column" in out.stderr and str(tmp_path / "data.csv") in out.stderr
+    bad = cli(str(tmp_path), "--inject-time", "soon")
+    assert bad.returncode == 2 and "--inject-time 'soon' is not a time" in bad.stderr
+
+
+# -------------------------------------------------------------------------------- bench
+
+
+def test_bench_scores_every_labelled_case_side_by_side(tmp_path: Path) -> None:
+    for i, culprit in enumerate(["db", "cart", "pay"]):
+        write_case(tmp_path / f"c{i}", shop("cpu", culprit, seed=i), INJECT, label=culprit)
+    write_case(tmp_path / "unlabelled", shop("cpu"), INJECT)
+    res = bench_tabular(tmp_path)
+    assert res["methods"] == ["cotenant", "baro", "nsigma"]
+    assert [c["case"] for c in res["cases"]] == ["c0", "c1", "c2"]
+    assert res["summary"]["cotenant"] == {"AC@1": 1.0, "AC@3": 1.0, "AC@5": 1.0, "Avg@5": 1.0}
+    for m in ("baro", "nsigma"):
+        assert set(res["summary"][m]) == {"AC@1", "AC@3", "AC@5", "Avg@5"}
+        assert all(c["ranks"][m] is not None for c in res["cases"])
+    text = render_tabular(res)
+    assert "cotenant: AC@1 1.000" in text and "baro: AC@1" in text
+    json.dumps(res)  # JSON-ready as it is
+
+
+def test_bench_with_detected_starts_counts_a_case_without_one_as_a_miss(tmp_path: Path) -> None:
+    write_case(tmp_path / "a", shop("cpu", "db"), INJECT, label="db")
+    write_case(tmp_path / "b", shop(None), INJECT, label="db")  # nothing happens
+    res = bench_tabular(tmp_path, detect_start=True)
+    assert res["start"] == "change-point"
+    a, b = res["cases"]
+    assert a["ranks"]["cotenant"] == 1 and a["start_from"] == "change-point"
+    assert b["ranks"] == {"cotenant": None, "baro": None, "nsigma": None}
+    assert b["start_from"].startswith("none (")
+    assert res["summary"]["cotenant"]["AC@1"] == 0.5
+
+
+def test_bench_refuses_a_folder_without_cases_or_with_a_bad_label(tmp_path: Path) -> None:
+    with pytest.raises(TabularError, match="no case folders"):
+        bench_tabular(tmp_path)
+    write_case(tmp_path / "a", shop("cpu"), INJECT)
+    (tmp_path / "a" / "label.json").write_text('{"culprit": "db"}')
+    with pytest.raises(TabularError, match=r'needs \{"root_cause"'):
+        bench_tabular(tmp_path)
+
+
+@pytest.mark.skipif(not DEV.is_dir(), reason=f"tabular-dev cases not found at {DEV}")
+def test_on_the_nezha_dev_cases_cotenant_is_at_least_as_accurate_as_baro() -> None:
+    res = bench_tabular(DEV)
+    assert len(res["cases"]) == 24
+    ours, baro = res["summary"]["cotenant"], res["summary"]["baro"]
+    assert ours["AC@1"] >= baro["AC@1"]
+    assert ours["AC@3"] >= baro["AC@3"]
