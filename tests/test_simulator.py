@@ -28,9 +28,9 @@ from simulator.scenario import (
 from store.schema import PHASE_COLUMNS
 
 TRACE = (
-    Path(__file__).resolve().parent.parent.parent
-    / "shared"
-    / "data"
+    Path(__file__).resolve().parent.parent
+    / "simulator"
+    / "traces"
     / "azure-llm-inference-2023"
     / "AzureLLMInferenceTrace_code.csv"
 )
@@ -233,7 +233,6 @@ def test_truth_names_victims_by_counterfactual_and_skips_unnoticeable_faults() -
     assert rows[1]["kind"] == "throttle" and rows[1]["victims"] == []
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="shared Azure trace not present")
 def test_trace_replay_keeps_the_real_rate_and_tokens() -> None:
     chat = victim(name="chat", locks=(), arrival=Arrival("trace", file=str(TRACE), scale=1.0))
     r, _ = simulate(scenario(chat, duration=600))
