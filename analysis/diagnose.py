@@ -133,32 +133,49 @@ def diagnose(
     """Incidents of ``model`` that overlap ``rng``; with ``on_demand`` and no incident, one
     diagnosis of the whole range against the windows before it."""
     p = params or SpikeParams()
-    if rng.since_ns is None or rng.until_ns is None:
-        raise QueryError("diagnose needs both start and end")
-    step_ns = int(step_s * 1e9)
-    start = rng.since_ns - p.history * step_ns
-    full = TimeRange(start, rng.until_ns)
+    full, first = history_range(rng, step_s, p)
     gpus = [g for g, ms in gpus_of(source, full, step_s).items() if model in ms]
     if not gpus:
         raise QueryError(f"model {model!r} served no requests between the given times")
     out: list[Diagnosis] = []
     for gpu in gpus:
         w = gpu_windows(source, gpu, full, step_s)
-        v = w.models[model]
-        spikes, _ = spike_mask(v["p99_ms"], v["count"], slo_ms, p)
-        first = int((rng.since_ns - start) // step_ns)
-        spans = [s for s in merge(spikes, v["p99_ms"], p) if s.end >= first]
-        for s in spans:
-            out.append(_diagnose_span(source, w, model, s, spikes, slo_ms, p))
-        if not spans and on_demand:
-            s = Span(
-                first,
-                w.n - 1,
-                first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1))),
-            )
-            d = _diagnose_span(source, w, model, s, spikes, slo_ms, p)
-            d.incident = False
-            out.append(d)
+        out += diagnose_windows(
+            source, w, model, first, slo_ms=slo_ms, params=p, on_demand=on_demand
+        )
+    return out
+
+
+def history_range(rng: TimeRange, step_s: float, p: SpikeParams) -> tuple[TimeRange, int]:
+    """``rng`` extended back by the baseline history, and the index of ``rng``'s first window."""
+    if rng.since_ns is None or rng.until_ns is None:
+        raise QueryError("diagnose needs both start and end")
+    step_ns = int(step_s * 1e9)
+    start = rng.since_ns - p.history * step_ns
+    return TimeRange(start, rng.until_ns), int((rng.since_ns - start) // step_ns)
+
+
+def diagnose_windows(
+    source: MetricSource,
+    w: GpuWindows,
+    model: str,
+    first: int,
+    *,
+    slo_ms: float | None = None,
+    params: SpikeParams | None = None,
+    on_demand: bool = False,
+) -> list[Diagnosis]:
+    """:func:`diagnose` on windows already read (one read serves every model of a GPU)."""
+    p = params or SpikeParams()
+    v = w.models[model]
+    spikes, _ = spike_mask(v["p99_ms"], v["count"], slo_ms, p)
+    spans = [s for s in merge(spikes, v["p99_ms"], p) if s.end >= first]
+    out = [_diagnose_span(source, w, model, s, spikes, slo_ms, p) for s in spans]
+    if not spans and on_demand:
+        peak = first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1)))
+        d = _diagnose_span(source, w, model, Span(first, w.n - 1, peak), spikes, slo_ms, p)
+        d.incident = False
+        out.append(d)
     return out
 
 

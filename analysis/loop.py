@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from analysis.diagnose import diagnose
+from analysis.diagnose import diagnose_windows, history_range
 from analysis.incidents import Incident, IncidentBook
-from analysis.windows import gpus_of
+from analysis.spikes import SpikeParams
+from analysis.windows import gpu_windows, gpus_of
 from store.errors import CotenantError
 from store.queries import TimeRange
 from store.source import MetricSource
@@ -51,6 +52,7 @@ class AnalysisLoop:
         self._horizon_ns = int(horizon_s * 1e9)
         self._step_s = step_s
         self._step_ns = int(step_s * 1e9)
+        self._params = SpikeParams()
         self._clock = clock_ns
         self._on_incident = on_incident
         self._stop = threading.Event()
@@ -73,20 +75,22 @@ class AnalysisLoop:
         lo = now - self._horizon_ns
         rng = TimeRange(lo, now)
         written: list[Incident] = []
+        full, first = history_range(rng, self._step_s, self._params)
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
+            # one read of the GPU's windows serves every model on it
+            w = gpu_windows(self._source, gpu, full, self._step_s)
             for model in models:
+                if model not in w.models:
+                    continue
                 try:
-                    diags = [
-                        d
-                        for d in diagnose(
-                            self._source,
-                            model,
-                            rng,
-                            slo_ms=self._slo.get(model),
-                            step_s=self._step_s,
-                        )
-                        if d.gpu == gpu
-                    ]
+                    diags = diagnose_windows(
+                        self._source,
+                        w,
+                        model,
+                        first,
+                        slo_ms=self._slo.get(model),
+                        params=self._params,
+                    )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
                     continue

@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.bench import load_outputs  # noqa: E402
-from analysis.diagnose import diagnose  # noqa: E402
-from analysis.incidents import IncidentBook  # noqa: E402
-from analysis.loop import AnalysisLoop  # noqa: E402
-from simulator import output  # noqa: E402
-from simulator.scenario import (  # noqa: E402
+from analysis.bench import load_outputs
+from analysis.diagnose import diagnose
+from analysis.incidents import IncidentBook
+from analysis.loop import AnalysisLoop
+from simulator import output
+from simulator.scenario import (
     GPU_TYPES,
     Arrival,
     Batching,
@@ -37,46 +37,67 @@ from simulator.scenario import (  # noqa: E402
     Model,
     Scenario,
 )
-from store.queries import TimeRange  # noqa: E402
-from store.source import StoreSource  # noqa: E402
+from store.queries import TimeRange
+from store.source import StoreSource
 
 
-def scenario() -> Scenario:
-    gpus = (Gpu("gpu0", GPU_TYPES["h100-sxm"], "timeslice"),
-            Gpu("gpu1", GPU_TYPES["h100-sxm"], "mps"))
+def scenario(duration_s: float = 3600.0) -> Scenario:
+    gpus = (
+        Gpu("gpu0", GPU_TYPES["h100-sxm"], "timeslice"),
+        Gpu("gpu1", GPU_TYPES["h100-sxm"], "mps"),
+    )
     models = tuple(
-        Model(name, gpu, Arrival("poisson", rate_rps=200), Kernel(3, 0.3, 0.3, 0.3, 0.5),
-              Batching(16, 4), slo_p99_ms=60)
-        for name, gpu in (("tts", "gpu0"), ("embed", "gpu0"), ("chat", "gpu1"),
-                          ("rerank", "gpu1")))
+        Model(
+            name,
+            gpu,
+            Arrival("poisson", rate_rps=200),
+            Kernel(3, 0.3, 0.3, 0.3, 0.5),
+            Batching(16, 4),
+            slo_p99_ms=60,
+        )
+        for name, gpu in (("tts", "gpu0"), ("embed", "gpu0"), ("chat", "gpu1"), ("rerank", "gpu1"))
+    )
     faults = (Fault("throttle", 1800, 120, gpu="gpu0", clock_factor=0.5),)
-    return Scenario("analysis-speed", 3, 3600.0, gpus, models, faults=faults)
+    return Scenario("analysis-speed", 3, duration_s, gpus, models, faults=faults)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=60.0,
+        help="simulated minutes (60 for the goal; fewer for a quick loop check)",
+    )
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    s = scenario()
+    s = scenario(args.minutes * 60)
     t0 = time.perf_counter()
-    sim = output.run(s, start_ns=0, chunk_s=600,
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+    sim = output.run(
+        s, start_ns=0, chunk_s=600, progress=lambda m: print(m, file=sys.stderr, flush=True)
+    )
     store = load_outputs(sim)
     n = sim.requests.num_rows
-    print(f"simulated and loaded {n:,} requests in {time.perf_counter() - t0:.0f} s",
-          file=sys.stderr)
+    print(
+        f"simulated and loaded {n:,} requests in {time.perf_counter() - t0:.0f} s", file=sys.stderr
+    )
     src = StoreSource(store)
-    rng = TimeRange(0, int(3600e9))
+    rng = TimeRange(0, int(s.duration_s * 1e9))
     times = []
     found = []
     for _ in range(args.repeats):
         t = time.perf_counter()
         found = diagnose(src, "tts", rng, slo_ms=60)
         times.append(time.perf_counter() - t)
-    loop = AnalysisLoop(src, IncidentBook(store), slo_ms={m.name: 60 for m in s.models},
-                        horizon_s=600, clock_ns=lambda: int(1900e9))
+    loop = AnalysisLoop(
+        src,
+        IncidentBook(store),
+        slo_ms={m.name: 60 for m in s.models},
+        horizon_s=600,
+        clock_ns=lambda: int(1900e9),
+    )
     passes = []
     for _ in range(args.repeats):
         t = time.process_time()
@@ -85,10 +106,14 @@ def main() -> int:
     d = statistics.median(times)
     p = statistics.median(passes)
     print(f"{n:,} requests in the hour (nproc={os.cpu_count()}, pinned to one core)")
-    print(f"diagnose(tts, 1 h): median {d:.2f} s over {args.repeats} runs "
-          f"(goal <= 1 s); incidents found: {len(found)}")
-    print(f"continuous loop pass (4 models, 10 min horizon): median {p:.2f} CPU s -> "
-          f"{p / 5.0 * 100:.1f} % of one core at the 5 s interval (goal <= 5 %)")
+    print(
+        f"diagnose(tts, 1 h): median {d:.2f} s over {args.repeats} runs "
+        f"(goal <= 1 s); incidents found: {len(found)}"
+    )
+    print(
+        f"continuous loop pass (4 models, 10 min horizon): median {p:.2f} CPU s -> "
+        f"{p / 5.0 * 100:.1f} % of one core at the 5 s interval (goal <= 5 %)"
+    )
     return 0
 
 

@@ -9,8 +9,8 @@ core. Two measurements, each the median over ``--repeats``:
   collector thread's CPU time (``pthread_getcpuclockid``) per wall second. This includes
   waking up every 100 ms with cold caches, so it is the figure to hold against the goal.
 
-Every process has one new utilization sample at every poll (the worst case: NVML samples
-processes about every 1/6 s) and its memory listed. The samples are recorded into the fake
+Every process has one new utilization sample at every poll (the worst case: NVML's sample
+period is 1/6 s to 1 s, by GPU) and its memory listed. The samples are recorded into the fake
 before the run, stamped ahead, and appear as the clock reaches them: NVML produces them in the
 driver, so no Python thread of ours should compete with the poller for the GIL to make them.
 

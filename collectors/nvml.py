@@ -15,7 +15,8 @@ to ``nvmlDeviceGetPcieThroughput``, which samples a 20 ms window inside each cal
 ``nvmlDeviceGetComputeRunningProcesses`` (memory), ``nvmlDeviceGetProcessUtilization`` since
 the newest sample already taken (each NVML sample is counted once: a row carries the mean of
 the samples new since the previous poll, NULL when there are none — NVML reports only
-processes that used the GPU), the process name, and the model from the span resources that
+processes that used the GPU; samples above 100 %, which some drivers report for defunct
+processes, are dropped), the process name, and the model from the span resources that
 named the pid (``GpuResolver.model_of``; spans without ``host.name`` count as this host's).
 
 MIG: a GPU in MIG mode gives a row of its own (power, clocks, temperature; NVML does not give
@@ -542,13 +543,18 @@ class NvmlCollector:
         """pid -> mean (smUtil, memUtil) of the samples newer than any taken before."""
         pids, stamps, sm, mu = _sample_columns(samples)
         last = d.last_sample_us
-        if min(stamps) <= last:  # NVML sends only newer ones; a repeat is never counted twice
-            keep = [i for i, stamp in enumerate(stamps) if stamp > last]
+        d.last_sample_us = max(last, max(stamps))  # every sample returned is seen, kept or not
+        # NVML sends only newer samples (a repeat is never counted twice); some drivers send
+        # garbage above 100 % for defunct processes, which is dropped
+        if min(stamps) <= last or max(sm) > 100 or max(mu) > 100:
+            keep = [
+                i
+                for i, stamp in enumerate(stamps)
+                if stamp > last and sm[i] <= 100 and mu[i] <= 100
+            ]
             if not keep:
                 return {}
-            pids, stamps = [pids[i] for i in keep], [stamps[i] for i in keep]
-            sm, mu = [sm[i] for i in keep], [mu[i] for i in keep]
-        d.last_sample_us = max(stamps)
+            pids, sm, mu = [pids[i] for i in keep], [sm[i] for i in keep], [mu[i] for i in keep]
         util: dict[int, tuple[float, float]] = dict(
             zip(pids, zip(sm, mu, strict=True), strict=True)
         )

@@ -400,6 +400,11 @@ def test_process_samples_are_counted_once(rig: Rig) -> None:
         process="a",
         model="",
     ) == float(4 * GIB)
+    # a defunct process's garbage sample (NVML can report more than 100 %) is dropped
+    rig.fake.record_process_util(100, 4_000_000, 7)
+    rig.fake.record_process_util(200, 30, 3)
+    rig.poll(0.1)
+    assert util() == {100: (None, None, 4 * GIB), 200: (30.0, 3.0, 3 * GIB)}
     rig.fake.remove_process(200)
     rig.poll(0.1)
     assert set(util()) == {100}
