@@ -99,10 +99,11 @@ def main() -> int:
         clock_ns=lambda: int(1900e9),
     )
     passes = []
+    written = 0
     for _ in range(args.repeats):
-        t = time.process_time()
-        loop.run_once()
-        passes.append(time.process_time() - t)
+        t = time.perf_counter()  # pinned to one core: wall time is this process's core time
+        written = len(loop.run_once())
+        passes.append(time.perf_counter() - t)
     d = statistics.median(times)
     p = statistics.median(passes)
     print(f"{n:,} requests in the hour (nproc={os.cpu_count()}, pinned to one core)")
@@ -111,7 +112,8 @@ def main() -> int:
         f"(goal <= 1 s); incidents found: {len(found)}"
     )
     print(
-        f"continuous loop pass (4 models, 10 min horizon): median {p:.2f} CPU s -> "
+        f"continuous loop pass (4 models, 10 min horizon, {written} incidents written): "
+        f"median {p:.2f} s -> "
         f"{p / 5.0 * 100:.1f} % of one core at the 5 s interval (goal <= 5 %)"
     )
     return 0

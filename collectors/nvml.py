@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from collectors.gpu_resolve import GpuResolver
 from collectors.nvml_metrics import NvmlMetrics
-from store.errors import CotenantError
+from store.errors import CotenantError, NvmlUnavailable
 from store.schema import arrow_schema
 
 log = logging.getLogger(__name__)
@@ -175,11 +175,6 @@ def _pair(obj: Any, a: str, b: str) -> tuple[Any, Any]:
     ``__getattribute__`` override (which only decodes bytes; these fields are numbers)."""
     get = object.__getattribute__ if isinstance(obj, ctypes.Structure) else getattr
     return get(obj, a), get(obj, b)
-
-
-class NvmlUnavailable(CotenantError):
-    """NVML cannot be used here: binding or library missing, driver not loaded, init failed.
-    The message says why and what to do."""
 
 
 def load_pynvml() -> Any:

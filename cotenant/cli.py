@@ -47,7 +47,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_nvml(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _configure_logging(cfg.log.level)
-    from collectors.nvml import NvmlUnavailable, load_pynvml
+    from collectors.nvml import load_pynvml
+    from store.errors import NvmlUnavailable
 
     try:
         api = load_pynvml()
@@ -71,7 +72,8 @@ def nvml_report(
     import pyarrow as pa
 
     from collectors.gpu_resolve import GpuResolver
-    from collectors.nvml import NvmlCollector, NvmlUnavailable
+    from collectors.nvml import NvmlCollector
+    from store.errors import NvmlUnavailable
 
     tables: dict[str, pa.Table] = {}
     collector = NvmlCollector(

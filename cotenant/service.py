@@ -32,13 +32,14 @@ from collectors.gpu_resolve import GpuResolver
 from collectors.ingest import IngestPipeline
 from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer
-from collectors.nvml import NvmlCollector, NvmlUnavailable, load_pynvml
+from collectors.nvml import NvmlCollector, load_pynvml
 from collectors.nvml_metrics import NvmlMetrics
 from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver
 from cotenant.api import create_api
 from cotenant.config import Config
 from store.db import Store
+from store.errors import NvmlUnavailable
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
 from store.source import StoreSource

@@ -15,6 +15,7 @@ so callers catch one family::
     │   └── Overloaded         the writer queue is full; retry after ``retry_after_s``-> 429/503
     ├── QueryError             a query parameter (time, model, limit) is invalid      -> 400
     │   └── NotFoundError      the named model, incident or action does not exist     -> 404
+    ├── NvmlUnavailable        NVML cannot be used here (binding, library or driver missing)
     ├── SourceError            a metric source (Prometheus) is down, too slow, or answers
     │                          something that is not its API (names URL, query, remedy)
     ├── ScenarioError          a simulator scenario file is invalid (names file, field, value)
@@ -100,3 +101,8 @@ class UsageError(CotenantError, ValueError):
 
 class NotFoundError(QueryError):
     """The model, incident or action named in a request does not exist."""
+
+
+class NvmlUnavailable(CotenantError):
+    """NVML cannot be used here: binding or library missing, driver not loaded, init failed.
+    The message says why and what to do."""

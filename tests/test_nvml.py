@@ -26,13 +26,13 @@ from spans import SpanFactory
 from collectors.fake_nvml import FakeNvml
 from collectors.gpu_resolve import GpuResolver
 from collectors.normalize import Normalizer
-from collectors.nvml import NvmlCollector, NvmlUnavailable
+from collectors.nvml import NvmlCollector
 from collectors.nvml_metrics import NvmlMetrics
 from cotenant.cli import nvml_report
 from cotenant.config import Config, load_config
 from cotenant.service import Service
 from store.db import Store
-from store.errors import Overloaded
+from store.errors import NvmlUnavailable, Overloaded
 from store.schema import arrow_schema
 
 ROOT = Path(__file__).resolve().parent.parent
