@@ -85,7 +85,7 @@ def gpu_windows(source: MetricSource, gpu: str, rng: TimeRange, step_s: float) -
     n = int(-(-(until - since) // step))
     w = GpuWindows(gpu, since, step, n)
     for (model, g), series in pivot_requests(
-        source.request_windows(rng, step_s), since, step, n
+        source.request_windows(rng, step_s, gpu=gpu), since, step, n
     ).items():
         if g == gpu:
             w.models[model] = series
@@ -125,9 +125,8 @@ def _pivot_processes(w: GpuWindows, pt: pa.Table, since: int, step: int, n: int)
 
 
 def gpus_of(source: MetricSource, rng: TimeRange, step_s: float) -> dict[str, list[str]]:
-    """GPU -> models served on it in ``rng`` (from the request windows)."""
-    t = source.request_windows(rng, step_s)
-    out: dict[str, set[str]] = {}
-    for m, g in zip(t.column("model").to_pylist(), t.column("gpu").to_pylist(), strict=True):
-        out.setdefault(g or "", set()).add(m)
-    return {g: sorted(ms) for g, ms in out.items()}
+    """GPU -> models served on it in ``rng``."""
+    out: dict[str, list[str]] = {}
+    for m, g in source.model_gpus(rng):
+        out.setdefault(g, []).append(m)
+    return out

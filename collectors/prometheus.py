@@ -62,6 +62,7 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
@@ -287,7 +288,19 @@ class PrometheusSource:
             out.append((key, f, _any(f)))
         return _table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
-    def request_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
+    def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
+        """(model, gpu) pairs, from one window spanning the whole range."""
+        lo, hi, _ = check_range(rng, 1.0)
+        t = self.request_windows(rng, max(1.0, (hi - lo) / 1e9))
+        pairs = zip(t.column("model").to_pylist(), t.column("gpu").to_pylist(), strict=True)
+        return sorted({(str(m), str(g or "")) for m, g in pairs})
+
+    def request_windows(
+        self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None
+    ) -> pa.Table:
+        if gpu is not None:
+            t = self.request_windows(rng, step_s, model)
+            return t.filter(pc.equal(pc.fill_null(t.column("gpu"), ""), gpu))
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return REQUEST_WINDOWS.empty_table()

@@ -34,8 +34,12 @@ class MetricSource(Protocol):
         ...
 
     def request_windows(
-        self, rng: TimeRange, step_s: float, model: str | None = None
+        self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None
     ) -> pa.Table: ...
+
+    def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
+        """Distinct (model, gpu) pairs that served requests in ``rng`` (cheap)."""
+        ...
 
     def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table: ...
 
@@ -84,13 +88,28 @@ class StoreSource:
             t = cur.sql(sql, params=params).to_arrow_table()
         return t.select(schema.names).cast(schema)
 
-    def request_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
+    def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
+        lo, hi, _ = check_range(rng, 1.0)
+        with self._store.cursor() as cur:
+            rows = cur.execute(
+                "SELECT DISTINCT model, coalesce(gpu, '') FROM requests "
+                "WHERE ts_end_ns >= $lo AND ts_end_ns < $hi ORDER BY 1, 2",
+                {"lo": lo, "hi": hi},
+            ).fetchall()
+        return [(str(m), str(g)) for m, g in rows]
+
+    def request_windows(
+        self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None
+    ) -> pa.Table:
         lo, hi, step = check_range(rng, step_s)
         p: dict[str, Any] = {"lo": lo, "hi": hi, "step": step, "secs": step / 1e9}
         mf = ""
         if model is not None:
             mf = "AND model = $model"
             p["model"] = model
+        if gpu is not None:
+            mf += " AND gpu = $gpu"
+            p["gpu"] = gpu
         if step % MINUTE_NS == 0:
             phases = ", ".join(f"sum({c} * count) / sum(count) AS {c}" for c in PHASE_COLUMNS)
             sql = f"""
