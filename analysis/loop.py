@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from analysis.diagnose import diagnose_windows, history_range
 from analysis.incidents import Incident, IncidentBook
 from analysis.spikes import SpikeParams
-from analysis.windows import gpu_windows, gpus_of
+from analysis.windows import WindowCache, gpus_of
 from store.errors import CotenantError
 from store.queries import TimeRange
 from store.source import MetricSource
@@ -53,6 +53,7 @@ class AnalysisLoop:
         self._step_s = step_s
         self._step_ns = int(step_s * 1e9)
         self._params = SpikeParams()
+        self._caches: dict[str, WindowCache] = {}
         self._clock = clock_ns
         self._on_incident = on_incident
         self._stop = threading.Event()
@@ -78,7 +79,10 @@ class AnalysisLoop:
         full, first = history_range(rng, self._step_s, self._params)
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
-            w = gpu_windows(self._source, gpu, full, self._step_s)
+            cache = self._caches.get(gpu)
+            if cache is None:
+                cache = self._caches[gpu] = WindowCache(self._source, gpu, self._step_s)
+            w = cache.get(full)
             for model in models:
                 if model not in w.models:
                     continue

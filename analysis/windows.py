@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from store.frames import GPU_WINDOWS, REQUEST_WINDOWS
 from store.queries import TimeRange
@@ -81,25 +82,84 @@ def pivot_requests(
 
 def gpu_windows(source: MetricSource, gpu: str, rng: TimeRange, step_s: float) -> GpuWindows:
     """Every series of ``gpu`` over ``rng`` on one grid."""
+    check_range(rng, step_s)
+    tables = (
+        source.request_windows(rng, step_s, gpu=gpu),
+        source.gpu_windows(rng, step_s, gpu=gpu),
+        source.process_windows(rng, step_s, gpu=gpu),
+    )
+    return windows_from_tables(gpu, rng, step_s, *tables)
+
+
+def windows_from_tables(
+    gpu: str, rng: TimeRange, step_s: float, req: pa.Table, counters: pa.Table, procs: pa.Table
+) -> GpuWindows:
+    """Pivot the three frames of one GPU onto the grid of ``rng``."""
     since, until, step = check_range(rng, step_s)
     n = int(-(-(until - since) // step))
     w = GpuWindows(gpu, since, step, n)
-    for (model, g), series in pivot_requests(
-        source.request_windows(rng, step_s, gpu=gpu), since, step, n
-    ).items():
+    for (model, g), series in pivot_requests(req, since, step, n).items():
         if g == gpu:
             w.models[model] = series
-    gt = source.gpu_windows(rng, step_s, gpu=gpu)
-    if gt.num_rows:
-        idx, ok = _grid(gt, since, step, n)
+    if counters.num_rows:
+        idx, ok = _grid(counters, since, step, n)
         for f in GPU_FIELDS:
             arr = np.full(n, np.nan)
-            arr[idx[ok]] = _col(gt, f)[ok]
+            arr[idx[ok]] = _col(counters, f)[ok]
             w.counters[f] = arr
-    pt = source.process_windows(rng, step_s, gpu=gpu)
-    if pt.num_rows:
-        _pivot_processes(w, pt, since, step, n)
+    if procs.num_rows:
+        _pivot_processes(w, procs, since, step, n)
     return w
+
+
+class WindowCache:
+    """The continuous loop's windows of one GPU, read incrementally.
+
+    Each call re-reads only from ``overlap_s`` before the end of the previous read (late rows
+    of the last seconds are picked up; older ones are not), keeps the frames' rows still inside
+    the new range, and pivots them. A range that does not continue the previous one is read in
+    full."""
+
+    def __init__(
+        self, source: MetricSource, gpu: str, step_s: float, overlap_s: float = 30.0
+    ) -> None:
+        self._source = source
+        self._gpu = gpu
+        self._step_s = step_s
+        self._overlap_ns = int(overlap_s * 1e9)
+        self._tables: tuple[pa.Table, pa.Table, pa.Table] | None = None
+        self._until: int | None = None
+
+    def get(self, rng: TimeRange) -> GpuWindows:
+        since, until, step = check_range(rng, self._step_s)
+        src, gpu, s = self._source, self._gpu, self._step_s
+        if self._tables is None or self._until is None or not (since <= self._until <= until):
+            fresh = TimeRange(since, until)
+            self._tables = (
+                src.request_windows(fresh, s, gpu=gpu),
+                src.gpu_windows(fresh, s, gpu=gpu),
+                src.process_windows(fresh, s, gpu=gpu),
+            )
+        else:
+            start = max(since, self._until - self._overlap_ns)
+            start -= (start - since) % step  # stay on the grid
+            part = TimeRange(start, until)
+            new = (
+                src.request_windows(part, s, gpu=gpu),
+                src.gpu_windows(part, s, gpu=gpu),
+                src.process_windows(part, s, gpu=gpu),
+            )
+            self._tables = tuple(
+                pa.concat_tables([_between(old, since, start), fresh_t])
+                for old, fresh_t in zip(self._tables, new, strict=True)
+            )
+        self._until = until
+        return windows_from_tables(gpu, rng, s, *self._tables)
+
+
+def _between(t: pa.Table, lo: int, hi: int) -> pa.Table:
+    ts = t.column("ts_ns")
+    return t.filter(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)))
 
 
 def _pivot_processes(w: GpuWindows, pt: pa.Table, since: int, step: int, n: int) -> None:

@@ -91,19 +91,22 @@ def main() -> int:
         t = time.perf_counter()
         found = diagnose(src, "tts", rng, slo_ms=60)
         times.append(time.perf_counter() - t)
+    now = [min(1800.0, s.duration_s)]  # the loop's clock: 5 s later at every pass
     loop = AnalysisLoop(
         src,
         IncidentBook(store),
         slo_ms={m.name: 60 for m in s.models},
         horizon_s=600,
-        clock_ns=lambda: int(1900e9),
+        clock_ns=lambda: int(now[0] * 1e9),
     )
     passes = []
     written = 0
-    for _ in range(args.repeats):
+    for _ in range(args.repeats + 1):
         t = time.perf_counter()  # pinned to one core: wall time is this process's core time
         written = len(loop.run_once())
         passes.append(time.perf_counter() - t)
+        now[0] = min(now[0] + 5.0, s.duration_s)
+    first, passes = passes[0], passes[1:]
     d = statistics.median(times)
     p = statistics.median(passes)
     print(f"{n:,} requests in the hour (nproc={os.cpu_count()}, pinned to one core)")
@@ -112,8 +115,8 @@ def main() -> int:
         f"(goal <= 1 s); incidents found: {len(found)}"
     )
     print(
-        f"continuous loop pass (4 models, 10 min horizon, {written} incidents written): "
-        f"median {p:.2f} s -> "
+        f"continuous loop (4 models, 10 min horizon, {written} incidents written): first pass "
+        f"{first:.2f} s, then median {p:.3f} s per pass -> "
         f"{p / 5.0 * 100:.1f} % of one core at the 5 s interval (goal <= 5 %)"
     )
     return 0

@@ -247,3 +247,24 @@ def test_cli_diagnose_reads_a_store_file(tmp_path: Path) -> None:
         timeout=120,
     )
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_window_cache_matches_a_full_read(demo_store: Store) -> None:
+    from analysis.windows import WindowCache, gpu_windows
+
+    src = StoreSource(demo_store)
+    cache = WindowCache(src, "gpu0", 1.0)
+    for now_s in (300, 305, 312, 340, 341, 500):  # steps forward, then a jump past the range
+        rng = TimeRange((now_s - 200) * 10**9, now_s * 10**9)
+        got, want = cache.get(rng), gpu_windows(src, "gpu0", rng, 1.0)
+        assert got.n == want.n and set(got.models) == set(want.models)
+        for m in want.models:
+            for f, arr in want.models[m].items():
+                np.testing.assert_allclose(got.models[m][f], arr, equal_nan=True, err_msg=f)
+        for name, ser in want.processes.items():
+            np.testing.assert_allclose(
+                got.processes[name]["sm_util"], ser["sm_util"], equal_nan=True
+            )
+        np.testing.assert_allclose(
+            got.counters["sm_clock_mhz"], want.counters["sm_clock_mhz"], equal_nan=True
+        )
