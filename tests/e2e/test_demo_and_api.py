@@ -33,7 +33,7 @@ def test_demo_prints_incidents_with_their_causes(tmp_path: Path) -> None:
             "--speed",
             "40",
             "--duration",
-            "12",
+            "20",
             "--store",
             str(tmp_path / "demo.duckdb"),
         ],
