@@ -44,8 +44,12 @@ class AnalysisLoop:
         registry: CollectorRegistry | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         on_incident: OnIncident | None = None,
+        reread_s: float = 30.0,
     ) -> None:
+        """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
+        so rows that land late — up to that lag — are still seen."""
         self._source = source
+        self._reread_s = reread_s
         self._book = book
         self._slo = dict(slo_ms or {})
         self._interval = interval_s
@@ -81,7 +85,9 @@ class AnalysisLoop:
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
             if cache is None:
-                cache = self._caches[gpu] = WindowCache(self._source, gpu, self._step_s)
+                cache = self._caches[gpu] = WindowCache(
+                    self._source, gpu, self._step_s, overlap_s=self._reread_s
+                )
             w = cache.get(full)
             for model in models:
                 if model not in w.models:

@@ -121,6 +121,12 @@ class AnalysisConfig:
     step_s: float = _key(1.0, "window width", min=0.1, max=3600.0)
     slo_ms: dict[str, float] = _key({}, "p99 latency SLO per model in ms (env: 'tts=100,chat=400')")
     max_range_h: float = _key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
+    reread_s: float = _key(
+        30.0,
+        "how far back each pass re-reads (must exceed ingest lag: late rows older than "
+        "this are not seen by the continuous loop)",
+        min=1.0,
+    )
 
 
 @dataclass(frozen=True)

@@ -171,10 +171,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         nvml=dataclasses.replace(
             cfg.nvml, enabled=True, host=scenario.host, poll_interval_s=max(0.05, 1.0 / args.speed)
         ),
+        # ingest lags by about a wall second (writer flush, NVML batches): that is `speed`
+        # virtual seconds, which every analysis pass must re-read
         analysis=dataclasses.replace(
             cfg.analysis,
             slo_ms={**slo, **cfg.analysis.slo_ms},
             interval_s=max(0.2, 5.0 / args.speed),
+            reread_s=max(30.0, 5.0 * args.speed),
         ),
     )
     _fresh_store(args.store)

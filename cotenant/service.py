@@ -164,6 +164,7 @@ class Service:
                 registry=self.registry,
                 clock_ns=clock_ns,
                 on_incident=on_incident,
+                reread_s=ac.reread_s,
             )
             if ac.enabled
             else None
