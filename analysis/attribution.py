@@ -276,6 +276,18 @@ def _surge(
     return (got - expected) / np.sqrt(max(expected, 1.0)) > z and got > 1.1 * expected
 
 
+SAMPLE_LAG_WINDOWS = 3
+"""Windows after an incident that still count as 'during' for per-process samples."""
+
+
+def _widen(mask: np.ndarray, after: int) -> np.ndarray:
+    """``mask`` extended by ``after`` windows past each run's end."""
+    out = mask.copy()
+    for k in range(1, after + 1):
+        out[k:] |= mask[:-k]
+    return out
+
+
 def _compute_causes(
     w: GpuWindows,
     victim: str,
@@ -308,20 +320,22 @@ def _compute_causes(
                 r = np.nan_to_num(reasons[during]).astype(np.int64)
                 ev["clock_event_reasons"] = int(np.bitwise_or.reduce(r)) if len(r) else 0
             evidence[cand] = ev
+    # process samples are stamped when polled, a few windows after the work they measure
+    near = _widen(during, SAMPLE_LAG_WINDOWS) & ~before
     for name, (sm, dram) in activity(w, victim).items():
-        d_sm, d_dram = _rise(sm, before, during), _rise(dram, before, during)
+        d_sm, d_dram = _rise(sm, before, near), _rise(dram, before, near)
         if d_sm <= 0.02 and d_dram <= 0.02:
             continue
         if d_dram > 1.5 * d_sm:
             cand = Candidate("bandwidth", name, "dram")
             pred[cand] = comp_b * d_dram
-            conf[cand] = _conf(dram, before, during)
-            evidence[cand] = _ev(dram * 100, before, during, f"{name} DRAM utilisation", "%")
+            conf[cand] = _conf(dram, before, near)
+            evidence[cand] = _ev(dram * 100, before, near, f"{name} DRAM utilisation", "%")
         else:
             cand = Candidate("cotenant", name)
             pred[cand] = comp_b * d_sm
-            conf[cand] = _conf(sm, before, during)
-            evidence[cand] = _ev(sm * 100, before, during, f"{name} SM utilisation", "%")
+            conf[cand] = _conf(sm, before, near)
+            evidence[cand] = _ev(sm * 100, before, near, f"{name} SM utilisation", "%")
     used, total = w.counters.get("mem_used_bytes"), w.counters.get("mem_total_bytes")
     if used is not None and total is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
