@@ -183,23 +183,15 @@ def test_loop_publishes_incident_metrics(demo_store: Store) -> None:
 
 def test_cli_diagnose_reads_a_store_file(tmp_path: Path) -> None:
     s = load_scenario(find_scenario("lock-hog-tokenizer-held-by-chat"))
-    mem = load_outputs(run(s, start_ns=1_700_000_000_000_000_000))
     path = tmp_path / "s.duckdb"
-    with mem.cursor() as cur:
-        cur.execute(f"ATTACH '{path}' AS f")
-    mem.close()
-    # write a real store file with the schema, then copy the rows in
-    st = Store(path)
-    st.close()
+    Store(path).close()  # a real store file with the schema; then copy the simulated rows in
     mem = load_outputs(run(s, start_ns=1_700_000_000_000_000_000))
     with mem.cursor() as cur:
         cur.execute(f"ATTACH '{path}' AS f")
-        cur.execute("INSERT INTO f.requests SELECT * FROM requests")
-        cur.execute("INSERT INTO f.gpu_samples SELECT * FROM gpu_samples")
-        cur.execute("INSERT INTO f.process_samples SELECT * FROM process_samples")
+        for table in ("requests", "gpu_samples", "process_samples"):
+            cur.execute(f"INSERT INTO f.{table} SELECT * FROM {table}")
         cur.execute("DETACH f")
     mem.close()
-    truth = [f for f in json.loads(json.dumps([1]))]  # noqa: F841 - keep json import honest
     out = subprocess.run(
         [
             sys.executable,
