@@ -129,13 +129,11 @@ def run_scenario(
         for r in rankers:
             got = []
             for d in mine:
-                key = (d.gpu, d.model)
-                if key not in windows:
-                    windows[key] = gpu_windows(source, d.gpu, rng, 1.0)
-                w = windows[key]
+                if d.gpu not in windows:  # one read per GPU serves all its victims
+                    windows[d.gpu] = gpu_windows(source, d.gpu, rng, 1.0)
+                w = windows[d.gpu]
                 series = {
-                    c.key: x
-                    for c, x in _named(candidate_series(w, d.model), source, d, rng).items()
+                    c.key: x for c, x in _named(candidate_series(w, d.model), source, d).items()
                 }
                 got.append(_baseline_rank(r.rank(series, w.index(d.start_ns)), f))
             ranks[r.name] = _best(got)
@@ -155,7 +153,7 @@ def run_scenario(
 
 
 def _named(
-    series: dict[Candidate, np.ndarray], source: StoreSource, d: Diagnosis, rng: TimeRange
+    series: dict[Candidate, np.ndarray], source: StoreSource, d: Diagnosis
 ) -> dict[Candidate, np.ndarray]:
     """Give the generic lock candidate the name of the lock the victim waited on most."""
     out = {}

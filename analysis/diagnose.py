@@ -170,10 +170,16 @@ def diagnose_windows(
     v = w.models[model]
     spikes, _ = spike_mask(v["p99_ms"], v["count"], slo_ms, p)
     spans = [s for s in merge(spikes, v["p99_ms"], p) if s.end >= first]
-    out = [_diagnose_span(source, w, model, s, spikes, slo_ms, p) for s in spans]
+    if not spans and not on_demand:
+        return []
+    # host CPU series are read once for every incident of this call (they are not per GPU)
+    cpu = host_cpu(
+        source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
+    )
+    out = [_diagnose_span(source, w, model, s, spikes, slo_ms, p, cpu) for s in spans]
     if not spans and on_demand:
         peak = first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1)))
-        d = _diagnose_span(source, w, model, Span(first, w.n - 1, peak), spikes, slo_ms, p)
+        d = _diagnose_span(source, w, model, Span(first, w.n - 1, peak), spikes, slo_ms, p, cpu)
         d.incident = False
         out.append(d)
     return out
@@ -187,6 +193,7 @@ def _diagnose_span(
     spikes: np.ndarray,
     slo_ms: float | None,
     p: SpikeParams,
+    cpu: dict[str, np.ndarray],
 ) -> Diagnosis:
     v = w.models[model]
     during = np.zeros(w.n, dtype=bool)
@@ -198,9 +205,7 @@ def _diagnose_span(
         before,
         during,
         locks=_locks(source, model, w, s),
-        host_cpu=host_cpu(
-            source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
-        ),
+        host_cpu=cpu,
     )
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -698,9 +697,6 @@ class Simulation:
         g, p = self._samples, self._psamples
         self._samples, self._psamples = [], []
         return g, p
-
-    def iter_requests(self) -> Iterator[int]:  # pragma: no cover - debugging aid
-        yield from range(len(self._r_model))
 
 
 _REQ_COLS = (
