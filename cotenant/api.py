@@ -12,7 +12,16 @@ from pydantic import BaseModel
 
 from analysis.analyzer import Analyzer
 from store.db import Store
-from store.errors import CotenantError, NotFoundError, QueryError
+from store.errors import (
+    ActionError,
+    AlertPayloadError,
+    BackendError,
+    CotenantError,
+    Forbidden,
+    NotFoundError,
+    QueryError,
+    Unauthorized,
+)
 from store.queries import MAX_LIMIT, TimeRange, requests_rows
 from store.timespec import parse_time_ns
 
@@ -66,6 +75,25 @@ class DiagnoseRequest(BaseModel):
     end: str = "now"
 
 
+_STATUS: tuple[tuple[type[CotenantError], int], ...] = (
+    (NotFoundError, 404),
+    (QueryError, 400),
+    (AlertPayloadError, 400),
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (ActionError, 409),
+    (BackendError, 502),
+)
+
+
+def http_status(exc: CotenantError) -> int:
+    """The HTTP status an error of the exception tree answers with (500 when unmapped)."""
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
 def create_api(
     store: Store,
     registry: CollectorRegistry,
@@ -82,10 +110,9 @@ def create_api(
 
     @app.exception_handler(CotenantError)
     async def _cotenant_error(_: Request, exc: CotenantError) -> JSONResponse:
-        status = (
-            404 if isinstance(exc, NotFoundError) else 400 if isinstance(exc, QueryError) else 500
-        )
-        return JSONResponse({"error": str(exc)}, status_code=status)
+        status = http_status(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
 
     @app.get("/healthz", summary="Liveness: the process answers")
     def healthz() -> dict[str, str]:

@@ -130,6 +130,93 @@ class AnalysisConfig:
 
 
 @dataclass(frozen=True)
+class ActuatorsConfig:
+    mode: str = _key(
+        "dry-run",
+        "off: no proposals; dry-run: proposals recorded, nothing applied; manual: a person "
+        "approves; auto: applied by the loop",
+        choices=("off", "dry-run", "manual", "auto"),
+    )
+    token: str = _key(
+        "", "bearer token the mutating actions API requires ('' = mutating calls refused)"
+    )
+    token_file: str = _key("", "file holding the bearer token (used when token is '')")
+    policy: str = _key(
+        "", "policy file mapping causes to actions ('' = the bundled rules/policy.yaml)"
+    )
+    backend: str = _key(
+        "gateway",
+        "where actions are applied",
+        choices=("gateway", "rayserve", "triton", "webhook", "simulator"),
+    )
+    backend_url: str = _key(
+        "", "base URL of the backend (gateway control API, Ray, Triton, webhook)"
+    )
+    webhook_secret: str = _key("", "HMAC-SHA256 key signing webhook bodies")
+    interval_s: float = _key(5.0, "how often the control loop advances actions", min=0.1)
+    max_actions_per_hour: int = _key(10, "most actions applied per hour overall", min=0)
+    max_actions_per_target_per_hour: int = _key(3, "most actions per target per hour", min=0)
+    cooldown_s: float = _key(300.0, "quiet time per target after a change ends", min=0.0)
+    settle_s: float = _key(30.0, "wait after applying before verifying", min=0.0)
+    ttl_s: float = _key(1800.0, "an applied change is reverted after this long", min=1.0)
+    min_rate_rps: float = _key(1.0, "floor under any rate limit set on a model", min=0.0)
+    backend_timeout_s: float = _key(5.0, "timeout of one backend call", min=0.1, max=300.0)
+    backend_retries: int = _key(3, "retries of a failed backend call (with backoff)", min=0)
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    enabled: bool = _key(True, "accept Alertmanager webhooks at POST /api/v1/alerts")
+    lookback_s: float = _key(
+        600.0, "how far before an alert's startsAt its diagnosis looks", min=10.0
+    )
+    lookahead_s: float = _key(
+        120.0, "how far after startsAt its diagnosis looks (capped at now)", min=0.0
+    )
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    slo_default_ms: float = _key(
+        0.0, "p99 SLO for models not in analysis.slo_ms (0 = no SLO alert for them)", min=0.0
+    )
+    dram_saturated: float = _key(
+        0.9, "DRAM (memory-bandwidth) utilisation counted as saturated (0-1)", min=0.0, max=1.0
+    )
+    pcie_saturated_bps: float = _key(
+        20e9, "PCIe throughput (TX+RX bytes/s) counted as saturated", min=0.0
+    )
+    lock_wait_share: float = _key(
+        0.3, "share of a model's latency spent waiting on locks that alerts", min=0.0, max=1.0
+    )
+    memory_pressure: float = _key(
+        0.95, "GPU memory used / total that counts as pressure", min=0.0, max=1.0
+    )
+    for_s: float = _key(60.0, "how long a condition must hold before its alert fires", min=0.0)
+    runbook_base_url: str = _key(
+        "https://github.com/cotenant/cotenant/blob/main/docs/runbooks.md",
+        "base of the runbook_url annotations",
+    )
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    enabled: bool = _key(True, "serve the Dash dashboard on the API port")
+    refresh_s: float = _key(5.0, "how often live pages refresh", min=0.5, max=3600.0)
+    default_range: str = _key("1h", "time range pages open with (e.g. 15m, 1h, 6h, 24h, 7d)")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    dir: str = _key("./.cotenant/reports", "where weekly reports are written")
+    schedule: str = _key("", "weekly run inside serve, e.g. 'mon 06:00' (UTC; '' = not scheduled)")
+    formats: str = _key("html,md", "formats written by the schedule (html, md, pdf)")
+    dashboard_url: str = _key(
+        "", "dashboard base URL linked from reports ('' = the server's own address)"
+    )
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = _key("info", "log level", choices=("debug", "info", "warning", "error"))
 
@@ -143,6 +230,11 @@ class Config:
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    actuators: ActuatorsConfig = field(default_factory=ActuatorsConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    rules: RulesConfig = field(default_factory=RulesConfig)
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -335,4 +427,4 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
 
 
 # COTENANT_ variables that are read elsewhere, not config keys.
-_NON_CONFIG_ENV = frozenset({"COTENANT_CONFIG"})
+_NON_CONFIG_ENV = frozenset({"COTENANT_CONFIG", "COTENANT_GATEWAY_TOKEN"})

@@ -170,6 +170,8 @@ class Service:
             else None
         )
         self.api = create_api(self.store, self.registry, self._not_ready_reason, self.analyzer)
+        # Routers of actuators/ and alerts/ are included here, before the dashboard's mount.
+        # The dashboard's catch-all mount at "/" comes last (routes match in order).
         self._server: _Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grpc: OtlpGrpcServer | None = None

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite needs, only when they are missing:
 #   prometheus        -> promtool and the Prometheus server (rules tests, e2e alerting)
+#   prometheus-alertmanager -> Alertmanager routing alerts to cotenant's webhook (e2e)
 #   chromium, chromium-driver -> headless browser tests of the dashboard and report
+#   nginx             -> the reference proxy the gateway benchmark compares against
 set -euo pipefail
 
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

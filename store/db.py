@@ -14,6 +14,11 @@ from store.schema import SCHEMA_VERSION, ddl
 log = logging.getLogger(__name__)
 
 
+_ADDITIVE_UPGRADES = frozenset({"2"})
+"""Older schema versions this one only adds tables to (2 -> 3: ``alerts``); opened for
+writing, such a file is upgraded in place."""
+
+
 class Store:
     """One DuckDB database file (or ``":memory:"``) with cotenant's tables.
 
@@ -71,6 +76,11 @@ class Store:
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        elif str(row[0]) in _ADDITIVE_UPGRADES:
+            # versions that differ from this one only by new tables: create them below
+            con.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)]
+            )
         elif str(row[0]) != str(SCHEMA_VERSION):
             raise SchemaVersionError(
                 f"store {self.path} has schema version {row[0]}, this cotenant uses "

@@ -21,6 +21,13 @@ so callers catch one family::
     ├── ScenarioError          a simulator scenario file is invalid (names file, field, value)
     ├── TabularError           a tabular case (wide CSV) cannot be read or analysed (names the
     │                          file and what is wrong)
+    ├── AuthError              a mutating API call lacks the bearer token
+    │   ├── Unauthorized       no token given                                        -> 401
+    │   └── Forbidden          a token was given but it is wrong                     -> 403
+    ├── ActionError            an action cannot move to the requested state           -> 409
+    ├── BackendError           an actuator backend is down, slow or refuses a change
+    ├── AlertPayloadError      an Alertmanager webhook body is malformed              -> 400
+    ├── ReportError            a weekly report cannot be produced (bad week, no Chromium for PDF)
     └── UsageError             a library API was called wrongly (also a ValueError)
 
 It lives in ``store/`` because ``store`` is the package every other layer may import.
@@ -106,3 +113,34 @@ class NotFoundError(QueryError):
 class NvmlUnavailable(CotenantError):
     """NVML cannot be used here: binding or library missing, driver not loaded, init failed.
     The message says why and what to do."""
+
+
+class AuthError(CotenantError):
+    """A mutating API call is not authorised. The message never contains the token."""
+
+
+class Unauthorized(AuthError):
+    """No bearer token was given (HTTP 401)."""
+
+
+class Forbidden(AuthError):
+    """A bearer token was given but it is not the configured one (HTTP 403)."""
+
+
+class ActionError(CotenantError):
+    """An action cannot move to the requested state (e.g. approving an applied action)."""
+
+
+class BackendError(CotenantError):
+    """An actuator backend is unreachable, too slow, or refused the change; the message names
+    the backend, the URL and what to check."""
+
+
+class AlertPayloadError(CotenantError):
+    """An Alertmanager webhook body is not a valid version-4 payload; the message names the
+    field."""
+
+
+class ReportError(CotenantError):
+    """A weekly report cannot be produced (an invalid ISO week, an unwritable directory, or a
+    PDF asked for where no Chromium is installed); the message says what to do."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 PHASES: tuple[str, ...] = (
     "queue",
@@ -124,6 +124,23 @@ AUDIT: list[tuple[str, str]] = [
     ("detail_json", "VARCHAR"),
 ]
 
+ALERTS: list[tuple[str, str]] = [
+    ("fingerprint", "VARCHAR PRIMARY KEY"),
+    ("alertname", "VARCHAR"),
+    ("status", "VARCHAR"),
+    ("model", "VARCHAR"),
+    ("gpu", "VARCHAR"),
+    ("starts_at_ns", "BIGINT"),
+    ("received_ns", "BIGINT"),
+    ("labels_json", "VARCHAR"),
+    ("annotations_json", "VARCHAR"),
+    ("diagnosis_state", "VARCHAR"),
+    ("diagnosis_json", "VARCHAR"),
+    ("incident_id", "VARCHAR"),
+]
+"""Alerts received from Alertmanager's webhook, one row per fingerprint, with the diagnosis
+run for each (``diagnosis_state``: pending, done, failed). Schema 3 added this table."""
+
 REQUEST_ROLLUP: list[tuple[str, str]] = [
     ("minute_ns", "BIGINT"),
     ("model", "VARCHAR"),
@@ -198,6 +215,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     "incidents": INCIDENTS,
     "actions": ACTIONS,
     "audit": AUDIT,
+    "alerts": ALERTS,
     "request_rollup_1m": REQUEST_ROLLUP,
     "gpu_rollup_1m": GPU_ROLLUP,
     "process_rollup_1m": PROCESS_ROLLUP,
