@@ -7,6 +7,7 @@ from typing import Any
 
 from analysis.diagnose import diagnose
 from analysis.incidents import IncidentBook
+from analysis.spikes import SpikeParams
 from analysis.windows import gpus_of
 from store.errors import NotFoundError, QueryError
 from store.queries import TimeRange
@@ -22,8 +23,12 @@ class Analyzer:
         slo_ms: Mapping[str, float] | None = None,
         step_s: float = 1.0,
         max_range_s: float = 24 * 3600.0,
+        season_s: float = 0.0,
     ) -> None:
+        """``season_s``: the latency cycle (e.g. a day) the seasonal baseline learns where
+        two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none."""
         self.source = source
+        self.params = SpikeParams(season=round(season_s / step_s) if season_s > 0 else 0)
         self.book = book
         self.slo_ms = dict(slo_ms or {})
         self.step_s = step_s
@@ -52,6 +57,7 @@ class Analyzer:
             rng,
             slo_ms=self.slo_ms.get(model),
             step_s=self.step_s,
+            params=self.params,
             on_demand=True,
         )
         return {

@@ -151,7 +151,7 @@ def history_range(rng: TimeRange, step_s: float, p: SpikeParams) -> tuple[TimeRa
     if rng.since_ns is None or rng.until_ns is None:
         raise QueryError("diagnose needs both start and end")
     step_ns = int(step_s * 1e9)
-    start = rng.since_ns - p.history * step_ns
+    start = rng.since_ns - p.history_windows * step_ns
     return TimeRange(start, rng.until_ns), int((rng.since_ns - start) // step_ns)
 
 

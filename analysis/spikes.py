@@ -7,10 +7,18 @@ p99 exceeds the model's SLO (when one is set) **and** the baseline by a margin â
 ``k_mad_slo`` (3) when an SLO is set and must be breached as well. Spikes are merged with
 hysteresis into incidents: open after ``open_windows`` spikes among the last
 ``open_windows + 1`` windows, close after ``close_windows`` windows without a spike.
+
+Seasonal baseline, where history allows: with ``season`` set (windows per season, e.g. 1440
+one-minute windows for a daily cycle) and at least two seasons of usable windows, a robust STL
+decomposition (statsmodels) takes the seasonal component out first; the rolling median/MAD run
+on the deseasonalised series and the seasonal component is added back to the baseline. A
+model that is always slower at its daily peak is then not an incident at every peak, while a
+spike on top of the peak still is.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +36,17 @@ class SpikeParams:
     abs_margin_ms: float = 2.0
     open_windows: int = 2
     close_windows: int = 5
+    season: int = 0  # windows per season (0: no seasonal baseline)
+    season_max: int = 10_080  # longest season decomposed (a week of one-minute windows)
+
+    @property
+    def seasonal(self) -> bool:
+        return 2 <= self.season <= self.season_max
+
+    @property
+    def history_windows(self) -> int:
+        """Windows of history read before a range: two seasons when seasonal."""
+        return max(self.history, 2 * self.season) if self.seasonal else self.history
 
 
 @dataclass(frozen=True)
@@ -40,12 +59,37 @@ class Span:
 
 
 def baseline(p99: np.ndarray, count: np.ndarray, p: SpikeParams) -> tuple[np.ndarray, np.ndarray]:
-    """(baseline, robust sigma) per window from the *preceding* windows only."""
+    """(baseline, robust sigma) per window from the *preceding* windows only (plus, when
+    seasonal, the seasonal component of the whole series)."""
     v = np.where(count >= p.min_count, p99, np.nan)
-    s = pd.Series(v)
+    seasonal = seasonal_component(v, p.season) if p.seasonal else None
+    s = pd.Series(v if seasonal is None else v - seasonal)
     med = s.rolling(p.history, min_periods=p.min_history).median().shift(1)
     mad = (s - med).abs().rolling(p.history, min_periods=p.min_history).median().shift(1)
-    return med.to_numpy(), 1.4826 * mad.to_numpy()
+    base = med.to_numpy()
+    if seasonal is not None:
+        base = base + seasonal
+    return base, 1.4826 * mad.to_numpy()
+
+
+def seasonal_component(v: np.ndarray, season: int) -> np.ndarray | None:
+    """The seasonal component of ``v`` (NaN = no usable value) by robust STL, or None when
+    fewer than two seasons of values are usable (then there is nothing to learn a cycle from)."""
+    ok = np.isfinite(v)
+    if season < 2 or ok.sum() < 2 * season or len(v) < 2 * season:
+        return None
+    from statsmodels.tsa.seasonal import STL  # imported here: only long ranges need it
+
+    filled = pd.Series(v).interpolate(limit_direction="both").to_numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # convergence chatter on flat series
+        # a local-constant seasonal smoother over 3 (or, with a week of cycles, 7) cycles:
+        # with few cycles a sloped one would fit a one-off spike in the last cycle as season
+        cycles = len(v) // season
+        fit = STL(
+            filled, period=season, seasonal=7 if cycles >= 7 else 3, seasonal_deg=0, robust=True
+        ).fit()
+    return np.asarray(fit.seasonal, dtype=float)
 
 
 def spike_mask(

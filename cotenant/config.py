@@ -121,6 +121,12 @@ class AnalysisConfig:
     step_s: float = _key(1.0, "window width", min=0.1, max=3600.0)
     slo_ms: dict[str, float] = _key({}, "p99 latency SLO per model in ms (env: 'tts=100,chat=400')")
     max_range_h: float = _key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
+    season_s: float = _key(
+        86400.0,
+        "length of the latency cycle learned by the seasonal baseline when two cycles of "
+        "history at step_s fit in 10,080 windows (0 = no seasonal baseline)",
+        min=0.0,
+    )
     reread_s: float = _key(
         30.0,
         "how far back each pass re-reads (must exceed ingest lag: late rows older than "
@@ -153,6 +159,11 @@ class ActuatorsConfig:
         "", "base URL of the backend (gateway control API, Ray, Triton, webhook)"
     )
     webhook_secret: str = _key("", "HMAC-SHA256 key signing webhook bodies")
+    backend_token_file: str = _key(
+        "",
+        "file holding the bearer token of the backend's control API (gateway; '' = "
+        "COTENANT_GATEWAY_TOKEN, or none)",
+    )
     interval_s: float = _key(5.0, "how often the control loop advances actions", min=0.1)
     max_actions_per_hour: int = _key(10, "most actions applied per hour overall", min=0)
     max_actions_per_target_per_hour: int = _key(3, "most actions per target per hour", min=0)

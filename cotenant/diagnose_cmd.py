@@ -66,6 +66,7 @@ def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
             slo_ms=cfg.analysis.slo_ms,
             step_s=cfg.analysis.step_s,
             max_range_s=cfg.analysis.max_range_h * 3600,
+            season_s=cfg.analysis.season_s,
         )
         return a.diagnose(args.model, start, end)
     finally:

@@ -151,7 +151,12 @@ class Service:
         source = StoreSource(self.store)
         book = IncidentBook(self.store, gap_ns=int(ac.step_s * 1e9) * 10)
         self.analyzer = Analyzer(
-            source, book, slo_ms=ac.slo_ms, step_s=ac.step_s, max_range_s=ac.max_range_h * 3600
+            source,
+            book,
+            slo_ms=ac.slo_ms,
+            step_s=ac.step_s,
+            max_range_s=ac.max_range_h * 3600,
+            season_s=ac.season_s,
         )
         self.analysis = (
             AnalysisLoop(
@@ -179,6 +184,32 @@ class Service:
         self._otlp_port: int | None = None
         self.started = threading.Event()
         self.endpoints: Endpoints | None = None
+        self.dashboard = self._mount_dashboard() if config.dashboard.enabled else None
+
+    def _mount_dashboard(self) -> Any:
+        """The Dash app (``dashboard.data.DashboardData``, Flask under WSGI) mounted at "/"
+        after every other route, so the API, /metrics and the probes keep matching first."""
+        from a2wsgi import WSGIMiddleware
+
+        from dashboard.app import create_app
+        from dashboard.data import DashboardData
+
+        dc = self.config.dashboard
+        data = DashboardData(
+            self.store,
+            book=self.analyzer.book,
+            slo_ms=self.config.analysis.slo_ms,
+            clock_ns=self.clock_ns,
+        )
+        app = create_app(
+            data,
+            actions_control=getattr(self, "actions", None),  # set by the actuators wiring
+            report_dir=self.config.report.dir,
+            refresh_s=dc.refresh_s,
+            default_range=dc.default_range,
+        )
+        self.api.mount("/", WSGIMiddleware(app.server))  # type: ignore[arg-type]
+        return data
 
     def _open_nvml(self, api: Any | None) -> NvmlCollector | None:
         """The NVML collector, opened; None (after one warning) where NVML is unavailable."""
@@ -273,6 +304,8 @@ class Service:
         self.endpoints = Endpoints(
             _url(socks[0]), _url(socks[1], "/v1/traces") if len(socks) > 1 else None, grpc_addr
         )
+        if self.dashboard is not None and self.endpoints.otlp_http:
+            self.dashboard.otlp_hint = self.endpoints.otlp_http
         if self.nvml is not None:
             self.nvml.start()
         if self.analysis is not None:
@@ -301,6 +334,8 @@ class Service:
             lines.append(f"  OTLP/HTTP  {ep.otlp_http}")
         if ep.otlp_grpc:
             lines.append(f"  OTLP/gRPC  {ep.otlp_grpc}")
+        if self.dashboard is not None:
+            lines.append(f"  Dashboard  {ep.api}/")
         if self.nvml is not None:
             n = len(self.nvml.devices())
             lines.append(f"  NVML       {n} GPUs, polled every {self.nvml.poll_interval_s:g} s")

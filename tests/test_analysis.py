@@ -125,6 +125,34 @@ def test_spikes_need_the_slo_and_merge_with_hysteresis() -> None:
     assert len(merge(spikes_no_slo, p99, p)) == 2
 
 
+def test_a_daily_pattern_is_not_an_incident_but_a_spike_on_top_of_it_is() -> None:
+    day = 1440  # one-minute windows
+    rng = np.random.default_rng(7)
+    p99 = rng.normal(100, 3, 3 * day)
+    cnt = np.full(3 * day, 600.0)
+    for d in range(3):  # a nightly batch job: 02:00-02:40 every day at twice the latency
+        p99[d * day + 120 : d * day + 160] = rng.normal(200, 5, 40)
+    p99[2 * day + 900 : 2 * day + 915] = 300  # a one-off spike on day 3 at 15:00
+    plain = merge(spike_mask(p99, cnt, None, SpikeParams())[0], p99, SpikeParams())
+    assert sum(1 for s in plain if s.start % day == 120) == 3  # every night is an "incident"
+    p = SpikeParams(season=day)
+    assert p.history_windows == 2 * day
+    spans = merge(spike_mask(p99, cnt, None, p)[0], p99, p)
+    assert [(s.start, s.end) for s in spans] == [(2 * day + 900, 2 * day + 914)]
+
+
+def test_the_seasonal_baseline_needs_two_seasons_of_history() -> None:
+    rng = np.random.default_rng(8)
+    p99 = rng.normal(100, 3, 1000)
+    cnt = np.full(1000, 600.0)
+    p99[500:520] = 250
+    short = SpikeParams(season=600)  # 1000 windows < two seasons: the plain baseline is used
+    np.testing.assert_array_equal(
+        spike_mask(p99, cnt, None, short)[1], spike_mask(p99, cnt, None, SpikeParams())[1]
+    )
+    assert not SpikeParams(season=20_000).seasonal  # beyond season_max: never decomposed
+
+
 @pytest.fixture(scope="module")
 def demo_store() -> Store:
     s = load_scenario(find_scenario("demo"))
