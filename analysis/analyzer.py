@@ -13,6 +13,15 @@ from store.errors import NotFoundError, QueryError
 from store.queries import TimeRange
 from store.source import MetricSource
 
+NO_SPAN_LIMITS = (
+    "no spans: request windows come from the serving stack's exporter series (vLLM or "
+    "Triton), so only the phases they report (queue, compute and, for Triton, transfers) "
+    "can be decomposed; lock wait, preprocess and postprocess are not seen",
+    "GPU counters come from the DCGM exporter per GPU (a pod's series carry its GPU's "
+    "values), so co-tenants are told apart by their request rates, not per-process SM use",
+)
+"""What a diagnosis without spans cannot see; returned as ``limits`` with every result."""
+
 
 class Analyzer:
     def __init__(
@@ -65,6 +74,7 @@ class Analyzer:
             "start_ns": start_ns,
             "end_ns": end_ns,
             "spans": self.source.has_spans,
+            "limits": [] if self.source.has_spans else list(NO_SPAN_LIMITS),
             "diagnoses": [d.to_dict() for d in diags],
         }
 

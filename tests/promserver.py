@@ -155,10 +155,13 @@ def start_prometheus(
     scrape_interval_s: float = 1.0,
     rule_files: list[Path] | None = None,
     ready_timeout_s: float = 30.0,
+    blocks: Path | None = None,
 ) -> Iterator[PromServer]:
     """Run Prometheus on a free loopback port, a config scraping ``targets`` every
     ``scrape_interval_s`` and a data directory under ``tmp``; yields once ``/-/ready`` answers
-    200, stops it on exit. Tries a few ports in case one was taken meanwhile."""
+    200, stops it on exit. Tries a few ports in case one was taken meanwhile. ``blocks``: a
+    directory of TSDB blocks (from ``promtool tsdb create-blocks-from``) copied into the data
+    directory first, so history exists at once."""
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "prometheus.yml"
     cfg.write_text(_config(targets, scrape_interval_s, rule_files or []))
@@ -166,6 +169,8 @@ def start_prometheus(
     for attempt in range(3):
         port = free_port()
         log = tmp / f"prometheus-{attempt}.log"
+        if blocks is not None:
+            shutil.copytree(blocks, tmp / f"data-{attempt}", dirs_exist_ok=True)
         logf = log.open("wb")
         proc = subprocess.Popen(
             [
