@@ -1022,3 +1022,16 @@ def test_parse_duration_ns() -> None:
     assert parse_duration_ns(" 2h ") == 2 * HOUR
     with pytest.raises(QueryError, match="window '15'"):
         parse_duration_ns("15", "window")
+
+
+def test_a_schema_2_store_gains_the_alerts_table_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "v2.duckdb"
+    with Store(path) as s:
+        fetch(s, "INSERT INTO incidents (id, model) VALUES ('inc-1', 'tts')")
+    _set_version(path, "2", drop="alerts")
+    with pytest.raises(SchemaVersionError):  # read-only never alters a file
+        Store(path, read_only=True)
+    with Store(path) as s:
+        assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
+        assert fetch(s, "SELECT count(*) FROM alerts") == [(0,)]
+        assert fetch(s, "SELECT id, model FROM incidents") == [("inc-1", "tts")]
