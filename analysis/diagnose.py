@@ -164,10 +164,23 @@ def diagnose_windows(
     slo_ms: float | None = None,
     params: SpikeParams | None = None,
     on_demand: bool = False,
+    lag_windows: int = 0,
 ) -> list[Diagnosis]:
-    """:func:`diagnose` on windows already read (one read serves every model of a GPU)."""
+    """:func:`diagnose` on windows already read (one read serves every model of a GPU).
+
+    ``lag_windows``: how many of the newest windows may still be waiting for their rows (the
+    live loop's ingest lag). An incident is open when it spiked within ``close_windows`` of
+    the newest window holding data on this GPU (no older than ``lag_windows``), not of the
+    range's end: rows that have not landed yet must not resolve an incident."""
     p = params or SpikeParams()
     v = w.models[model]
+    end = w.n
+    if lag_windows > 0:
+        filled = np.zeros(w.n, dtype=bool)
+        for m in w.models.values():
+            filled |= np.nan_to_num(m["count"]) > 0
+        last = int(np.flatnonzero(filled)[-1]) + 1 if filled.any() else 0
+        end = min(w.n, max(last, w.n - lag_windows))
     spikes, _ = spike_mask(v["p99_ms"], v["count"], slo_ms, p)
     spans = [s for s in merge(spikes, v["p99_ms"], p) if s.end >= first]
     if not spans and not on_demand:
@@ -176,10 +189,11 @@ def diagnose_windows(
     cpu = host_cpu(
         source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
     )
-    out = [_diagnose_span(source, w, model, s, spikes, slo_ms, p, cpu) for s in spans]
+    out = [_diagnose_span(source, w, model, s, spikes, slo_ms, p, cpu, end) for s in spans]
     if not spans and on_demand:
         peak = first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1)))
-        d = _diagnose_span(source, w, model, Span(first, w.n - 1, peak), spikes, slo_ms, p, cpu)
+        whole = Span(first, w.n - 1, peak)
+        d = _diagnose_span(source, w, model, whole, spikes, slo_ms, p, cpu, end)
         d.incident = False
         out.append(d)
     return out
@@ -194,7 +208,9 @@ def _diagnose_span(
     slo_ms: float | None,
     p: SpikeParams,
     cpu: dict[str, np.ndarray],
+    end: int,
 ) -> Diagnosis:
+    """``end``: one past the newest window that counts as "now" for ``open``."""
     v = w.models[model]
     during = np.zeros(w.n, dtype=bool)
     during[s.start : s.end + 1] = True
@@ -215,7 +231,7 @@ def _diagnose_span(
         gpu=w.gpu,
         start_ns=w.since_ns + s.start * w.step_ns,
         end_ns=w.since_ns + (s.end + 1) * w.step_ns,
-        open=s.end >= w.n - p.close_windows,
+        open=s.end >= end - p.close_windows,
         detected_ns=w.since_ns + (detected + 1) * w.step_ns,
         peak_p99_ms=float(v["p99_ms"][s.peak]),
         baseline_p99_ms=float(np.median(base)) if len(base) else float("nan"),

@@ -100,6 +100,7 @@ class AnalysisLoop:
                         first,
                         slo_ms=self._slo.get(model),
                         params=self._params,
+                        lag_windows=int(self._reread_s / self._step_s),
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -207,6 +208,41 @@ def test_loop_publishes_incident_metrics(demo_store: Store) -> None:
         in text
     )
     assert ("tts", True) in seen
+
+
+class _Lagging:
+    """A source whose newest rows have not landed yet: nothing after ``frontier_ns``."""
+
+    def __init__(self, inner: StoreSource, frontier_ns: int) -> None:
+        self._inner = inner
+        self._frontier = frontier_ns
+        self.has_spans = True
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._inner, name)
+
+        def clipped(rng: TimeRange, *args: Any, **kw: Any) -> Any:
+            until = min(rng.until_ns or self._frontier, self._frontier)
+            return fn(TimeRange(min(rng.since_ns or 0, until), until), *args, **kw)
+
+        return clipped
+
+
+def test_rows_still_in_flight_do_not_resolve_an_open_incident(demo_store: Store) -> None:
+    # the loop's clock is at 330 s but rows have landed only up to 322 s (ingest lag): the
+    # sdxl burst is still going on, so the incident stays open instead of flapping resolved
+    book = IncidentBook(demo_store)
+    loop = AnalysisLoop(
+        _Lagging(StoreSource(demo_store), 322 * 10**9),  # type: ignore[arg-type]
+        book,
+        slo_ms={"tts": 100},
+        horizon_s=120,
+        clock_ns=lambda: 330 * 10**9,
+        reread_s=30,
+    )
+    loop.run_once()
+    open_ = [i for i in book.find(model="tts", state="open") if i.start_ns >= 290 * 10**9]
+    assert open_ and open_[0].top is not None and open_[0].top["culprit"] == "sdxl"
 
 
 def test_cli_diagnose_reads_a_store_file(tmp_path: Path) -> None:
