@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
+from alerts.records import AlertBook
 from analysis.analyzer import Analyzer
 from store.db import Store
 from store.errors import (
@@ -153,11 +154,11 @@ def create_api(
         return JSONResponse({"count": len(rows), "requests": rows})
 
     if analyzer is not None:
-        _analysis_routes(app, analyzer)
+        _analysis_routes(app, analyzer, AlertBook(store))
     return app
 
 
-def _analysis_routes(app: FastAPI, analyzer: Analyzer) -> None:
+def _analysis_routes(app: FastAPI, analyzer: Analyzer, alerts: AlertBook) -> None:
     errors: dict[int | str, dict[str, Any]] = {
         400: {"model": ErrorResponse},
         404: {"model": ErrorResponse},
@@ -186,4 +187,6 @@ def _analysis_routes(app: FastAPI, analyzer: Analyzer) -> None:
         "/api/v1/incidents/{incident_id}", summary="One incident with its causes", responses=errors
     )
     def incident(incident_id: str) -> JSONResponse:
-        return JSONResponse(analyzer.incident(incident_id))
+        out = analyzer.incident(incident_id)
+        out["alerts"] = alerts.find(incident_id=incident_id)  # Alertmanager alerts linked to it
+        return JSONResponse(out)

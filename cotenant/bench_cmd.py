@@ -25,6 +25,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--suite", type=Path, metavar="DIR", help="folder of scenario YAML files")
     src.add_argument(
+        "--actuate",
+        nargs="*",
+        metavar="SCENARIO",
+        help="closed-loop benchmark: run the analysis and the control loop (auto mode, "
+        "simulator backend) on these scenarios (names or files; default: the bundled "
+        "actuate_* scenarios) and score recovery time, culprit loss, changes, rollbacks and "
+        "expiries",
+    )
+    src.add_argument(
         "--tabular",
         type=Path,
         metavar="DIR",
@@ -34,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--baselines",
         default=",".join(BASELINES),
         help=f"comma-separated baselines to run side by side ({', '.join(BASELINES)}; '' for none)",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="with --actuate: the actuation policy (default: the bundled rules/policy.yaml)",
     )
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the results here")
     p.set_defaults(func=cmd_bench)
@@ -57,6 +72,12 @@ def _fmt(x: float | None) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.actuate is not None:
+        from cotenant.bench_actuate import bench_actuate
+
+        return bench_actuate(args.actuate, args.json, policy=args.policy)
+    if args.policy is not None:
+        raise UsageError("--policy applies only to --actuate")
     if args.tabular is not None:
         from analysis.tabular_bench import bench_tabular, render_tabular
 

@@ -234,6 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
     from cotenant.rca_table_cmd import add_parser as add_rca_table
 
     add_rca_table(sub)
+
+    from cotenant.report_cmd import add_parser as add_report
+
+    add_report(sub)
+
+    from cotenant.gateway_cmd import add_parser as add_gateway
+
+    add_gateway(sub)
+
+    from cotenant.rules_cmd import add_parser as add_rules
+
+    add_rules(sub)
     return p
 
 

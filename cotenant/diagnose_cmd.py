@@ -8,7 +8,8 @@ import os
 import sys
 from typing import Any
 
-from store.errors import CotenantError, SourceError
+from cotenant.remote import call_api
+from store.errors import CotenantError
 from store.timespec import format_ns, parse_time_ns
 
 
@@ -32,22 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _via_url(url: str, body: dict[str, str]) -> dict[str, Any]:
-    import httpx
-
-    try:
-        r = httpx.post(url.rstrip("/") + "/api/v1/diagnose", json=body, timeout=60)
-    except httpx.HTTPError as exc:
-        raise SourceError(
-            f"cannot reach cotenant at {url}: {exc} (is it running?)", url=url
-        ) from exc
-    if r.status_code != 200:
-        try:
-            msg = r.json().get("error") or r.text
-        except ValueError:
-            msg = r.text
-        raise CotenantError(f"{url} answered {r.status_code}: {msg}")
-    out: dict[str, Any] = r.json()
-    return out
+    return call_api(url, "/api/v1/diagnose", body=dict(body))
 
 
 def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:

@@ -25,6 +25,11 @@ from typing import Any, TextIO
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from actuators.api import actions_router
+from actuators.build import build_controller
+from actuators.controller import ActionController
+from alerts.slo_metric import SloMetric
+from alerts.webhook import AlertReceiver, alerts_router
 from analysis.analyzer import Analyzer
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop, OnIncident
@@ -38,6 +43,10 @@ from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver
 from cotenant.api import create_api
 from cotenant.config import Config
+from reports.api import reports_router
+from reports.job import ReportJob, builder_from
+from reports.schedule import ReportScheduler, parse_schedule
+from reports.writer import parse_formats
 from store.db import Store
 from store.errors import NvmlUnavailable
 from store.maintenance import Maintenance
@@ -72,7 +81,9 @@ class _Server(uvicorn.Server):
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto given explicitly: asyncio sets TCP_NODELAY on accepted sockets only when proto is
+    # IPPROTO_TCP, and without it every keep-alive response waits ~40 ms for a delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -176,6 +187,20 @@ class Service:
         )
         self.api = create_api(self.store, self.registry, self._not_ready_reason, self.analyzer)
         # Routers of actuators/ and alerts/ are included here, before the dashboard's mount.
+        self.actions = self._build_actions(source)
+        SloMetric(ac.slo_ms, self.registry)  # cotenant_slo_seconds, read by rules/
+        self.alerts: AlertReceiver | None = None
+        if config.alerts.enabled:
+            self.alerts = AlertReceiver(
+                self.store,
+                self.analyzer,
+                lookback_s=config.alerts.lookback_s,
+                lookahead_s=config.alerts.lookahead_s,
+                clock_ns=clock_ns,
+                registry=self.registry,
+            )
+            self.api.include_router(alerts_router(self.alerts))
+        self.reports = self._build_reports()
         # The dashboard's catch-all mount at "/" comes last (routes match in order).
         self._server: _Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -203,13 +228,44 @@ class Service:
         )
         app = create_app(
             data,
-            actions_control=getattr(self, "actions", None),  # set by the actuators wiring
+            actions_control=self.actions,
             report_dir=self.config.report.dir,
             refresh_s=dc.refresh_s,
             default_range=dc.default_range,
         )
         self.api.mount("/", WSGIMiddleware(app.server))  # type: ignore[arg-type]
         return data
+
+    def _build_reports(self) -> ReportScheduler | None:
+        """``/api/v1/reports/{week}/summary``, and the weekly scheduler when
+        ``[report] schedule`` is set (None otherwise)."""
+        config = self.config
+        builder = builder_from(config, self.store)
+        self.api.include_router(reports_router(builder))
+        at = parse_schedule(config.report.schedule)
+        if at is None:
+            return None
+        formats = parse_formats(config.report.formats, "report.formats")
+        job = ReportJob(builder, config.report.dir, formats)
+        return ReportScheduler(at, job.run, clock_ns=self.clock_ns)
+
+    def _build_actions(self, source: StoreSource) -> ActionController | None:
+        """The actuators' control loop and its ``/api/v1/actions`` routes (None when
+        ``actuators.mode = "off"``); it reads the incidents the analysis loop writes."""
+        ac = self.config.analysis
+        control = build_controller(
+            self.config.actuators,
+            store=self.store,
+            incidents=self.analyzer.book,
+            source=source,
+            registry=self.registry,
+            clock_ns=self.clock_ns,
+            slo_ms=ac.slo_ms,
+            step_s=ac.step_s,
+        )
+        if control is not None:
+            self.api.include_router(actions_router(control, control))
+        return control
 
     def _open_nvml(self, api: Any | None) -> NvmlCollector | None:
         """The NVML collector, opened; None (after one warning) where NVML is unavailable."""
@@ -310,6 +366,10 @@ class Service:
             self.nvml.start()
         if self.analysis is not None:
             self.analysis.start()
+        if self.reports is not None:
+            self.reports.start()
+        if self.actions is not None:
+            self.actions.start()
         if banner is not None:
             self._print_banner(banner)
         self.started.set()
@@ -339,6 +399,10 @@ class Service:
         if self.nvml is not None:
             n = len(self.nvml.devices())
             lines.append(f"  NVML       {n} GPUs, polled every {self.nvml.poll_interval_s:g} s")
+        if self.actions is not None:
+            ac = self.config.actuators
+            where = ac.backend_url or "no backend_url: proposals only"
+            lines.append(f"  Actuators  mode {ac.mode}, backend {ac.backend} ({where})")
         if ep.otlp_http:
             base = ep.otlp_http.removesuffix("/v1/traces")
             lines.append("Point your OpenTelemetry exporter here, e.g.:")
@@ -360,7 +424,13 @@ class Service:
             self._grpc.stop(grace_s=5.0).wait(10.0)
         if self.analysis is not None:
             self.analysis.stop()
+        if self.reports is not None:
+            self.reports.stop()
+        if self.actions is not None:
+            self.actions.stop()
         self._stop_nvml()  # its last rows go to the writer before it closes
+        if self.alerts is not None:
+            self.alerts.close()  # alerts still queued stay pending: diagnosed at next start
         self._shutdown_store()
         log.info("cotenant stopped in %.1f s", time.monotonic() - t0)
 

@@ -19,14 +19,28 @@ from typing import Any
 
 import numpy as np
 
+from simulator.admission import Admission, TokenBucket
 from simulator.arrivals import model_arrivals
 from simulator.fluid import INF, Fluid, GpuState, Job, kernel_policy
 from simulator.scenario import CLOCK_REASON_BITS, Gpu, Model, Scenario
+from store.errors import UsageError
 
 # event kinds
-_CLOSED, _LOCK, _ENQUEUE, _TIMER, _FLUID, _SAMPLE, _FSTART, _FEND, _HOG, _POST, _H2D, _D2H = range(
-    12
-)
+(
+    _CLOSED,
+    _LOCK,
+    _ENQUEUE,
+    _TIMER,
+    _FLUID,
+    _SAMPLE,
+    _FSTART,
+    _FEND,
+    _HOG,
+    _POST,
+    _H2D,
+    _D2H,
+    _ADMIT,
+) = range(13)
 GIB = 1024**3
 MB_TO_GB = 1e-3
 NVLINK_GBPS = 450.0  # one direction, H100-class
@@ -43,7 +57,19 @@ class _Lock:
 
 
 class _ModelState:
-    __slots__ = ("busy", "gpu", "idx", "locks", "m", "pid", "queue", "timer_at", "weight")
+    __slots__ = (
+        "adm",
+        "busy",
+        "gpu",
+        "idx",
+        "locks",
+        "m",
+        "pid",
+        "priority",
+        "queue",
+        "timer_at",
+        "weight",
+    )
 
     def __init__(self, idx: int, m: Model, gpu: int, locks: list[_Lock], pid: int) -> None:
         self.idx = idx
@@ -53,8 +79,10 @@ class _ModelState:
         self.queue: deque[int] = deque()
         self.busy = False
         self.timer_at = -1.0
+        self.priority = m.priority  # changed at run time by set_priority
         self.weight = 2.0**m.priority
         self.pid = pid
+        self.adm = Admission()
 
 
 class _Gpu:
@@ -128,6 +156,7 @@ class Simulation:
         self._r_lockname: list[str | None] = []
         self._r_holder: list[str | None] = []
         self._r_ready: list[float] = []
+        self._r_gw: list[float] = []  # seconds waiting for an admission token
         self._r_scale: list[float] = []
         self._r_tok: list[tuple[int, int]] = []
         self._out: dict[str, list[Any]] = {k: [] for k in _REQ_COLS}
@@ -263,7 +292,9 @@ class Simulation:
                 self._sample(t)
                 self._push(t + self.s.sample_period_s, _SAMPLE, None, None)
             elif kind == _CLOSED:
-                self._arrive(a, t, 1.0, -1, -1)
+                self._arrive(a, t, 1.0, -1, -1, closed=True)
+            elif kind == _ADMIT:
+                self._enter(a, t, *b)
             elif kind == _FSTART:
                 self._fault(t, a, True)
             elif kind == _FEND:
@@ -276,14 +307,94 @@ class Simulation:
     def run(self) -> None:
         self.run_until(self.s.duration_s)
 
+    # -- actuation: what a gateway in front of the models changes at run time ---------------
+
+    def _model(self, name: str) -> _ModelState:
+        for ms in self.models:
+            if ms.m.name == name:
+                return ms
+        known = ", ".join(ms.m.name for ms in self.models)
+        raise UsageError(f"no model {name!r} in scenario {self.s.name!r} (models: {known})")
+
+    def set_rate_limit(
+        self, model: str, rate_rps: float | None, burst: int = 1, *, max_wait_s: float = 0.0
+    ) -> None:
+        """From now (virtual time ``t``) admit ``model``'s requests through a token bucket of
+        ``rate_rps`` and ``burst`` (full at first); ``rate_rps=None`` removes the limit.
+        Requests finding no token wait up to ``max_wait_s`` (deferred), else are refused.
+        Raises UsageError for an unknown model or values out of range."""
+        ms = self._model(model)
+        ms.adm.bucket = (
+            None
+            if rate_rps is None
+            else TokenBucket(rate_rps, burst, max_wait_s=max_wait_s, t=self.t)
+        )
+
+    def set_priority(self, model: str, priority: int) -> None:
+        """From now, ``model``'s kernels weigh ``2**priority`` against co-runners (the
+        scenario's ``priority`` semantics: higher gets more of the GPU); kernels in flight are
+        re-weighted at once. Raises UsageError for an unknown model."""
+        if int(priority) != priority:
+            raise UsageError(f"priority {priority!r} must be an integer")
+        ms = self._model(model)
+        ms.priority = int(priority)
+        ms.weight = 2.0**ms.priority
+        g = self.gpus[ms.gpu]
+        mine = [j for j in g.kern.jobs if j.owner == ms.idx]
+        for j in mine:
+            j.weight = ms.weight
+        if mine:
+            g.kern.changed(self.t)
+
+    def admission(self, model: str) -> dict[str, Any]:
+        """``model``'s current limit and priority and its admission counts so far:
+        ``rate_rps``, ``burst``, ``max_wait_s`` (None when unlimited), ``priority``,
+        ``admitted_total``, ``deferred_total``, ``rejected_total``."""
+        ms = self._model(model)
+        b = ms.adm.bucket
+        return {
+            "rate_rps": None if b is None else b.rate_rps,
+            "burst": None if b is None else b.burst,
+            "max_wait_s": None if b is None else b.max_wait_s,
+            "priority": ms.priority,
+            "admitted_total": ms.adm.admitted,
+            "deferred_total": ms.adm.deferred,
+            "rejected_total": ms.adm.rejected,
+        }
+
+    def arrival_times(self, model: str) -> np.ndarray:
+        """Virtual times (s) of ``model``'s open-loop arrivals over the whole run (offered
+        load, before admission), sorted; empty for a closed-loop model."""
+        idx = self._model(model).idx
+        t = np.asarray(self._a_t)
+        return t[np.asarray(self._a_m, dtype=np.int64) == idx] if len(t) else t
+
+    def rejected_times(self, model: str) -> list[float]:
+        """Virtual times (s) at which ``model``'s requests were refused, in order."""
+        return list(self._model(model).adm.rejected_at)
+
     # -- request path -----------------------------------------------------------------------
 
-    def _arrive(self, mi: int, t: float, scale: float, ctx: int, gen: int) -> None:
+    def _arrive(
+        self, mi: int, t: float, scale: float, ctx: int, gen: int, *, closed: bool = False
+    ) -> None:
+        """A request reaches the model's admission point (its token bucket, when limited)."""
+        wait = self.models[mi].adm.admit(t, must_wait=closed)
+        if wait is None:  # refused (never for a closed-loop client: it waits)
+            return
+        if wait > 0:
+            self._push(t + wait, _ADMIT, mi, (t, scale, ctx, gen))
+        else:
+            self._enter(mi, t, t, scale, ctx, gen)
+
+    def _enter(self, mi: int, t: float, arrived: float, scale: float, ctx: int, gen: int) -> None:
+        """An admitted request (``arrived`` earlier when it waited for a token) starts."""
         ms = self.models[mi]
         m = ms.m
         rid = len(self._r_model)
         self._r_model.append(mi)
-        self._r_arr.append(t)
+        self._r_arr.append(arrived)
+        self._r_gw.append(t - arrived)
         self._r_scale.append(scale)
         self._r_tok.append((ctx, gen))
         done = t
@@ -434,12 +545,12 @@ class Simulation:
             o["tenant"].append(m.tenant or None)
             o["pid"].append(ms.pid)
             o["gpu"].append(gpu_id)
-            o["priority"].append(m.priority)
+            o["priority"].append(ms.priority)
             o["batch_size"].append(n)
             ctx, gen = self._r_tok[r]
             o["prompt_tokens"].append(ctx if ctx >= 0 else None)
             o["output_tokens"].append(gen if gen >= 0 else None)
-            o["queue_ms"].append((launch - self._r_ready[r]) * 1000.0)
+            o["queue_ms"].append((launch - self._r_ready[r] + self._r_gw[r]) * 1000.0)
             o["lock_wait_ms"].append(self._r_lockw[r] * 1000.0)
             o["preprocess_ms"].append(self._r_pre[r] * 1000.0)
             o["h2d_ms"].append((h2d_end - launch) * 1000.0)

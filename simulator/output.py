@@ -112,9 +112,10 @@ def _p99_by_model(t: pa.Table, lo_ns: int, hi_ns: int) -> dict[str, float]:
     return {m: float(np.percentile(lat[models == m], 99)) for m in set(models.tolist())}
 
 
-def truth_entry(f: Fault) -> dict[str, Any]:
-    """Ground-truth cause of a fault (DESIGN.md vocabulary), as written to truth.json."""
-    cause = truth_cause(f)
+def truth_entry(f: Fault, s: Scenario | None = None) -> dict[str, Any]:
+    """Ground-truth cause of a fault (DESIGN.md vocabulary) in scenario ``s``, as written to
+    truth.json."""
+    cause = truth_cause(f, s)
     out: dict[str, Any] = {
         "fault": f.kind,
         "kind": cause.kind,
@@ -158,7 +159,7 @@ def truth(
                 ):
                     continue
                 victims.append(m)
-        entry = truth_entry(f)
+        entry = truth_entry(f, s)
         entry["victims"] = victims
         entry["p99"] = detail
         out.append(entry)

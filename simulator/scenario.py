@@ -179,6 +179,20 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class Actuation:
+    """Control-loop settings for a closed-loop run of this scenario (``cotenant bench
+    --actuate``); None keeps the ``[actuators]`` configuration's value. Seconds. ``expect``
+    is scored by the benchmark."""
+
+    ttl_s: float | None = None
+    settle_s: float | None = None
+    cooldown_s: float | None = None
+    expect: Literal["recover", "rollback", "expire"] = "recover"
+    """What a correct control loop does here: the victim recovers after the change, the
+    change is rolled back (it cannot help), or it expires at its TTL (the culprit stops)."""
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     seed: int
@@ -191,6 +205,7 @@ class Scenario:
     sample_period_s: float = 1.0  # NVML-like counter sampling
     host: str = "sim-node"
     version: int = SCHEMA_VERSION
+    actuation: Actuation = field(default_factory=Actuation)
 
     def gpu(self, gpu_id: str) -> Gpu:
         return next(g for g in self.gpus if g.id == gpu_id)

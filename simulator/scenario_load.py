@@ -32,6 +32,7 @@ from simulator.scenario import (
     CLOCK_REASON_BITS,
     GPU_TYPES,
     SCHEMA_VERSION,
+    Actuation,
     Arrival,
     Batching,
     Fault,
@@ -118,6 +119,12 @@ _GPU_KEYS: dict[str, Check] = {
     "type": one_of(GPU_TYPES),
     "sharing": one_of(SHARING),
 }
+_ACTUATION_KEYS: dict[str, Check] = {
+    "ttl_s": POSITIVE,
+    "settle_s": NON_NEGATIVE,
+    "cooldown_s": NON_NEGATIVE,
+    "expect": one_of(("recover", "rollback", "expire")),
+}
 _RATE_FACTOR = number(1, above=True)  # a burst or surge multiplies the rate; <= 1 changes nothing
 _FAULT_COMMON: dict[str, Check] = {"start_s": NON_NEGATIVE, "duration_s": POSITIVE}
 _FAULT_REQUIRED = ("start_s", "duration_s")
@@ -182,6 +189,7 @@ class _Parser:
                 Fault(**section_by_kind(x, q, _FAULT_KEYS, _FAULT_COMMON, _FAULT_REQUIRED))
                 for q, x in list_items(v, p)
             ],
+            "loop": lambda v, p: Actuation(**section(v, p, _ACTUATION_KEYS)),
         }
 
     def trace_file(self, value: Any, path: str) -> str:
@@ -220,6 +228,8 @@ class _Parser:
             _version(doc["version"], "version")
         required = ("name", "seed", "duration_s", "gpus", "models")
         fields = section(doc, "", self.scenario_keys, required)
+        if "loop" in fields:
+            fields["actuation"] = fields.pop("loop")
         for name in ("gpus", "models", "processes", "faults"):
             fields[name] = tuple(fields.get(name, ()))
         scenario = Scenario(**fields)
@@ -287,6 +297,7 @@ def schema_keys() -> dict[str, tuple[str, ...]]:
         "models[].transfer": tuple(_TRANSFER_KEYS),
         "models[].locks[]": tuple(_LOCK_KEYS),
         "processes[]": tuple(_PROCESS_KEYS),
+        "loop": tuple(_ACTUATION_KEYS),
     }
     for kind, (keys, _) in _ARRIVAL_KEYS.items():
         out[f"models[].arrival (kind: {kind})"] = ("kind", *keys)
@@ -323,8 +334,18 @@ class TruthCause(NamedTuple):
     resource: str | None = None
 
 
-def truth_cause(fault: Fault) -> TruthCause:
-    """The ground-truth ``(kind, culprit, resource)`` a diagnosis of ``fault`` should name."""
+DRAM_BOUND = 1.5
+"""A kernel whose ``dram_demand`` exceeds this many times its ``sm_demand`` is DRAM-bound."""
+
+
+def truth_cause(fault: Fault, scenario: Scenario | None = None) -> TruthCause:
+    """The ground-truth ``(kind, culprit, resource)`` a diagnosis of ``fault`` should name.
+
+    With ``scenario``: a ``cotenant_burst`` of a model whose kernel is DRAM-bound
+    (``dram_demand > DRAM_BOUND x sm_demand``) on an MPS GPU slows its co-runners through
+    DRAM bandwidth, not SM time, so its cause is ``bandwidth`` (dram)."""
+    if fault.kind == "cotenant_burst" and scenario is not None and _dram_bound(scenario, fault):
+        return TruthCause("bandwidth", fault.target, "dram")
     if fault.kind in ("cotenant_burst", "process_active"):
         return TruthCause("cotenant", fault.target)
     if fault.kind == "bandwidth_hog":
@@ -337,6 +358,13 @@ def truth_cause(fault: Fault) -> TruthCause:
     if kind is None:
         raise UsageError(f"unknown fault kind {fault.kind!r}")
     return TruthCause(kind, fault.target)
+
+
+def _dram_bound(s: Scenario, fault: Fault) -> bool:
+    m = next((m for m in s.models if m.name == fault.target), None)
+    if m is None or s.gpu(m.gpu).sharing != "mps":
+        return False
+    return m.kernel.dram_demand > DRAM_BOUND * m.kernel.sm_demand
 
 
 def model_pid(scenario: Scenario, name: str) -> int:

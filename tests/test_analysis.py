@@ -127,19 +127,19 @@ def test_spikes_need_the_slo_and_merge_with_hysteresis() -> None:
 
 
 def test_a_daily_pattern_is_not_an_incident_but_a_spike_on_top_of_it_is() -> None:
-    day = 1440  # one-minute windows
+    day = 288  # five-minute windows
     rng = np.random.default_rng(7)
     p99 = rng.normal(100, 3, 3 * day)
-    cnt = np.full(3 * day, 600.0)
+    cnt = np.full(3 * day, 3000.0)
     for d in range(3):  # a nightly batch job: 02:00-02:40 every day at twice the latency
-        p99[d * day + 120 : d * day + 160] = rng.normal(200, 5, 40)
-    p99[2 * day + 900 : 2 * day + 915] = 300  # a one-off spike on day 3 at 15:00
+        p99[d * day + 24 : d * day + 32] = rng.normal(200, 5, 8)
+    p99[2 * day + 180 : 2 * day + 186] = 300  # a one-off spike on day 3 at 15:00
     plain = merge(spike_mask(p99, cnt, None, SpikeParams())[0], p99, SpikeParams())
-    assert sum(1 for s in plain if s.start % day == 120) == 3  # every night is an "incident"
+    assert sum(1 for s in plain if s.start % day == 24) == 3  # every night is an "incident"
     p = SpikeParams(season=day)
     assert p.history_windows == 2 * day
     spans = merge(spike_mask(p99, cnt, None, p)[0], p99, p)
-    assert [(s.start, s.end) for s in spans] == [(2 * day + 900, 2 * day + 914)]
+    assert [(s.start, s.end) for s in spans] == [(2 * day + 180, 2 * day + 185)]
 
 
 def test_the_seasonal_baseline_needs_two_seasons_of_history() -> None:

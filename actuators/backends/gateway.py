@@ -1,0 +1,71 @@
+"""Backend for the bundled gateway's control API (``cotenant gateway``, contract 3).
+
+``rate_limit`` -> ``PUT /control/v1/limits/{model}`` ``{"rate_rps", "burst"}``; ``priority`` ->
+``PUT /control/v1/priority/{model}`` ``{"priority"}``; current settings from
+``GET /control/v1/state``; a revert puts back the settings read before the change (``DELETE``
+where there were none). Each change is one call, so a failed call changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from actuators.backend import Change
+from actuators.backends.http import HttpCaller
+from store.errors import BackendError
+
+_KEYS = ("rate_rps", "burst", "priority")
+
+
+class GatewayBackend:
+    name = "gateway"
+
+    def __init__(self, http: HttpCaller) -> None:
+        self._http = http
+
+    def current(self, target: str) -> dict[str, Any]:
+        state = self._http.json("GET", "/control/v1/state")
+        models = state.get("models") if isinstance(state, dict) else None
+        if not isinstance(models, dict):
+            raise BackendError(
+                f"gateway backend GET {self._http.base_url}/control/v1/state: answer has no "
+                "'models' object"
+            )
+        m = models.get(target) or {}
+        return {k: m.get(k) for k in _KEYS}
+
+    def apply(self, change: Change) -> dict[str, Any]:
+        m = quote(change.target, safe="")
+        p = change.params
+        if change.kind == "rate_limit":
+            body: dict[str, Any] = {"rate_rps": float(p["rate_rps"]), "burst": int(p["burst"])}
+            self._http.request("PUT", f"/control/v1/limits/{m}", json=body)
+        elif change.kind == "priority":
+            self._http.request(
+                "PUT", f"/control/v1/priority/{m}", json={"priority": int(p["priority"])}
+            )
+        else:
+            raise BackendError(f"gateway backend: cannot apply a {change.kind!r} change")
+        return self.current(change.target)
+
+    def revert(self, target: str, before: dict[str, Any]) -> dict[str, Any]:
+        m = quote(target, safe="")
+        now = self.current(target)
+        if (now.get("rate_rps"), now.get("burst")) != (before.get("rate_rps"), before.get("burst")):
+            if before.get("rate_rps") is None:
+                self._http.request("DELETE", f"/control/v1/limits/{m}", ok=(404,))
+            else:
+                body = {
+                    "rate_rps": float(before["rate_rps"]),
+                    "burst": int(before.get("burst") or 1),
+                }
+                self._http.request("PUT", f"/control/v1/limits/{m}", json=body)
+        if now.get("priority") != before.get("priority"):
+            if before.get("priority") is None:
+                self._http.request("DELETE", f"/control/v1/priority/{m}", ok=(404,))
+            else:
+                self._http.request(
+                    "PUT", f"/control/v1/priority/{m}", json={"priority": int(before["priority"])}
+                )
+        return self.current(target)

@@ -1,0 +1,85 @@
+"""Builds the control loop from the ``[actuators]`` config (used by ``cotenant serve``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from actuators.backend import Backend, Change
+from actuators.backends.factory import make_backend, read_secret
+from actuators.controller import ActionController, Notifier, Settings
+from actuators.policy import load_policy
+from actuators.proposals import IncidentSource
+from store.db import Store
+from store.errors import BackendError, ConfigError
+from store.source import MetricSource
+
+
+class UnconfiguredBackend:
+    """Stands in for a backend without a URL in ``dry-run`` mode, where nothing is applied:
+    every call says what to configure."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _refuse(self) -> BackendError:
+        return BackendError(
+            f"{self.name} backend: no backend_url configured ([actuators] backend_url)"
+        )
+
+    def current(self, target: str) -> dict[str, Any]:
+        raise self._refuse()
+
+    def apply(self, change: Change) -> dict[str, Any]:
+        raise self._refuse()
+
+    def revert(self, target: str, before: dict[str, Any]) -> dict[str, Any]:
+        raise self._refuse()
+
+
+def build_controller(
+    cfg: Any,
+    *,
+    store: Store,
+    incidents: IncidentSource,
+    source: MetricSource,
+    registry: CollectorRegistry | None,
+    clock_ns: Callable[[], int] = time.time_ns,
+    slo_ms: Mapping[str, float] | None = None,
+    step_s: float = 1.0,
+) -> ActionController | None:
+    """The controller for ``cfg`` (the ``[actuators]`` section), or None when the mode is
+    ``off``. The policy, the token file and the backend are read and checked here, at start:
+    a problem raises ConfigError naming the key or the policy file."""
+    if cfg.mode == "off":
+        return None
+    policy = load_policy(cfg.policy or None)
+    token = read_secret(cfg.token, cfg.token_file, "actuators.token_file")
+    backend: Backend
+    if cfg.backend_url or cfg.mode != "dry-run":
+        backend = make_backend(cfg)
+    elif cfg.backend == "simulator":
+        raise ConfigError(
+            "config key actuators.backend: bad value 'simulator': the simulator backend is "
+            "driven by 'cotenant bench --actuate', not by serve"
+        )
+    else:
+        backend = UnconfiguredBackend(cfg.backend)
+    notifier: Notifier | None = backend if hasattr(backend, "notify") else None  # type: ignore[assignment]
+    return ActionController(
+        settings=Settings.from_config(cfg),
+        policy=policy,
+        incidents=incidents,
+        source=source,
+        backend=backend,
+        store=store,
+        token=token,
+        registry=registry,
+        clock_ns=clock_ns,
+        slo_ms=slo_ms,
+        step_s=step_s,
+        notifier=notifier,
+    )

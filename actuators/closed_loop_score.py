@@ -1,0 +1,281 @@
+"""Scoring a closed-loop run (``cotenant bench --actuate``) against the issue's goals.
+
+Per scenario (its first fault is the one acted on; the victim is the first model with an SLO
+that is not the culprit):
+
+* **recovery** — the victim's p99 over a sliding ``P99_WINDOW_S`` window, evaluated every
+  second; it is *back under its SLO* at the first second after its first breach from which
+  the window p99 stays at or under the SLO for ``HOLD_S`` seconds (or to the end of the run).
+  Reported from the fault's start and from the diagnosis (the first incident the analysis
+  loop opened for the victim after the fault started).
+* **culprit loss** — the fraction of the culprit's offered requests refused while the loop's
+  limit acted during the fault, against the *minimum*: the fraction refused by the largest
+  constant rate limit that, applied for the whole fault, keeps the victim's p99 over the fault
+  (after ``P99_WINDOW_S`` for queues to drain) at or under its SLO — found by bisection over
+  rates in the simulator (:func:`minimum_limit`).
+* **the limit** the loop set (its first change on the culprit), beside the minimum's rate;
+* **changes per target** — applies and reverts in any 600 simulated seconds (<= 2: no
+  oscillation); **rollbacks** and **expiries** of applied changes.
+
+Goals by the scenario's ``loop.expect``: ``recover`` — back under SLO within 60 s of the
+diagnosis and loss within 1.5x the minimum; ``rollback`` — the change on the culprit is rolled
+back; ``expire`` — it expires at its TTL and the victim stays under its SLO afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from actuators.closed_loop import START_NS, ClosedLoopRun
+from simulator.engine import Simulation
+from simulator.output import requests_table
+from simulator.scenario import Scenario
+from simulator.scenario_load import truth_cause
+from store.errors import UsageError
+
+P99_WINDOW_S = 10.0
+HOLD_S = 30.0
+OSCILLATION_WINDOW_S = 600.0
+MAX_CHANGES = 2
+RECOVER_GOAL_S = 60.0
+LOSS_GOAL_RATIO = 1.5
+BISECT_STEPS = 8
+
+
+@dataclass
+class Score:
+    scenario: str
+    expect: str
+    victim: str
+    culprit: str
+    cause: str
+    slo_ms: float
+    fault_start_s: float
+    fault_end_s: float
+    diagnosed_s: float | None = None
+    applied_s: float | None = None
+    applied_rate_rps: float | None = None
+    recovered_s: float | None = None
+    recovered_without_loop_s: float | None = None
+    recover_from_fault_s: float | None = None
+    recover_from_diagnosis_s: float | None = None
+    culprit_lost_fraction: float | None = None
+    minimum_lost_fraction: float | None = None
+    minimum_rate_rps: float | None = None
+    loss_ratio: float | None = None
+    changes: dict[str, int] = field(default_factory=dict)
+    max_changes_per_10min: int = 0
+    rollbacks: int = 0
+    expiries: int = 0
+    breach_after_expiry: bool | None = None
+    goals: dict[str, bool] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def met(self) -> bool:
+        return bool(self.goals) and all(self.goals.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["met"] = self.met
+        return d
+
+
+def roles(s: Scenario) -> tuple[str, str, str, float]:
+    """(victim, culprit, cause kind, victim SLO ms) of the scenario's first fault. Raises
+    UsageError when the scenario has no fault or no victim with an SLO."""
+    if not s.faults:
+        raise UsageError(f"scenario {s.name}: no fault to act on")
+    cause = truth_cause(s.faults[0], s)
+    victim = next(
+        (m for m in s.models if m.slo_p99_ms is not None and m.name != cause.culprit), None
+    )
+    if victim is None or victim.slo_p99_ms is None:
+        raise UsageError(f"scenario {s.name}: no model with an SLO besides the culprit")
+    return victim.name, cause.culprit, cause.kind, float(victim.slo_p99_ms)
+
+
+def rolling_p99(
+    requests: pa.Table, model: str, start_ns: int, duration_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(t seconds 1..duration, p99 ms of ``model``'s requests ending in ``[t - P99_WINDOW_S,
+    t)``; NaN where that window holds fewer than 5 requests)."""
+    mine = pc.equal(requests.column("model"), model)
+    sub = requests.filter(mine)
+    end = (sub.column("ts_end_ns").to_numpy() - start_ns) / 1e9
+    lat = sub.column("latency_ms").to_numpy()
+    order = np.argsort(end, kind="stable")
+    end, lat = end[order], lat[order]
+    ts = np.arange(1.0, math.floor(duration_s) + 1.0)
+    lo = np.searchsorted(end, ts - P99_WINDOW_S, side="left")
+    hi = np.searchsorted(end, ts, side="left")
+    out = np.full(len(ts), np.nan)
+    for i, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+        if b - a >= 5:
+            out[i] = float(np.percentile(lat[a:b], 99))
+    return ts, out
+
+
+def recovery(
+    ts: np.ndarray, p99: np.ndarray, slo: float, after_s: float
+) -> tuple[float | None, float | None]:
+    """(first breach at or after ``after_s``, first second after it from which the window p99
+    stays <= ``slo`` for HOLD_S seconds or to the end). None where there is none."""
+    over = np.nan_to_num(p99, nan=0.0) > slo
+    idx = np.nonzero(over & (ts >= after_s))[0]
+    if not len(idx):
+        return None, None
+    breach = int(idx[0])
+    for i in range(breach + 1, len(ts)):
+        hold = over[i : i + int(HOLD_S)]
+        if not hold.any():
+            return float(ts[breach]), float(ts[i])
+    return float(ts[breach]), None
+
+
+def _count_in(times: np.ndarray, lo: float, hi: float) -> int:
+    return int(np.count_nonzero((times >= lo) & (times < hi)))
+
+
+def _max_in_window(times: list[float], window: float) -> int:
+    t = sorted(times)
+    best = 0
+    for i, x in enumerate(t):
+        best = max(best, int(np.searchsorted(t, x + window, side="left")) - i)
+    return best
+
+
+def limited_run(
+    s: Scenario, culprit: str, victim: str, rate_rps: float, lo_s: float, hi_s: float
+) -> tuple[float, float]:
+    """Simulate ``s`` up to ``hi_s`` with a constant limit of ``rate_rps`` (burst: one second
+    of tokens) on ``culprit`` from ``lo_s``: (victim p99 ms over ``[lo_s + P99_WINDOW_S,
+    hi_s)``, fraction of the culprit's offered requests refused in ``[lo_s, hi_s)``)."""
+    sim = Simulation(s, start_ns=START_NS)
+    sim.run_until(lo_s)
+    sim.take_requests()
+    sim.take_samples()
+    sim.set_rate_limit(culprit, rate_rps, max(1, math.ceil(rate_rps)))
+    sim.run_until(hi_s)
+    t = requests_table(sim, sim.take_requests())
+    end = (t.column("ts_end_ns").to_numpy() - START_NS) / 1e9
+    mine = np.asarray(t.column("model").to_pylist(), dtype=object) == victim
+    sel = mine & (end >= lo_s + P99_WINDOW_S) & (end < hi_s)
+    lat = t.column("latency_ms").to_numpy()[sel]
+    p99 = float(np.percentile(lat, 99)) if len(lat) else float("nan")
+    offered = _count_in(sim.arrival_times(culprit), lo_s, hi_s)
+    refused = _count_in(np.asarray(sim.rejected_times(culprit)), lo_s, hi_s)
+    return p99, (refused / offered if offered else 0.0)
+
+
+def minimum_limit(s: Scenario) -> tuple[float, float] | None:
+    """(largest constant rate limit on the culprit that keeps the victim under its SLO over
+    the fault, the fraction of the culprit's requests it refuses); None when even refusing
+    every request does not. Bisection over ``BISECT_STEPS`` runs of the simulator."""
+    victim, culprit, _, slo = roles(s)
+    f = s.faults[0]
+    hi_s = min(s.duration_s, f.end_s)
+    sim = Simulation(s, start_ns=START_NS)
+    offered = _count_in(sim.arrival_times(culprit), f.start_s, hi_s) / max(1e-9, hi_s - f.start_s)
+    floor = 1e-3
+    p99, lost = limited_run(s, culprit, victim, floor, f.start_s, hi_s)
+    if not p99 <= slo:
+        return None
+    good_rate, good_lost = floor, lost
+    lo, hi = floor, max(offered, floor * 2)
+    for _ in range(BISECT_STEPS):
+        mid = (lo + hi) / 2
+        p99, lost = limited_run(s, culprit, victim, mid, f.start_s, hi_s)
+        if p99 <= slo:
+            good_rate, good_lost, lo = mid, lost, mid
+        else:
+            hi = mid
+    return good_rate, good_lost
+
+
+def score(
+    run: ClosedLoopRun,
+    *,
+    without_loop: pa.Table | None = None,
+    minimum: tuple[float, float] | None = None,
+) -> Score:
+    """Score a closed-loop run; ``without_loop`` (the same scenario's requests with no
+    actions) and ``minimum`` (from :func:`minimum_limit`) add the side-by-side figures."""
+    s = run.scenario
+    victim, culprit, cause, slo = roles(s)
+    f = s.faults[0]
+    sc = Score(s.name, s.actuation.expect, victim, culprit, cause, slo, f.start_s, f.end_s)
+    sc.wall_s = run.wall_s
+    ts, p99 = rolling_p99(run.requests, victim, run.start_ns, s.duration_s)
+    _, sc.recovered_s = recovery(ts, p99, slo, f.start_s)
+    if without_loop is not None:
+        ts0, p0 = rolling_p99(without_loop, victim, run.start_ns, s.duration_s)
+        _, sc.recovered_without_loop_s = recovery(ts0, p0, slo, f.start_s)
+    diag = [
+        (d.at_ns - run.start_ns) / 1e9
+        for d in run.detections
+        if d.model == victim and (d.at_ns - run.start_ns) / 1e9 >= f.start_s
+    ]
+    sc.diagnosed_s = min(diag) if diag else None
+    applies = [c for c in run.changes if c.op == "apply" and c.target == culprit]
+    if applies:
+        sc.applied_s = applies[0].t_s
+        sc.applied_rate_rps = applies[0].after.get("rate_rps")
+    if sc.recovered_s is not None:
+        sc.recover_from_fault_s = sc.recovered_s - f.start_s
+        if sc.diagnosed_s is not None:
+            sc.recover_from_diagnosis_s = sc.recovered_s - sc.diagnosed_s
+    if sc.applied_s is not None and sc.applied_s < f.end_s:
+        offered = _count_in(run.offered_s[culprit], sc.applied_s, f.end_s)
+        refused = _count_in(run.rejected_s[culprit], sc.applied_s, f.end_s)
+        sc.culprit_lost_fraction = refused / offered if offered else 0.0
+    if minimum is not None:
+        sc.minimum_rate_rps, sc.minimum_lost_fraction = minimum
+        if sc.culprit_lost_fraction is not None:
+            sc.loss_ratio = (
+                sc.culprit_lost_fraction / sc.minimum_lost_fraction
+                if sc.minimum_lost_fraction > 0
+                else (1.0 if sc.culprit_lost_fraction == 0 else math.inf)
+            )
+    by_target: dict[str, list[float]] = {}
+    for c in run.changes:
+        by_target.setdefault(c.target, []).append(c.t_s)
+    sc.changes = {k: len(v) for k, v in by_target.items()}
+    sc.max_changes_per_10min = max(
+        (_max_in_window(v, OSCILLATION_WINDOW_S) for v in by_target.values()), default=0
+    )
+    applied = [a for a in run.actions if a.get("before") is not None]
+    sc.rollbacks = sum(1 for a in applied if a["state"] == "rolled_back")
+    expired = [a for a in applied if a["state"] == "expired"]
+    sc.expiries = len(expired)
+    if expired:
+        last = max(int(a["updated_ns"]) for a in expired)
+        after = (last - run.start_ns) / 1e9
+        sc.breach_after_expiry = bool((np.nan_to_num(p99[ts > after + P99_WINDOW_S]) > slo).any())
+    sc.goals = _goals(sc, run)
+    return sc
+
+
+def _goals(sc: Score, run: ClosedLoopRun) -> dict[str, bool]:
+    goals = {"changes_per_target_per_10min<=2": sc.max_changes_per_10min <= MAX_CHANGES}
+    on_culprit = [a for a in run.actions if a["target"] == sc.culprit and a.get("before")]
+    if sc.expect == "recover":
+        goals["recovered_within_60s_of_diagnosis"] = (
+            sc.recover_from_diagnosis_s is not None
+            and sc.recover_from_diagnosis_s <= RECOVER_GOAL_S
+        )
+        goals["culprit_loss<=1.5x_minimum"] = (
+            sc.loss_ratio is not None and sc.loss_ratio <= LOSS_GOAL_RATIO
+        )
+    elif sc.expect == "rollback":
+        goals["rolled_back"] = any(a["state"] == "rolled_back" for a in on_culprit)
+    else:
+        goals["expired"] = any(a["state"] == "expired" for a in on_culprit)
+        goals["victim_under_slo_after_expiry"] = sc.breach_after_expiry is False
+    return goals

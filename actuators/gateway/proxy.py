@@ -1,0 +1,229 @@
+"""The proxy's data path: one :class:`ClientConnection` per client connection, requests handled
+one at a time per connection (HTTP/1.1 keep-alive and pipelining), each identified, admitted,
+optionally given its priority, sent to the upstream and streamed back as it arrives (see
+:mod:`actuators.gateway.request`).
+
+Answers the gateway makes itself are JSON ``{"error": "..."}``: 400 (malformed request or JSON
+body), 413 (body too large), 429/503 with ``Retry-After`` (admission), 502 (upstream down or
+broken), 504 (upstream timeout). Nothing a client or the upstream sends stops the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from actuators.gateway.http1 import (
+    ChunkedReader,
+    Head,
+    ProtocolError,
+    parse_request_head,
+    split_head,
+)
+from actuators.gateway.identify import UNKNOWN
+from actuators.gateway.request import ProxiedRequest, ProxyCore
+from actuators.gateway.upstream import set_nodelay
+
+log = logging.getLogger(__name__)
+
+_REASONS = {
+    400: b"Bad Request",
+    413: b"Content Too Large",
+    429: b"Too Many Requests",
+    500: b"Internal Server Error",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
+_PAUSE_BUFFER = 1024 * 1024
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client connection; see the module docstring."""
+
+    def __init__(self, core: ProxyCore, loop: asyncio.AbstractEventLoop) -> None:
+        self.core = core
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._head: Head | None = None
+        self._body: ChunkedReader | None = None
+        self._current: ProxiedRequest | None = None
+        self._closed = False
+        self._paused = False
+        self.keep_alive = True
+        self.http10 = False
+        self._last = loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        set_nodelay(transport)
+        self.core.connections.add(self)
+        timeout = self.core.idle_timeout_s
+        self._idle_timer = self.loop.call_at(self._last + timeout, self._check_idle, timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self.core.connections.discard(self)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if self._current is not None:
+            self._current.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        self._last = self.loop.time()
+        if self._current is None:
+            self._next_request()
+        elif len(self._buf) > _PAUSE_BUFFER and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _check_idle(self, timeout: float) -> None:
+        # one timer per connection, re-armed lazily (slowloris and forgotten keep-alives)
+        self._idle_timer = None
+        if self._closed:
+            return
+        now = self.loop.time()
+        if self._current is not None:  # a request in progress is the upstream's to time out
+            self._idle_timer = self.loop.call_at(now + timeout, self._check_idle, timeout)
+        elif now >= self._last + timeout:
+            self.close()
+        else:
+            self._idle_timer = self.loop.call_at(self._last + timeout, self._check_idle, timeout)
+
+    def pause_writing(self) -> None:
+        req = self._current
+        if req is not None and req.conn is not None:
+            req.conn.pause_reading()
+
+    def resume_writing(self) -> None:
+        req = self._current
+        if req is not None and req.conn is not None:
+            req.conn.resume_reading()
+
+    # -- parsing -------------------------------------------------------------------------
+
+    def _next_request(self) -> None:
+        if self._closed or self._current is not None:
+            return
+        max_body = self.core.max_body_bytes
+        try:
+            if self._head is None:
+                raw = split_head(self._buf)
+                if raw is None:
+                    return
+                head = parse_request_head(raw)
+                if head.content_length is not None and head.content_length > max_body:
+                    self._refuse(413, f"request body larger than {max_body} bytes")
+                    return
+                self._head = head
+                if head.chunked:
+                    self._body = ChunkedReader(decode=True)
+                expect = head.get(b"expect")
+                if (
+                    expect is not None
+                    and expect.lower() == b"100-continue"
+                    and (head.chunked or len(self._buf) < (head.content_length or 0))
+                ):
+                    self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            head = self._head
+            if self._body is not None:
+                used = self._body.feed(self._buf)
+                del self._buf[:used]
+                if len(self._body.payload) > max_body:
+                    self._refuse(413, f"request body larger than {max_body} bytes")
+                    return
+                if not self._body.done:
+                    return
+                body = bytes(self._body.payload)
+                self._body = None
+            else:
+                n = head.content_length or 0
+                if len(self._buf) < n:
+                    return
+                body = bytes(self._buf[:n])
+                del self._buf[:n]
+        except ProtocolError as exc:
+            self._refuse(400, str(exc))
+            return
+        self._head = None
+        self.keep_alive = head.keep_alive
+        self.http10 = head.start[2] == b"HTTP/1.0"
+        req = self._current = ProxiedRequest(self, head, body)
+        try:
+            req.begin()
+        except Exception:  # the data path must never take the process down
+            log.exception("gateway: unexpected error handling %r", head.start[1][:200])
+            self.keep_alive = False
+            if req.status == 0:
+                self.respond_error(500, "internal gateway error")
+            req.abort(500)
+            self.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self.core.metrics.rejections.labels(UNKNOWN, "bad_request").inc()
+        self.core.metrics.requests.labels(UNKNOWN, str(status)).inc()
+        self.keep_alive = False
+        self.respond_error(status, message)
+        self.close()
+
+    def request_done(self) -> None:
+        """The current request's answer is complete (or abandoned)."""
+        self._current = None
+        self._last = self.loop.time()
+        if self._closed:
+            return
+        if not self.keep_alive:
+            self.close()
+            return
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        if self._buf:
+            # a pipelined request: on the next loop turn, so answers made at once (429s)
+            # never nest one inside the other
+            self.loop.call_soon(self._next_request)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if not self._closed and self.transport is not None:
+            self.transport.write(data)
+
+    def respond_error(self, status: int, message: str, headers: bytes = b"") -> None:
+        """Answer with ``{"error": message}`` (the gateway's own answers)."""
+        body = json.dumps({"error": message}).encode()
+        self.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s%s\r\n%s"
+            % (
+                status,
+                _REASONS.get(status, b"Error"),
+                len(body),
+                headers,
+                b"connection: keep-alive\r\n" if self.keep_alive else b"connection: close\r\n",
+                body,
+            )
+        )
+
+    @property
+    def busy(self) -> bool:
+        """True while a request on this connection is in progress."""
+        return self._current is not None
+
+    def abort(self) -> None:
+        """Drop the connection now (shutdown)."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self) -> None:
+        """Close after what was written is sent."""
+        if self.transport is not None and not self._closed:
+            self.transport.close()
+        self._closed = True

@@ -1,0 +1,120 @@
+"""What the gateway reports: Prometheus metrics and OpenTelemetry spans per request.
+
+Spans follow cotenant's conventions (docs/instrumenting.md): one root span per request with
+``cotenant.model``, ``cotenant.tenant`` and ``cotenant.priority``, and a ``queue`` child from
+the request's arrival to its admission (rate-limit wait + priority queue), so cotenant shows the
+gateway's queueing as ``queue_ms`` of the request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics, registered on ``registry`` (never the global one)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "cotenant_gateway_requests",
+            "Requests answered by the gateway, by model and HTTP status code",
+            ["model", "code"],
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "cotenant_gateway_rejections",
+            "Requests the gateway refused, by model and reason (rate_limit_model, "
+            "rate_limit_tenant, queue_full, queue_timeout, bad_request)",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "cotenant_gateway_upstream_errors",
+            "Upstream failures (connect, timeout, reset, protocol)",
+            ["kind"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "cotenant_gateway_queue_wait_seconds",
+            "Time from a request's arrival to its admission to the upstream",
+            ["model"],
+            buckets=QUEUE_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "cotenant_gateway_request_duration_seconds",
+            "Time from a request's arrival to the end of its response",
+            ["model"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "cotenant_gateway_in_flight",
+            "Requests sent to the upstream and not yet answered",
+            registry=registry,
+        )
+        self.queued = Gauge(
+            "cotenant_gateway_queued",
+            "Requests waiting in the gateway (rate-limit wait or priority queue)",
+            registry=registry,
+        )
+        self._per_model: dict[str, tuple[Any, Any]] = {}
+
+    def observe(self, model: str, code: int, queue_s: float, total_s: float) -> None:
+        """One finished request (``code`` as answered to the client)."""
+        pair = self._per_model.get(model)
+        if pair is None:
+            pair = self._per_model[model] = (
+                self.queue_wait.labels(model),
+                self.duration.labels(model),
+            )
+        self.requests.labels(model, str(code)).inc()
+        pair[0].observe(queue_s)
+        pair[1].observe(total_s)
+
+
+class SpanEmitter:
+    """Emits the request span and its ``queue`` child through ``tracer`` (an OTel SDK tracer
+    with an OTLP exporter, set up by the caller)."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    def emit(
+        self,
+        *,
+        model: str,
+        tenant: str,
+        priority: int,
+        method: str,
+        path: str,
+        status: int,
+        start_ns: int,
+        admit_ns: int,
+        end_ns: int,
+        ttft_ns: int | None,
+    ) -> None:
+        attrs: dict[str, Any] = {
+            "cotenant.model": model,
+            "cotenant.tenant": tenant,
+            "cotenant.priority": priority,
+            "http.request.method": method,
+            "url.path": path,
+            "http.response.status_code": status,
+        }
+        if ttft_ns is not None:
+            attrs["gen_ai.latency.time_to_first_token"] = (ttft_ns - start_ns) / 1e9
+        root = self._tracer.start_span(
+            "gateway.request", kind=SpanKind.SERVER, attributes=attrs, start_time=start_ns
+        )
+        if status >= 500:
+            root.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        q = self._tracer.start_span("queue", context=set_span_in_context(root), start_time=start_ns)
+        q.end(end_time=admit_ns)
+        root.end(end_time=end_ns)

@@ -1,0 +1,511 @@
+"""Benchmark: the gateway's added latency and its throughput on one core, beside nginx.
+
+Three ways to reach the same upstream, measured in the same run:
+
+* **direct** — the load generator talks to the upstream;
+* **gateway** — through ``cotenant gateway`` (a real subprocess), pinned to one core;
+* **nginx** — through ``/usr/sbin/nginx`` (one worker, keep-alive upstream pool), pinned to the
+  same core, as a reference proxy.
+
+For each: latency (p50/p90/p99) at a fixed open-loop rate (``--rate``, default 1,000 rps) and
+the maximum throughput of a closed loop of ``--conns`` keep-alive connections. The upstream is a
+raw asyncio HTTP/1.1 responder (``--upstreams`` processes sharing the port with SO_REUSEPORT),
+and the load generator a raw asyncio keep-alive client; both run on the other core(s), so the
+proxy's core does nothing else.
+
+::
+
+    .venv/bin/python bench/gateway.py                      # ~1 minute
+    .venv/bin/python bench/gateway.py --duration 5 --repeats 3 --json out.json
+
+Figures go to docs/performance.md ("Gateway").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NGINX = "/usr/sbin/nginx"
+BODY = b'{"model":"llama-3-8b","prompt":"Say hello","max_tokens":16}'
+REPLY = b'{"id":"cmpl-1","object":"text_completion","choices":[{"text":"hello"}]}'
+
+
+# -- the upstream: a raw asyncio responder ------------------------------------------------
+
+
+class _Responder(asyncio.Protocol):
+    """Answers every request with a small JSON completion (keep-alive)."""
+
+    reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(REPLY),
+        REPLY,
+    )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.t = transport
+        self.buf = bytearray()
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        out = []
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = bytes(self.buf[:end]).lower()
+            i = head.find(b"content-length:")
+            n = int(head[i + 15 :].split(b"\r\n", 1)[0]) if i >= 0 else 0
+            if len(self.buf) < end + 4 + n:
+                break
+            del self.buf[: end + 4 + n]
+            out.append(self.reply)
+        if out:
+            self.t.write(b"".join(out))
+
+
+def run_upstream(port: int) -> None:
+    async def main() -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        server = await asyncio.get_running_loop().create_server(_Responder, sock=sock, backlog=4096)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+# -- the load generator: a raw asyncio keep-alive client ----------------------------------
+
+
+class _Client(asyncio.Protocol):
+    """One keep-alive connection sending one request at a time."""
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.buf = bytearray()
+        self.t0 = 0.0
+        self.need = -1
+        self.done: Callable[[_Client, float, int], None] | None = None
+        self.status = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.t = transport
+
+    def send(self, done: Callable[[_Client, float, int], None]) -> None:
+        self.done = done
+        self.t0 = time.perf_counter()
+        self.t.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.need < 0:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buf[:end]).lower()
+            self.status = int(head[9:12])
+            i = head.find(b"content-length:")
+            n = int(head[i + 15 :].split(b"\r\n", 1)[0]) if i >= 0 else 0
+            del self.buf[: end + 4]
+            self.need = n
+        if len(self.buf) >= self.need:
+            del self.buf[: self.need]
+            self.need = -1
+            cb, self.done = self.done, None
+            if cb is not None:
+                cb(self, time.perf_counter() - self.t0, self.status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cb, self.done = self.done, None
+        if cb is not None:
+            cb(self, time.perf_counter() - self.t0, 0)
+
+
+def _request(port: int) -> bytes:
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\nuser-agent: bench\r\n"
+        b"content-type: application/json\r\nx-tenant: acme\r\ncontent-length: %d\r\n\r\n%s"
+        % (port, len(BODY), BODY)
+    )
+
+
+async def _connect(port: int, n: int) -> list[_Client]:
+    loop = asyncio.get_running_loop()
+    req = _request(port)
+    conns = []
+    for _ in range(n):
+        _, c = await loop.create_connection(lambda: _Client(req), "127.0.0.1", port)
+        conns.append(c)
+    return conns
+
+
+async def open_loop(port: int, rate: float, duration: float, conns: int) -> dict[str, float]:
+    """Send ``rate`` requests/s for ``duration`` s, one per free connection; latencies in ms."""
+    loop = asyncio.get_running_loop()
+    idle = await _connect(port, conns)
+    lat: list[float] = []
+    errors = 0
+    late = 0
+    pending: list[int] = [0]
+    finished = loop.create_future()
+    total = int(rate * duration)
+
+    def done(c: _Client, dt: float, status: int) -> None:
+        nonlocal errors
+        if status == 200:
+            lat.append(dt)
+        else:
+            errors += 1
+        idle.append(c)
+        pending[0] -= 1
+        if pending[0] == 0 and sent >= total and not finished.done():
+            finished.set_result(None)
+
+    sent = 0
+    t_start = loop.time()
+    interval = 1.0 / rate
+    while sent < total:
+        now = loop.time()
+        due = min(total, int((now - t_start) / interval) + 1)
+        while sent < due:
+            if not idle:
+                late += 1
+                break
+            pending[0] += 1
+            sent += 1
+            idle.pop().send(done)
+        if sent < due:
+            await asyncio.sleep(0.0002)
+        else:
+            await asyncio.sleep(max(0.0, t_start + sent * interval - loop.time()))
+    if pending[0]:
+        await asyncio.wait_for(finished, 30)
+    for c in idle:
+        c.t.close()
+    lat.sort()
+    ms = [x * 1000 for x in lat]
+    return {
+        "rate_rps": rate,
+        "sent": sent,
+        "errors": errors,
+        "late_no_free_conn": late,
+        "p50_ms": ms[len(ms) // 2],
+        "p90_ms": ms[int(len(ms) * 0.9)],
+        "p99_ms": ms[int(len(ms) * 0.99)],
+        "max_ms": ms[-1],
+    }
+
+
+async def closed_loop(port: int, duration: float, conns: int) -> dict[str, float]:
+    """Each of ``conns`` connections sends back to back for ``duration`` s."""
+    loop = asyncio.get_running_loop()
+    clients = await _connect(port, conns)
+    count = 0
+    errors = 0
+    stop_at = loop.time() + duration
+    finished = loop.create_future()
+    live = [len(clients)]
+
+    def done(c: _Client, dt: float, status: int) -> None:
+        nonlocal count, errors
+        if status == 200:
+            count += 1
+        else:
+            errors += 1
+        if loop.time() < stop_at and status:
+            c.send(done)
+        else:
+            live[0] -= 1
+            if live[0] == 0 and not finished.done():
+                finished.set_result(None)
+
+    t0 = loop.time()
+    for c in clients:
+        c.send(done)
+    await asyncio.wait_for(finished, duration + 30)
+    elapsed = loop.time() - t0
+    for c in clients:
+        c.t.close()
+    return {
+        "rps": count / elapsed,
+        "count": count,
+        "elapsed_s": elapsed,
+        "errors": errors,
+        "conns": conns,
+    }
+
+
+# -- the proxies ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port}")
+
+
+def _pin(cpu: int) -> Callable[[], None]:
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def start_gateway(
+    up: int, port: int, cpu: int, tmp: Path, extra: list[str]
+) -> subprocess.Popen[bytes]:
+    token = tmp / "token"
+    token.write_text("bench-token\n")
+    cmd = [
+        sys.executable, "-m", "cotenant", "gateway",
+        "--upstream", f"http://127.0.0.1:{up}",
+        "--listen", f"127.0.0.1:{port}",
+        "--control", f"127.0.0.1:{_free_port()}",
+        "--token-file", str(token), "--log-level", "warning", *extra,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=_pin(cpu), stdout=subprocess.DEVNULL)
+    _wait_port(port, proc, "cotenant gateway")
+    return proc
+
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream backend {{ server 127.0.0.1:{up}; keepalive 256; }}
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 1000000;
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(up: int, port: int, cpu: int, tmp: Path) -> subprocess.Popen[bytes]:
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, up=up, port=port))
+    proc = subprocess.Popen(
+        [NGINX, "-p", str(tmp), "-c", str(conf), "-e", "stderr"], preexec_fn=_pin(cpu)
+    )
+    _wait_port(port, proc, "nginx")
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live child processes (nginx's
+    worker is a child of its master)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        total += sum(_cpu_seconds(int(c)) for c in children)
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rate", type=float, default=1000.0, help="open-loop rate (rps)")
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats (medians reported)")
+    ap.add_argument("--conns", type=int, default=32, help="connections of the closed loop")
+    ap.add_argument("--upstreams", type=int, default=2, help="upstream processes")
+    ap.add_argument("--proxy-cpu", type=int, default=0, help="the core the proxy is pinned to")
+    ap.add_argument("--gateway-args", default="", help="extra flags for cotenant gateway")
+    ap.add_argument("--no-spans", action="store_true", help="skip the gateway sending spans")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--upstream-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.upstream_only:
+        run_upstream(args.upstream_only)
+        return 0
+    cpus = sorted(os.sched_getaffinity(0))
+    others = set(cpus) - {args.proxy_cpu} or set(cpus)
+    os.sched_setaffinity(0, others)  # the load generator stays off the proxy's core
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    up = _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(args.upstreams):
+            p = subprocess.Popen([sys.executable, __file__, "--upstream-only", str(up)])
+            procs.append(p)
+            _wait_port(up, p, "upstream")
+        gw_port, ng_port = _free_port(), _free_port()
+        gw = start_gateway(up, gw_port, args.proxy_cpu, tmp, args.gateway_args.split())
+        procs.append(gw)
+        targets = {"direct": up, "gateway": gw_port}
+        proxy_pid = {"gateway": gw.pid}
+        if not args.no_spans:
+            # the same gateway sending its spans (2 per request, real OTel SDK + OTLP/HTTP
+            # exporter); the upstream responder doubles as the collector (answers 200)
+            sp_port = _free_port()
+            otlp = ["--otlp-endpoint", f"http://127.0.0.1:{up}"]
+            gws = start_gateway(
+                up, sp_port, args.proxy_cpu, tmp, [*otlp, *args.gateway_args.split()]
+            )
+            procs.append(gws)
+            targets["gw+spans"] = sp_port
+            proxy_pid["gw+spans"] = gws.pid
+        if Path(NGINX).exists():
+            procs.append(start_nginx(up, ng_port, args.proxy_cpu, tmp))
+            targets["nginx"] = ng_port
+        results: dict[str, dict[str, list[dict[str, float]]]] = {
+            t: {"latency": [], "throughput": []} for t in targets
+        }
+        if "nginx" in targets:
+            proxy_pid["nginx"] = procs[-1].pid
+        # warm up every path (connection pools, imports, caches)
+        for port in targets.values():
+            asyncio.run(closed_loop(port, 1.0, args.conns))
+        for rep in range(args.repeats):
+            for name, port in targets.items():
+                pid = proxy_pid.get(name)
+                c0 = _cpu_seconds(pid) if pid else 0.0
+                lat = asyncio.run(open_loop(port, args.rate, args.duration, 64))
+                if pid:
+                    lat["cpu_us_per_req"] = (_cpu_seconds(pid) - c0) / lat["sent"] * 1e6
+                results[name]["latency"].append(lat)
+                c0 = _cpu_seconds(pid) if pid else 0.0
+                thr = asyncio.run(closed_loop(port, args.duration, args.conns))
+                if pid:
+                    cpu = _cpu_seconds(pid) - c0
+                    thr["cpu_cores"] = cpu / thr["elapsed_s"]
+                    thr["rps_per_cpu_s"] = thr["count"] / cpu if cpu else 0.0
+                results[name]["throughput"].append(thr)
+                print(
+                    f"rep {rep + 1} {name:8s} @{args.rate:.0f} rps: p50 {lat['p50_ms']:.3f} ms "
+                    f"p99 {lat['p99_ms']:.3f} ms (errors {lat['errors']:.0f}, "
+                    f"late {lat['late_no_free_conn']:.0f}) | max {thr['rps']:,.0f} rps "
+                    f"(errors {thr['errors']:.0f}"
+                    + (
+                        f", {thr['cpu_cores']:.2f} cores, {thr['rps_per_cpu_s']:,.0f} req per "
+                        "CPU-second)"
+                        if pid
+                        else ")"
+                    ),
+                    flush=True,
+                )
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def med(name: str, kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name][kind])
+
+    summary: dict[str, dict[str, float]] = {}
+    for name in targets:
+        summary[name] = {
+            "p50_ms": med(name, "latency", "p50_ms"),
+            "p90_ms": med(name, "latency", "p90_ms"),
+            "p99_ms": med(name, "latency", "p99_ms"),
+            "best_p99_ms": min(r["p99_ms"] for r in results[name]["latency"]),
+            "max_rps": med(name, "throughput", "rps"),
+        }
+        if name in proxy_pid:
+            summary[name]["rps_per_cpu_s"] = med(name, "throughput", "rps_per_cpu_s")
+            summary[name]["cpu_cores"] = med(name, "throughput", "cpu_cores")
+            summary[name]["cpu_us_per_req_at_rate"] = med(name, "latency", "cpu_us_per_req")
+    direct = summary["direct"]
+    print(
+        f"\nmedians of {args.repeats} repeats, {args.duration:g} s each; "
+        f"proxy pinned to cpu {args.proxy_cpu}; {os.cpu_count()} cores"
+    )
+    print(
+        f"{'path':8s} {'p50 ms':>7s} {'p90 ms':>7s} {'p99 ms':>7s} {'+p50':>6s} {'+p99':>6s} "
+        f"{'best+p99':>8s} {'max rps':>8s} {'cores':>5s} {'req/CPU-s':>9s} {'CPU us/req':>10s}"
+    )
+    for name, s in summary.items():
+        s["added_p50_ms"] = s["p50_ms"] - direct["p50_ms"]
+        s["added_p99_ms"] = s["p99_ms"] - direct["p99_ms"]
+        s["best_added_p99_ms"] = s["best_p99_ms"] - direct["best_p99_ms"]
+        print(
+            f"{name:8s} {s['p50_ms']:7.3f} {s['p90_ms']:7.3f} {s['p99_ms']:7.3f} "
+            f"{s['added_p50_ms']:6.3f} {s['added_p99_ms']:6.3f} {s['best_added_p99_ms']:8.3f} "
+            f"{s['max_rps']:8,.0f} {s.get('cpu_cores', float('nan')):5.2f} "
+            f"{s.get('rps_per_cpu_s', float('nan')):9,.0f} "
+            f"{s.get('cpu_us_per_req_at_rate', float('nan')):10.1f}"
+        )
+    if "nginx" in summary:
+        ratio = summary["gateway"]["max_rps"] / summary["nginx"]["max_rps"]
+        per_cpu = summary["gateway"]["rps_per_cpu_s"] / summary["nginx"]["rps_per_cpu_s"]
+        print(f"gateway / nginx: throughput {ratio:.2f}, requests per CPU-second {per_cpu:.2f}")
+    goals = {
+        "added_p99_le_1ms": summary["gateway"]["added_p99_ms"] <= 1.0,
+        "throughput_ge_3000rps": summary["gateway"]["max_rps"] >= 3000,
+        "per_cpu_second_ge_3000": summary["gateway"]["rps_per_cpu_s"] >= 3000,
+    }
+    print("goals:", ", ".join(f"{k}={'met' if v else 'NOT met'}" for k, v in goals.items()))
+    print(f"load average during the run: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        doc = {
+            "summary": summary,
+            "raw": results,
+            "goals": goals,
+            "loadavg_1m": os.getloadavg()[0],
+            "args": vars(args) | {"json": str(args.json)},
+        }
+        args.json.write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""``cotenant rules render``: write the Prometheus rule files for the configured SLOs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from alerts.rules import RuleSettings, write_rules
+from cotenant.config import Config, load_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "rules",
+        help="Prometheus alerting and recording rules",
+        description="Prometheus rules for cotenant's metrics (see docs/alerting.md).",
+    )
+    rsub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND", required=True)
+    render = rsub.add_parser(
+        "render",
+        help="write cotenant.rules.yml and exporters.rules.yml",
+        description="Render the rule files from [analysis] slo_ms and [rules] (thresholds, "
+        "for_s, runbook_base_url). With the default configuration this writes the files "
+        "committed under rules/.",
+    )
+    render.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file (default: $COTENANT_CONFIG, else built-in defaults)",
+    )
+    render.add_argument(
+        "--out", metavar="DIR", type=Path, default=Path("rules"), help="output folder (./rules)"
+    )
+    render.set_defaults(func=cmd_rules_render)
+
+
+def settings_from(cfg: Config) -> RuleSettings:
+    """The renderer's settings from a loaded configuration."""
+    r = cfg.rules
+    return RuleSettings(
+        slo_ms=dict(cfg.analysis.slo_ms),
+        slo_default_ms=r.slo_default_ms,
+        dram_saturated=r.dram_saturated,
+        pcie_saturated_bps=r.pcie_saturated_bps,
+        lock_wait_share=r.lock_wait_share,
+        memory_pressure=r.memory_pressure,
+        for_s=r.for_s,
+        runbook_base_url=r.runbook_base_url,
+    )
+
+
+def cmd_rules_render(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
+    for p in write_rules(settings_from(cfg), args.out):
+        print(f"wrote {p}")
+    return 0

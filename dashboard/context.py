@@ -1,0 +1,23 @@
+"""What every page's callbacks are built with (passed in by :func:`dashboard.app.create_app`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from actuators.contract import ActionControl
+from dashboard.data import DashboardData
+from dashboard.timerange import Range, parse_range
+
+
+@dataclass(frozen=True)
+class PageContext:
+    data: DashboardData
+    actions: ActionControl | None
+    report_dir: Path
+    default_range: str = "1h"
+
+    def range(self, text: str | None) -> Range:
+        """The page's range from its URL value (the configured default when absent); raises
+        QueryError for a malformed one."""
+        return parse_range(text, self.data.clock_ns(), self.default_range)

@@ -1,0 +1,325 @@
+"""What the dashboard reads, aggregated in the store (DuckDB over the rollups and windows).
+
+Every function returns small, chart-ready results — per-window series or one row per model /
+GPU / incident — never raw request rows. Ranges longer than :data:`ROLLUP_ABOVE_S` are read at
+whole-minute steps, which :class:`store.source.StoreSource` serves from the per-minute rollups;
+shorter ranges are windowed from the raw rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from analysis.incidents import Incident, IncidentBook
+from dashboard.theme import Colours
+from dashboard.timerange import Range
+from store.db import Store
+from store.queries import TimeRange
+from store.source import StoreSource
+
+NOW_WINDOW_NS = 60_000_000_000
+""""Now" on the tiles is the last minute of the range."""
+ROLLUP_ABOVE_S = 1800
+"""Ranges longer than this are charted from the per-minute rollups."""
+
+
+def step_for(rng: Range) -> int:
+    """Window width in seconds for ``rng``'s charts (whole minutes above ROLLUP_ABOVE_S)."""
+    step = rng.step_s
+    if (rng.until_ns - rng.since_ns) / 1e9 > ROLLUP_ABOVE_S:
+        step = max(60, step - step % 60)
+    return step
+
+
+def _aligned(rng: Range, step_s: int, since_ns: int | None = None) -> TimeRange:
+    """The range with its start floored to the step grid (so refreshes reuse windows)."""
+    step = step_s * 1_000_000_000
+    lo = rng.since_ns if since_ns is None else max(rng.since_ns, since_ns)
+    return TimeRange(lo - lo % step, rng.until_ns)
+
+
+@dataclass(frozen=True)
+class Cols:
+    """An Arrow table as plain column lists (what plotly wants)."""
+
+    data: dict[str, list[Any]]
+
+    @classmethod
+    def of(cls, t: pa.Table) -> Cols:
+        return cls({n: t.column(n).to_pylist() for n in t.column_names})
+
+    def __getitem__(self, k: str) -> list[Any]:
+        return self.data[k]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values()), []))
+
+    def where(self, col: str, value: Any) -> Cols:
+        keep = [i for i, v in enumerate(self.data[col]) if v == value]
+        return Cols({k: [v[i] for i in keep] for k, v in self.data.items()})
+
+
+class DashboardData:
+    """Typed reads for the pages. Thread-safe: each call takes its own cursor."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        book: IncidentBook | None = None,
+        slo_ms: Mapping[str, float] | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        otlp_hint: str = "http://127.0.0.1:4318/v1/traces",
+    ) -> None:
+        """``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
+        OTLP endpoint named by the empty states."""
+        self.store = store
+        self.source = StoreSource(store)
+        self.book = book or IncidentBook(store)
+        self.slo_ms = dict(slo_ms or {})
+        self.clock_ns = clock_ns
+        self.otlp_hint = otlp_hint
+        self.colours = Colours()
+        self._colours_learned = False
+
+    def _rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        with self.store.cursor() as cur:
+            return cur.execute(sql, dict(params or {})).fetchall()
+
+    def learn_colours(self) -> None:
+        """Number every model the store knows once, so colours agree across pages."""
+        if not self._colours_learned:
+            rows = self._rows("SELECT DISTINCT model FROM request_rollup_1m WHERE model NOTNULL")
+            rows += self._rows("SELECT DISTINCT model FROM requests WHERE model NOTNULL LIMIT 64")
+            self.colours.learn(str(r[0]) for r in rows)
+            self._colours_learned = bool(rows)
+
+    # ---- what exists -------------------------------------------------------------------
+    def has_requests(self) -> bool:
+        return bool(
+            self._rows("SELECT 1 FROM request_rollup_1m LIMIT 1")
+            or self._rows("SELECT 1 FROM requests LIMIT 1")
+        )
+
+    def has_gpu_samples(self) -> bool:
+        return bool(
+            self._rows("SELECT 1 FROM gpu_rollup_1m LIMIT 1")
+            or self._rows("SELECT 1 FROM gpu_samples LIMIT 1")
+        )
+
+    def latest_ns(self) -> int | None:
+        """Newest request completion in the store (to say where the data is)."""
+        rows = self._rows(
+            "SELECT greatest((SELECT max(ts_end_ns) FROM requests),"
+            " (SELECT max(minute_ns) FROM request_rollup_1m))"
+        )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    # ---- Overview ----------------------------------------------------------------------
+    def model_tiles(self, rng: Range) -> list[dict[str, Any]]:
+        """Per model seen in the range: p99 and requests/s over the range's last minute,
+        its SLO, and its open incidents."""
+        lo, hi = rng.until_ns - NOW_WINDOW_NS, rng.until_ns
+        now = {
+            str(m): (int(n), float(p99) if p99 is not None else None)
+            for m, n, p99 in self._rows(
+                "SELECT model, count(*), quantile_cont(latency_ms, 0.99) FROM requests "
+                "WHERE ts_end_ns >= $lo AND ts_end_ns < $hi GROUP BY model",
+                {"lo": lo, "hi": hi},
+            )
+        }
+        seen = {
+            str(r[0])
+            for r in self._rows(
+                "SELECT DISTINCT model FROM request_rollup_1m "
+                "WHERE minute_ns >= $lo AND minute_ns < $hi",
+                {"lo": rng.since_ns - rng.since_ns % 60_000_000_000, "hi": hi},
+            )
+        }
+        open_by: dict[str, int] = {}
+        for m, n in self._rows(
+            "SELECT model, count(*) FROM incidents WHERE state = 'open' GROUP BY 1"
+        ):
+            open_by[str(m)] = int(n)
+        out = []
+        for m in sorted(seen | set(now)):
+            n, p99 = now.get(m, (0, None))
+            out.append(
+                {
+                    "model": m,
+                    "p99_ms": p99,
+                    "rps": n / (NOW_WINDOW_NS / 1e9),
+                    "slo_ms": self.slo_ms.get(m),
+                    "open_incidents": open_by.get(m, 0),
+                }
+            )
+        return out
+
+    def gpu_tiles(self, rng: Range) -> list[dict[str, Any]]:
+        """Per GPU: mean counters over the range's last minute (from the rollup of the
+        newest minute when raw samples have expired)."""
+        lo, hi = rng.until_ns - NOW_WINDOW_NS, rng.until_ns
+        cols = (
+            "gpu, avg(sm_util), avg(mem_util), avg(pcie_tx_bps + pcie_rx_bps), avg(power_w), "
+            "avg(sm_clock_mhz), max(max_sm_clock_mhz), bit_or(clock_event_reasons), "
+            "max(mem_used_bytes{mx}), max(mem_total_bytes)"
+        )
+        rows = self._rows(
+            f"SELECT {cols.format(mx='')} FROM gpu_samples "
+            "WHERE ts_ns >= $lo AND ts_ns < $hi GROUP BY gpu ORDER BY gpu",
+            {"lo": lo, "hi": hi},
+        )
+        if not rows:
+            rows = self._rows(
+                f"SELECT {cols.format(mx='_max')} FROM gpu_rollup_1m "
+                "WHERE minute_ns = (SELECT max(minute_ns) FROM gpu_rollup_1m "
+                "WHERE minute_ns >= $lo AND minute_ns < $hi) GROUP BY gpu ORDER BY gpu",
+                {"lo": rng.since_ns, "hi": hi},
+            )
+        keys = (
+            "gpu",
+            "sm_util",
+            "mem_util",
+            "pcie_bps",
+            "power_w",
+            "sm_clock_mhz",
+            "max_sm_clock_mhz",
+            "clock_event_reasons",
+            "mem_used_bytes",
+            "mem_total_bytes",
+        )
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def latency(
+        self,
+        rng: Range,
+        *,
+        model: str | None = None,
+        gpu: str | None = None,
+        since_ns: int | None = None,
+    ) -> Cols:
+        """Per-window latency, rate and phases (REQUEST_WINDOWS) over the range, or only from
+        ``since_ns`` on (a live refresh asks for the windows after those it has)."""
+        step = step_for(rng)
+        tr = _aligned(rng, step, since_ns)
+        return Cols.of(self.source.request_windows(tr, float(step), model=model, gpu=gpu))
+
+    def gpus(self, rng: Range, gpu: str | None = None) -> Cols:
+        step = step_for(rng)
+        return Cols.of(self.source.gpu_windows(_aligned(rng, step), float(step), gpu=gpu))
+
+    def processes(self, rng: Range, gpu: str | None = None) -> Cols:
+        step = step_for(rng)
+        return Cols.of(self.source.process_windows(_aligned(rng, step), float(step), gpu=gpu))
+
+    # ---- incidents ---------------------------------------------------------------------
+    def incidents(self, rng: Range, limit: int = 200) -> list[Incident]:
+        """Incidents overlapping the range, open ones first, then newest first."""
+        found = [
+            i
+            for i in self.book.find(since_ns=rng.since_ns, limit=limit)
+            if i.start_ns < rng.until_ns
+        ]
+        return sorted(found, key=lambda i: (i.state != "open", -i.start_ns))
+
+    def incidents_changed_ns(self) -> int:
+        """Newest ``updated_ns`` in the incidents table (0 when empty): refreshes re-read the
+        list only when this moves."""
+        rows = self._rows("SELECT coalesce(max(updated_ns), 0) + count(*) FROM incidents")
+        return int(rows[0][0]) if rows else 0
+
+    def incident(self, incident_id: str) -> Incident | None:
+        return self.book.get(incident_id)
+
+    def evidence(
+        self, inc: Incident, cause: Mapping[str, Any], rng: Range
+    ) -> dict[str, Any] | None:
+        """The series behind one cause over ``rng``: ``{"name", "unit", "x", "y"}``, or None
+        when the store has no series for it (e.g. ``unknown``)."""
+        kind, culprit = str(cause.get("kind")), str(cause.get("culprit"))
+        gpu = inc.gpu or None
+        if kind in ("cotenant", "cpu"):
+            col = "sm_util" if kind == "cotenant" else "cpu_cores"
+            p = self.processes(rng, gpu=gpu if kind == "cotenant" else None)
+            sel = [
+                i
+                for i, (n, m) in enumerate(zip(p["process_name"], p["model"], strict=True))
+                if culprit in (n, m)
+            ]
+            if sel:
+                unit = "%" if col == "sm_util" else "cores"
+                label = "SM utilisation" if col == "sm_util" else "host CPU"
+                return _series(f"{culprit} {label}", unit, p, col, sel)
+            if kind == "cotenant":
+                r = self.latency(rng, model=culprit)
+                if len(r):
+                    return _series(f"{culprit} requests/s", "req/s", r, "rate_rps")
+            return None
+        if kind == "bandwidth":
+            g = self.gpus(rng, gpu=gpu)
+            res = cause.get("resource") or "dram"
+            if res == "pcie":
+                y = [_sum(a, b) for a, b in zip(g["pcie_tx_bps"], g["pcie_rx_bps"], strict=True)]
+                return {
+                    "name": f"{gpu} PCIe throughput",
+                    "unit": "GB/s",
+                    "x": g["ts_ns"],
+                    "y": [None if v is None else v / 1e9 for v in y],
+                }
+            if res == "nvlink":
+                y = [
+                    _sum(a, b) for a, b in zip(g["nvlink_tx_bps"], g["nvlink_rx_bps"], strict=True)
+                ]
+                return {
+                    "name": f"{gpu} NVLink throughput",
+                    "unit": "GB/s",
+                    "x": g["ts_ns"],
+                    "y": [None if v is None else v / 1e9 for v in y],
+                }
+            return _series(f"{gpu} memory-controller busy", "%", g, "mem_util")
+        if kind == "throttle":
+            return _series(f"{gpu} SM clock", "MHz", self.gpus(rng, gpu=gpu), "sm_clock_mhz")
+        if kind == "memory":
+            g = self.gpus(rng, gpu=gpu)
+            return {
+                "name": f"{gpu} memory used",
+                "unit": "GiB",
+                "x": g["ts_ns"],
+                "y": [None if v is None else v / 2**30 for v in g["mem_used_bytes"]],
+            }
+        if kind == "lock":
+            return _series(
+                f"{inc.model} wait on lock {culprit}",
+                "ms/request",
+                self.latency(rng, model=inc.model, gpu=gpu),
+                "lock_wait_ms",
+            )
+        if kind == "load":
+            return _series(
+                f"{inc.model} arrivals",
+                "req/s",
+                self.latency(rng, model=inc.model, gpu=gpu),
+                "arrival_rps",
+            )
+        return None
+
+
+def _sum(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+
+def _series(
+    name: str, unit: str, c: Cols, col: str, rows: list[int] | None = None
+) -> dict[str, Any]:
+    idx = range(len(c)) if rows is None else rows
+    return {
+        "name": name,
+        "unit": unit,
+        "x": [c["ts_ns"][i] for i in idx],
+        "y": [c[col][i] for i in idx],
+    }

@@ -1,0 +1,273 @@
+"""Incident (``/incident?id=…``): the victim's latency with the spike shaded, its latency by
+phase, the ranked causes, the evidence for the top causes against the victim's excess, and the
+actions proposed or taken for it. Without ``id``: the incidents of the range to pick from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import Dash, Input, Output, dcc, html
+
+from analysis.incidents import Incident
+from dashboard import figures, theme
+from dashboard.components import at, empty, error, fmt, incident_table, table, times
+from dashboard.context import PageContext
+from dashboard.data import Cols
+from dashboard.figures import Fig
+from dashboard.pages import register_page
+from dashboard.timerange import Range, incident_range
+from store.errors import CotenantError, QueryError
+from store.schema import PHASE_COLUMNS
+from store.timespec import format_ns
+
+_GRAPHS = ("inc-latency", "inc-phases", "inc-causes", "inc-evidence")
+
+
+_TITLES = ("Victim latency", "Latency by phase", "Ranked causes", "Evidence for the top causes")
+
+
+def layout(id: str | None = None, range: str | None = None, **_: Any) -> html.Div:
+    return html.Div(
+        [
+            dcc.Store(id="inc-params", data={"id": id, "range": range}),
+            html.H2("Incident"),
+            html.Div(id="inc-summary"),
+            # graphs are created with their figure: plotly drawing into a hidden box logs errors
+            *[html.Div(id=f"{g}-box") for g in _GRAPHS],
+            html.H3("Actions for this incident"),
+            html.Div(id="inc-actions"),
+        ]
+    )
+
+
+def register(app: Dash, pc: PageContext) -> None:
+    register_page(__name__, path="/incident", name="Incident", order=1, layout=layout)
+    data = pc.data
+
+    @app.callback(
+        Output("inc-summary", "children"),
+        *[Output(f"{g}-box", "children") for g in _GRAPHS],
+        Output("inc-actions", "children"),
+        Input("inc-params", "data"),
+    )
+    def render(params: dict[str, Any]) -> tuple[Any, ...]:
+        nothing = (None,) * len(_GRAPHS)
+        try:
+            page_rng = pc.range(params.get("range"))
+        except QueryError as exc:
+            return (error(str(exc)), *nothing, None)
+        iid = params.get("id")
+        if not iid:
+            found = data.incidents(page_rng)
+            pick = (
+                incident_table(found, id_="inc-pick")
+                if found
+                else empty(f"no incidents between {page_rng.label()} — pick a longer range")
+            )
+            return (html.Div([html.P("Pick an incident:"), pick]), *nothing, None)
+        inc = data.incident(str(iid))
+        if inc is None:
+            return (
+                error(f"no incident {iid!r} in the store (expired, or a typo in the link?)"),
+                *nothing,
+                None,
+            )
+        rng = (
+            pc.range(params["range"])
+            if params.get("range")
+            else incident_range(inc.start_ns, inc.end_ns)
+        )
+        data.learn_colours()
+        w = data.latency(rng, model=inc.model, gpu=inc.gpu or None)
+        figs = (
+            _latency(inc, w, data.colours(inc.model)),
+            _phases(w),
+            _causes(inc),
+            _evidence(pc, inc, w, rng),
+        )
+        boxes = [
+            None
+            if f is None
+            else [html.H3(t), dcc.Graph(id=g, figure=f, config={"displaylogo": False})]
+            for g, t, f in zip(_GRAPHS, _TITLES, figs, strict=True)
+        ]
+        return (_summary(inc), *boxes, _actions(pc, inc))
+
+
+def _summary(inc: Incident) -> html.Div:
+    top = inc.top or {}
+    notes = inc.detail.get("notes") or []
+    return html.Div(
+        [
+            html.P(
+                [
+                    html.Strong(inc.model),
+                    f" on {inc.gpu or '–'} · {inc.state} · {format_ns(inc.start_ns)} for "
+                    f"{(inc.end_ns - inc.start_ns) / 1e9:.0f} s · "
+                    f"peak p99 {fmt(inc.peak_p99_ms, 'ms')} "
+                    f"vs baseline {fmt(inc.baseline_p99_ms, 'ms')}"
+                    + (f" (SLO {fmt(inc.slo_ms, 'ms', 0)})" if inc.slo_ms else ""),
+                ]
+            ),
+            html.P(
+                f"Top cause: {top.get('kind', 'unknown')} — {top.get('culprit', 'not found')}"
+                + (f", {100 * float(top['share']):.0f} % of the excess" if "share" in top else ""),
+                id="inc-top",
+            ),
+            *[html.P(n, className="note") for n in notes],
+        ],
+        id="inc-id",
+        title=inc.id,
+    )
+
+
+def _latency(inc: Incident, w: Cols, colour: str) -> Fig | None:
+    if not len(w):
+        return None
+    x = times(w["ts_ns"])
+    fig = figures.figure(
+        [
+            figures.line(x, w["p99_ms"], f"{inc.model} p99", colour),
+            figures.line(x, w["p50_ms"], f"{inc.model} p50", colour, dash="dot"),
+        ],
+        y_titles=["latency (ms)"],
+    )
+    if inc.slo_ms:
+        figures.hline(fig, inc.slo_ms, theme.SLO_COLOUR, "SLO")
+    figures.shade(fig, at(inc.start_ns), at(inc.end_ns), theme.SPIKE_FILL, label="spike")
+    return fig
+
+
+def _phases(w: Cols) -> Fig | None:
+    cols = [c for c in PHASE_COLUMNS if any(v for v in w[c] if v is not None)]
+    if not len(w) or not cols:
+        return None
+    x = times(w["ts_ns"])
+    traces = [
+        figures.line(
+            x, w[c], c.removesuffix("_ms"), theme.PHASE_COLOURS[c], stackgroup="phases", width=0.5
+        )
+        for c in cols
+    ]
+    return figures.figure(traces, y_titles=["mean time per request (ms)"])
+
+
+def _label(rank: int, c: dict[str, Any]) -> str:
+    res = f" ({c['resource']})" if c.get("resource") else ""
+    return f"{rank}. {c['kind']}{res} · {c['culprit']}"
+
+
+def _causes(inc: Incident) -> Fig | None:
+    causes = inc.detail.get("causes") or []
+    if not causes:
+        return None
+    shares = [100 * float(c["share"]) for c in causes]
+    bar = {
+        "type": "bar",
+        "orientation": "h",
+        "x": shares,
+        "y": [_label(i + 1, c) for i, c in enumerate(causes)],
+        "customdata": [c["culprit"] for c in causes],
+        "name": "share of the excess (bar opacity: confidence)",
+        "showlegend": True,
+        "text": [
+            f"{s:.0f} % · confidence {float(c['confidence']):.2f}"
+            for s, c in zip(shares, causes, strict=True)
+        ],
+        "textposition": "auto",
+        "marker": {
+            "color": [
+                theme.PROCESS_COLOUR if c["kind"] == "unknown" else theme.SLO_COLOUR for c in causes
+            ],
+            "opacity": [0.4 + 0.6 * float(c["confidence"]) for c in causes],
+        },
+    }
+    fig = figures.figure(
+        [bar],
+        y_titles=["cause (rank · kind · culprit)"],
+        x_title="share of the victim's excess latency (%)",
+        x_type="linear",
+        height=110 + 40 * len(causes),
+    )
+    fig["layout"]["yaxis"]["autorange"] = "reversed"
+    fig["layout"]["xaxis"]["range"] = [0, 100]
+    return fig
+
+
+def _evidence(pc: PageContext, inc: Incident, w: Cols, rng: Range) -> Fig | None:
+    """Each top cause's series (left axis, its unit) against the victim's excess p99 over its
+    baseline (right axis, ms), one panel per cause."""
+    top = [c for c in inc.detail.get("causes") or [] if c["kind"] != "unknown"][:2]
+    series: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for c in top:
+        s = pc.data.evidence(inc, c, rng)
+        if s is not None and s["x"]:
+            series.append((c, s))
+    if not series or not len(w):
+        return None
+    base = inc.baseline_p99_ms or 0.0
+    excess = [None if v is None else v - base for v in w["p99_ms"]]
+    wx = times(w["ts_ns"])
+    models = pc.data.colours.models()
+    traces = []
+    for row, (c, s) in enumerate(series, start=1):
+        colour = pc.data.colours(c["culprit"], model=c["culprit"] in models)
+        left = figures.axis_ref(row, with_secondary=True)
+        right = figures.axis_ref(row, secondary=True, with_secondary=True)
+        traces.append(figures.line(times(s["x"]), s["y"], s["name"], colour, yaxis=left))
+        traces.append(
+            figures.line(
+                wx,
+                excess,
+                f"{inc.model} p99 over baseline",
+                theme.SLO_COLOUR,
+                yaxis=right,
+                dash="dot",
+                showlegend=row == 1,
+                legendgroup="excess",
+            )
+        )
+    fig = figures.figure(
+        traces,
+        y_titles=[
+            f"{s['name']} ({s['unit']})" if len(s["name"]) < 28 else s["unit"] for _, s in series
+        ],
+        secondary_titles=["excess p99 (ms)"] * len(series),
+        height=80 + 230 * len(series),
+        gap=0.16,
+    )
+    for row in range(1, len(series) + 1):
+        figures.shade(
+            fig,
+            at(inc.start_ns),
+            at(inc.end_ns),
+            theme.SPIKE_FILL,
+            yaxis=figures.axis_ref(row, with_secondary=True),
+        )
+    return fig
+
+
+def _actions(pc: PageContext, inc: Incident) -> Any:
+    if pc.actions is None:
+        return empty('actions are off ([actuators] mode = "off"): nothing is proposed or applied')
+    try:
+        acts = pc.actions.list_actions(incident_id=inc.id)
+    except CotenantError as exc:
+        return error(f"could not read the action log: {exc}")
+    if not acts:
+        return empty(f"no action proposed for this incident (actuators mode: {pc.actions.mode})")
+    rows = [
+        [
+            a.get("id"),
+            html.Span(a.get("state"), className=f"state state-{a.get('state')}"),
+            a.get("kind"),
+            a.get("target"),
+            fmt(a.get("victim_p99_before_ms"), "ms"),
+            fmt(a.get("victim_p99_after_ms"), "ms"),
+            a.get("reason") or "",
+        ]
+        for a in acts
+    ]
+    return table(
+        ("action", "state", "kind", "target", "victim p99 before", "after", "reason"), rows
+    )

@@ -1,0 +1,65 @@
+"""Diagnose a stored range from its per-minute rollups and record the incidents.
+
+The continuous loop writes incidents as they happen. Where it did not run over a range (a
+store filled by another path, e.g. :mod:`simulator.week`, or rows imported later), this runs
+the same analysis — :func:`analysis.diagnose.diagnose_windows` on one-minute windows, which
+:class:`store.source.StoreSource` serves from the rollups, never the raw rows — and merges
+the diagnoses into the ``incidents`` table through :class:`analysis.incidents.IncidentBook`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from analysis.diagnose import diagnose_windows, history_range
+from analysis.incidents import Incident, IncidentBook
+from analysis.spikes import SpikeParams
+from analysis.windows import gpu_windows
+from store.db import Store
+from store.errors import QueryError
+from store.queries import TimeRange
+from store.source import StoreSource
+
+STEP_S = 60.0
+
+
+def model_gpus_in_rollups(store: Store, since_ns: int, until_ns: int) -> list[tuple[str, str]]:
+    """(model, gpu) pairs with requests in ``[since, until)`` according to the rollups."""
+    with store.cursor() as cur:
+        rows = cur.execute(
+            "SELECT DISTINCT model, coalesce(gpu, '') FROM request_rollup_1m "
+            "WHERE minute_ns >= $lo AND minute_ns < $hi ORDER BY 1, 2",
+            {"lo": since_ns, "hi": until_ns},
+        ).fetchall()
+    return [(str(m), str(g)) for m, g in rows]
+
+
+def backfill_incidents(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    *,
+    slo_ms: Mapping[str, float] | None = None,
+    params: SpikeParams | None = None,
+) -> list[Incident]:
+    """Diagnose every (model, GPU) of ``[since, until)`` at one-minute windows and write the
+    incidents found. Returns them. Raises QueryError for an empty or reversed range."""
+    if until_ns <= since_ns:
+        raise QueryError("backfill: until must be after since")
+    p = params or SpikeParams()
+    source = StoreSource(store)
+    book = IncidentBook(store, gap_ns=int(p.close_windows * STEP_S * 1e9))
+    full, first = history_range(TimeRange(since_ns, until_ns), STEP_S, p)
+    by_gpu: dict[str, list[str]] = {}
+    for model, gpu in model_gpus_in_rollups(store, since_ns, until_ns):
+        by_gpu.setdefault(gpu, []).append(model)
+    written: list[Incident] = []
+    for gpu, models in by_gpu.items():
+        w = gpu_windows(source, gpu, full, STEP_S)
+        for model in models:
+            if model not in w.models:
+                continue
+            slo = (slo_ms or {}).get(model)
+            diags = diagnose_windows(source, w, model, first, slo_ms=slo, params=p)
+            written += book.update(diags, model, gpu, since_ns, until_ns)
+    return written

@@ -1,0 +1,128 @@
+"""``cotenant gateway`` as a user runs it: a real subprocess."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cotenant.cli import main
+from tests.conftest import ROOT
+from tests.gateway.conftest import ModelServer, free_port
+
+
+def _run(
+    args: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    token: str | None = None,
+) -> tuple[int, str]:
+    """Run the CLI in-process (the same code path as the command line); returns the exit
+    code and stderr. Only the checks before the gateway starts are exercised this way."""
+    monkeypatch.delenv("COTENANT_GATEWAY_TOKEN", raising=False)
+    if token is not None:
+        monkeypatch.setenv("COTENANT_GATEWAY_TOKEN", token)
+    code = main(["gateway", *args])
+    return code, capsys.readouterr().err
+
+
+def test_refuses_to_start_without_a_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, err = _run(["--upstream", "http://127.0.0.1:9"], capsys, monkeypatch)
+    assert code != 0
+    assert "no control API token: pass --token-file PATH or set COTENANT_GATEWAY_TOKEN" in err
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    code, err = _run(
+        ["--upstream", "http://127.0.0.1:9", "--token-file", str(empty)], capsys, monkeypatch
+    )
+    assert code != 0 and "the file is empty" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--listen", "8080"], "--listen '8080': give :PORT or HOST:PORT"),
+        (["--control", "h:99999"], "--control 'h:99999'"),
+        (["--model-from", "cookie:x"], "--model-from 'cookie:x': use body[:FIELD]"),
+        (["--model-from", "path:(["], "invalid regular expression"),
+        (["--upstream", "ftp://x"], "give an http:// or https:// URL"),
+        (["--max-concurrency", "0"], "--max-concurrency 0"),
+        (["--queue-timeout", "nan"], "--queue-timeout nan"),
+    ],
+)
+def test_bad_flags_are_refused_with_a_message(
+    args: list[str],
+    needle: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    full = args if "--upstream" in args else ["--upstream", "http://127.0.0.1:9", *args]
+    code, err = _run(full, capsys, monkeypatch, token="t")
+    assert code != 0
+    assert needle in err, err
+
+
+def test_bad_config_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("[limits.llama]\nrate_rps = -1\nburst = 2\n")
+    code, err = _run(
+        ["--upstream", "http://127.0.0.1:9", "--config", str(cfg)], capsys, monkeypatch, token="t"
+    )
+    assert code != 0 and "limits.llama.rate_rps must be a finite number > 0" in err
+
+
+def test_runs_proxies_and_stops_on_sigterm(model_server: ModelServer, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("[limits.llama]\nrate_rps = 0.5\nburst = 1\n[priorities]\nllama = 3\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cotenant", "gateway", "--upstream", model_server.url,
+         "--listen", f"127.0.0.1:{free_port()}", "--control", f"127.0.0.1:{free_port()}",
+         "--token-file", str(token), "--config", str(cfg), "--priority-field", "vllm"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening proxy="), line
+        fields = dict(part.split("=", 1) for part in line.split()[1:])
+        r = httpx.post(f"{fields['proxy']}/v1/completions", json={"model": "llama"}, timeout=10)
+        assert r.status_code == 200
+        assert model_server.bodies[-1]["body"]["priority"] == 3
+        r = httpx.post(f"{fields['proxy']}/v1/completions", json={"model": "llama"}, timeout=10)
+        assert r.status_code == 429 and r.headers["retry-after"] == "2"
+        st = httpx.get(
+            f"{fields['control']}/control/v1/state",
+            headers={"Authorization": "Bearer s3cret"},
+            timeout=5,
+        ).json()
+        assert st["models"]["llama"]["rate_rps"] == 0.5
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert proc.stderr is not None
+        assert "s3cret" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def test_sample_ratio_is_checked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, err = _run(
+        ["--upstream", "http://127.0.0.1:9", "--otlp-sample-ratio", "0"], capsys, monkeypatch, "t"
+    )
+    assert code != 0 and "--otlp-sample-ratio 0.0: give 0 < R <= 1" in err
