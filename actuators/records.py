@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from store.db import Store
-from store.errors import NotFoundError, QueryError
+from store.errors import NotFoundError
+from store.queries import select_rows
 
 IN_EFFECT = ("applied", "verified")
 """States in which an action's change is in place on the backend."""
@@ -183,28 +184,20 @@ class ActionLog:
         limit: int = 200,
     ) -> list[ActionRecord]:
         """Actions newest first (by creation)."""
-        if not 1 <= limit <= 10_000:
-            raise QueryError(f"limit {limit} must be between 1 and 10000")
-        where: list[str] = []
-        params: list[Any] = []
-        if since_ns is not None:
-            where.append("updated_ns >= ?")
-            params.append(since_ns)
-        if incident_id is not None:
-            where.append("incident_id = ?")
-            params.append(incident_id)
-        if target is not None:
-            where.append("target = ?")
-            params.append(target)
-        if states is not None:
-            where.append(f"state IN ({', '.join('?' * len(states))})")
-            params.extend(states)
-        sql = f"SELECT {_COLS} FROM actions"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY created_ns DESC, id LIMIT {int(limit)}"
-        with self._store.cursor() as cur:
-            return [_row(r) for r in cur.execute(sql, params).fetchall()]
+        rows = select_rows(
+            self._store,
+            "actions",
+            _COLS,
+            where={
+                "updated_ns >= ?": since_ns,
+                "incident_id": incident_id,
+                "target": target,
+                "state": states,
+            },
+            order_by="created_ns DESC, id",
+            limit=limit,
+        )
+        return [_row(r) for r in rows]
 
     def by_incident(self, incident_ids: list[str]) -> dict[str, list[ActionRecord]]:
         """Every action of each incident in ``incident_ids`` (one query)."""

@@ -14,6 +14,7 @@ from typing import Any
 from alerts.payload import ReceivedAlert
 from store.db import Store
 from store.errors import QueryError
+from store.queries import select_rows
 
 STATES = ("pending", "done", "failed", "skipped")
 
@@ -133,20 +134,14 @@ class AlertBook:
         limit: int = 500,
     ) -> list[dict[str, Any]]:
         """Alerts newest first, optionally of one incident or one diagnosis state."""
-        if not 1 <= limit <= 10_000:
-            raise QueryError(f"limit {limit} must be between 1 and 10000")
         if state is not None and state not in STATES:
             raise QueryError(f"state {state!r} must be one of {', '.join(STATES)}")
-        where, params = [], []
-        if incident_id is not None:
-            where.append("incident_id = ?")
-            params.append(incident_id)
-        if state is not None:
-            where.append("diagnosis_state = ?")
-            params.append(state)
-        sql = f"SELECT {_COLS} FROM alerts"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY starts_at_ns DESC, fingerprint LIMIT {int(limit)}"
-        with self._store.cursor() as cur:
-            return [_row(r) for r in cur.execute(sql, params).fetchall()]
+        rows = select_rows(
+            self._store,
+            "alerts",
+            _COLS,
+            where={"incident_id": incident_id, "diagnosis_state": state},
+            order_by="starts_at_ns DESC, fingerprint",
+            limit=limit,
+        )
+        return [_row(r) for r in rows]

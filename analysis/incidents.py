@@ -14,7 +14,7 @@ from typing import Any
 
 from analysis.diagnose import Diagnosis
 from store.db import Store
-from store.errors import QueryError
+from store.queries import select_rows
 
 
 @dataclass
@@ -90,25 +90,15 @@ class IncidentBook:
         state: str | None = None,
         limit: int = 500,
     ) -> list[Incident]:
-        if not 1 <= limit <= 10_000:
-            raise QueryError(f"limit {limit} must be between 1 and 10000")
-        where: list[str] = []
-        params: list[Any] = []
-        if since_ns is not None:
-            where.append("end_ns >= ?")
-            params.append(since_ns)
-        if model is not None:
-            where.append("model = ?")
-            params.append(model)
-        if state is not None:
-            where.append("state = ?")
-            params.append(state)
-        sql = f"SELECT {_COLS} FROM incidents"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY start_ns DESC LIMIT {int(limit)}"
-        with self._store.cursor() as cur:
-            return [_row_to_incident(r) for r in cur.execute(sql, params).fetchall()]
+        rows = select_rows(
+            self._store,
+            "incidents",
+            _COLS,
+            where={"end_ns >= ?": since_ns, "model": model, "state": state},
+            order_by="start_ns DESC",
+            limit=limit,
+        )
+        return [_row_to_incident(r) for r in rows]
 
     def get(self, incident_id: str) -> Incident | None:
         with self._store.cursor() as cur:

@@ -138,3 +138,38 @@ def replace_pending_spans(store: Store, items: list[tuple[str, bytes]], now_ns: 
                 "INSERT INTO pending_spans VALUES (?, ?, ?)", [(t, now_ns, p) for t, p in items]
             )
         cur.execute("COMMIT")
+
+
+def select_rows(
+    store: Store,
+    table: str,
+    columns: str,
+    *,
+    where: dict[str, Any | tuple[Any, ...] | None],
+    order_by: str,
+    limit: int,
+) -> list[tuple[Any, ...]]:
+    """Rows of ``table`` (``columns``, a trusted column list) matching every filter in
+    ``where`` whose value is not None — ``"col >= ?"`` style keys take the value as given,
+    bare column names test equality, a tuple value tests membership — newest first by
+    ``order_by``. For the record books (incidents, actions, alerts): one place for their
+    filter SQL. Raises QueryError for a limit outside 1..10,000."""
+    if not 1 <= limit <= 10_000:
+        raise QueryError(f"limit {limit} must be between 1 and 10000")
+    clauses: list[str] = []
+    params: list[Any] = []
+    for key, value in where.items():
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            clauses.append(f"{key} IN ({', '.join('?' * len(value))})" if value else "FALSE")
+            params.extend(value)
+        else:
+            clauses.append(key if "?" in key else f"{key} = ?")
+            params.append(value)
+    sql = f"SELECT {columns} FROM {table}"
+    if clauses:
+        sql += " WHERE " + " AND ".join(clauses)
+    sql += f" ORDER BY {order_by} LIMIT {int(limit)}"
+    with store.cursor() as cur:
+        return list(cur.execute(sql, params).fetchall())
