@@ -2,7 +2,7 @@
 
 ``gateway`` (the bundled gateway's control API), ``rayserve`` (Ray Serve's REST API),
 ``triton`` (Triton's model repository API, explicit mode), ``webhook`` (signed JSON POST),
-``simulator`` (virtual time), ``memory`` (the test double). The HTTP ones share
+``simulator`` (virtual time). The HTTP ones share
 :class:`actuators.backends.http.HttpCaller`; :func:`actuators.backends.factory.make_backend`
 builds one from the ``[actuators]`` config.
 """

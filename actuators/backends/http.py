@@ -11,6 +11,8 @@ backend, the method and URL and what happened. Headers (tokens) never appear in 
 
 from __future__ import annotations
 
+import functools
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +54,12 @@ class CircuitBreaker:
             self._count += 1
             if self._count >= self.failures or self._opened is not None:
                 self._opened = self._clock()
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verifying TLS context (certifi's CAs), built once per process."""
+    return httpx.create_ssl_context()
 
 
 class HttpCaller:
@@ -110,9 +118,13 @@ class HttpCaller:
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
             self.attempts += 1
             try:
-                # a client per call: control calls are rare, and nothing is left open
+                # a client per call (nothing is left open between the rare control calls),
+                # sharing one TLS context: building that is ~20 ms, ten times the call
                 with httpx.Client(
-                    timeout=self.timeout_s, headers=self._headers, transport=self._transport
+                    timeout=self.timeout_s,
+                    headers=self._headers,
+                    transport=self._transport,
+                    verify=_tls_context(),
                 ) as client:
                     r = client.request(method, url, json=json, content=content, headers=headers)
             except httpx.TimeoutException:

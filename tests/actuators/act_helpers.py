@@ -1,8 +1,10 @@
 """Helpers for the actuator tests: request rows and incidents in a real DuckDB store, a fake
-clock, and real uvicorn servers in a thread for stand-in backends."""
+clock, the bundled gateway (its real control API) on its own event loop in a thread, and real
+uvicorn servers in a thread for stand-in backends."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -10,11 +12,18 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import uvicorn
+from prometheus_client import CollectorRegistry
 
+from actuators.backends.gateway import GatewayBackend
+from actuators.backends.http import HttpCaller
+from actuators.gateway.server import Gateway
+from actuators.gateway.settings import GatewaySettings
 from store.db import Store
 from store.schema import PHASE_COLUMNS, arrow_schema
 
@@ -144,3 +153,100 @@ def running(app: Any) -> Iterator[str]:
         server.should_exit = True
         t.join(10)
         sock.close()
+
+
+GW_TOKEN = "gw-live-token-5e1d"
+"""The bearer token of the gateways :class:`LiveGateway` starts."""
+
+
+class LiveGateway:
+    """The bundled gateway (:class:`actuators.gateway.server.Gateway`, the code ``cotenant
+    gateway`` runs) on its own event loop in a thread, both ports free loopback ones. The
+    actuator drives its real control API (contract 3); tests read what it applied with
+    ``GET /control/v1/state``. Its upstream is a port nobody listens on: these tests change
+    limits and priorities, they send no model traffic."""
+
+    def __init__(self) -> None:
+        sock = free_socket()
+        nobody = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        sock.close()
+        settings = GatewaySettings(
+            upstream=nobody, token=GW_TOKEN, listen=("127.0.0.1", 0), control=("127.0.0.1", 0)
+        )
+        self.gateway = Gateway(settings, registry=CollectorRegistry())
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.gateway.start(), self.loop).result(20)
+        self.control = self.gateway.control_url
+        self.running = True
+
+    def backend(self, token: str = GW_TOKEN, **kw: Any) -> GatewayBackend:
+        """The real gateway backend on this gateway's control API (fast retries)."""
+        kw.setdefault("retries", 1)
+        kw.setdefault("backoff_s", 0.01)
+        http = HttpCaller(
+            "gateway", self.control, headers={"Authorization": f"Bearer {token}"}, **kw
+        )
+        return GatewayBackend(http)
+
+    def _call(self, method: str, path: str) -> Any:
+        r = httpx.request(
+            method,
+            f"{self.control}{path}",
+            headers={"Authorization": f"Bearer {GW_TOKEN}"},
+            timeout=10,
+        )
+        r.raise_for_status()
+        return r.json()
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """``GET /control/v1/state``'s models: what is applied, as the gateway has it."""
+        return dict(self._call("GET", "/control/v1/state")["models"])
+
+    def model(self, name: str) -> dict[str, Any]:
+        """One model's ``rate_rps``, ``burst`` and ``priority`` (None when not set)."""
+        m = self.models().get(name, {})
+        return {k: m.get(k) for k in ("rate_rps", "burst", "priority")}
+
+    def changed(self) -> dict[str, dict[str, Any]]:
+        """Every model with a limit or a priority set."""
+        return {
+            name: m
+            for name, m in self.models().items()
+            if m["rate_rps"] is not None or m["priority"] is not None
+        }
+
+    def reset(self) -> None:
+        """Remove every model's limit and priority through the control API."""
+        for name in self.changed():
+            self._call("DELETE", f"/control/v1/limits/{quote(name, safe='')}")
+            self._call("DELETE", f"/control/v1/priority/{quote(name, safe='')}")
+
+    def stop(self) -> None:
+        """Stop the gateway: its control port refuses connections from now on."""
+        if not self.running:
+            return
+        self.running = False
+        asyncio.run_coroutine_threadsafe(self.gateway.stop(), self.loop).result(20)
+
+        async def drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(drain(), self.loop).result(20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(20)
+        self.loop.close()
+
+
+@contextlib.contextmanager
+def live_gateway() -> Iterator[LiveGateway]:
+    """A :class:`LiveGateway`, stopped on exit."""
+    gw = LiveGateway()
+    try:
+        yield gw
+    finally:
+        gw.stop()

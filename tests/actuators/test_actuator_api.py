@@ -1,8 +1,10 @@
 """``/api/v1/actions`` over real HTTP: the router inside cotenant's API app (its exception
-handler maps the errors) under uvicorn, and the whole ``cotenant serve`` wiring."""
+handler maps the errors) under uvicorn, its controller driving the bundled gateway's real
+control API, and the whole ``cotenant serve`` wiring."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -11,14 +13,19 @@ from typing import Any
 
 import httpx
 import pytest
-from act_control_standin import TOKEN as GW_TOKEN
-from act_control_standin import gateway_standin
-from act_helpers import FakeClock, add_incident, add_requests, running
+from act_helpers import (
+    GW_TOKEN,
+    FakeClock,
+    LiveGateway,
+    add_incident,
+    add_requests,
+    live_gateway,
+    running,
+)
 from conftest import start_serve
 from prometheus_client import CollectorRegistry
 
 from actuators.api import actions_router
-from actuators.backends.memory import MemoryBackend
 from actuators.controller import ActionController, Settings
 from actuators.policy import load_policy
 from analysis.incidents import IncidentBook
@@ -27,10 +34,28 @@ from store.db import Store
 from store.source import StoreSource
 
 TOKEN = "tok-5a7c9e1f-never-logged"
+NOTHING = {"rate_rps": None, "burst": None, "priority": None}
+
+Api = tuple[str, ActionController, LiveGateway]
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveGateway]:
+    with live_gateway() as gw:
+        yield gw
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[str, ActionController, MemoryBackend]]:
+def gw(live: LiveGateway) -> LiveGateway:
+    """The module's gateway, with no limit or priority left from an earlier test."""
+    live.reset()
+    return live
+
+
+@contextlib.contextmanager
+def api_on(tmp_path: Path, gw: LiveGateway) -> Iterator[tuple[str, ActionController]]:
+    """The actions API (manual mode, one rate-limit and one notify proposal) under uvicorn,
+    its controller applying through ``gw``'s control API."""
     store = Store(tmp_path / "a.duckdb")
     add_requests(store, "sdxl", "gpu0", 20, 100, 10, 200)
     add_requests(store, "tts", "gpu0", 20, 130, 20, 40)
@@ -43,13 +68,12 @@ def api(tmp_path: Path) -> Iterator[tuple[str, ActionController, MemoryBackend]]
     )
     clock = FakeClock(130)
     reg = CollectorRegistry()
-    backend = MemoryBackend()
     c = ActionController(
         settings=Settings(mode="manual"),
         policy=load_policy(),
         incidents=IncidentBook(store),
         source=StoreSource(store),
-        backend=backend,
+        backend=gw.backend(),
         store=store,
         token=TOKEN,
         registry=reg,
@@ -58,9 +82,17 @@ def api(tmp_path: Path) -> Iterator[tuple[str, ActionController, MemoryBackend]]
     c.step(clock())
     app = create_api(store, reg, lambda: None)
     app.include_router(actions_router(c, c))
-    with running(app) as url:
-        yield url, c, backend
-    store.close()
+    try:
+        with running(app) as url:
+            yield url, c
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def api(tmp_path: Path, gw: LiveGateway) -> Iterator[Api]:
+    with api_on(tmp_path, gw) as (url, c):
+        yield url, c, gw
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:
@@ -72,7 +104,7 @@ def rate_action(url: str) -> dict[str, Any]:
     return next(a for a in body["actions"] if a["kind"] == "rate_limit")
 
 
-def test_list_and_filters(api: tuple[str, ActionController, MemoryBackend]) -> None:
+def test_list_and_filters(api: Api) -> None:
     url, _, _ = api
     r = httpx.get(f"{url}/api/v1/actions")
     assert r.status_code == 200
@@ -90,10 +122,8 @@ def test_list_and_filters(api: tuple[str, ActionController, MemoryBackend]) -> N
     assert bad.status_code == 400 and "since" in bad.json()["error"]
 
 
-def test_approve_needs_the_token(
-    api: tuple[str, ActionController, MemoryBackend], caplog: pytest.LogCaptureFixture
-) -> None:
-    url, c, backend = api
+def test_approve_needs_the_token(api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    url, c, gw = api
     caplog.set_level(logging.DEBUG)
     a = rate_action(url)
     r = httpx.post(f"{url}/api/v1/actions/{a['id']}/approve")
@@ -102,12 +132,13 @@ def test_approve_needs_the_token(
     assert r.status_code == 401
     r = httpx.post(f"{url}/api/v1/actions/{a['id']}/approve", headers=auth("wrong-token"))
     assert r.status_code == 403 and "wrong-token" not in r.text
-    assert backend.calls == []
+    assert gw.changed() == {}
     r = httpx.post(
         f"{url}/api/v1/actions/{a['id']}/approve", headers=auth(), json={"actor": "alice"}
     )
     assert r.status_code == 200, r.text
-    assert r.json()["state"] == "applied" and backend.settings["sdxl"]["rate_rps"] > 0
+    assert r.json()["state"] == "applied" and gw.model("sdxl")["rate_rps"] > 0
+    assert gw.model("sdxl") == r.json()["after"]
     assert ("alice", "approved") in [(e["actor"], e["event"]) for e in c.log.audit(a["id"])]
     r = httpx.post(f"{url}/api/v1/actions/{a['id']}/approve", headers=auth())
     assert r.status_code == 409 and "applied" in r.json()["error"]
@@ -118,7 +149,7 @@ def test_approve_needs_the_token(
         f"{url}/api/v1/actions/{a['id']}/rollback", headers=auth(), json={"reason": "not now"}
     )
     assert r.status_code == 200 and r.json()["state"] == "rolled_back"
-    assert "not now" in r.json()["reason"]
+    assert "not now" in r.json()["reason"] and gw.model("sdxl") == NOTHING
     r = httpx.post(f"{url}/api/v1/actions/{a['id']}/rollback", headers=auth())
     assert r.status_code == 409
     r = httpx.post(f"{url}/api/v1/actions/{a['id']}/rollback", headers=auth(), json={"reason": 5})
@@ -127,16 +158,17 @@ def test_approve_needs_the_token(
     assert "applied" in caplog.text  # the steps themselves are logged
 
 
-def test_rollback_of_a_down_backend_is_502(
-    api: tuple[str, ActionController, MemoryBackend],
-) -> None:
-    url, _, backend = api
-    a = rate_action(url)
-    httpx.post(f"{url}/api/v1/actions/{a['id']}/approve", headers=auth())
-    backend.fail_next = 1
-    r = httpx.post(f"{url}/api/v1/actions/{a['id']}/rollback", headers=auth())
-    assert r.status_code == 502 and "revert refused" in r.json()["error"]
-    assert rate_action(url)["state"] == "applied"
+def test_rollback_of_a_down_backend_is_502(tmp_path: Path) -> None:
+    # its own gateway: this test stops it
+    with live_gateway() as own, api_on(tmp_path, own) as (url, _):
+        a = rate_action(url)
+        r = httpx.post(f"{url}/api/v1/actions/{a['id']}/approve", headers=auth())
+        assert r.status_code == 200 and own.model("sdxl")["rate_rps"] > 0
+        own.stop()  # the gateway goes down with the limit in place
+        r = httpx.post(f"{url}/api/v1/actions/{a['id']}/rollback", headers=auth())
+        assert r.status_code == 502, r.text
+        assert "cannot connect" in r.json()["error"] and own.control in r.json()["error"]
+        assert rate_action(url)["state"] == "applied"
 
 
 def test_serve_wires_the_actions_api_and_metrics(tmp_path: Path) -> None:
@@ -187,9 +219,11 @@ def test_serve_refuses_a_bad_policy(tmp_path: Path) -> None:
     assert "causes.cotenant.share_gain" in str(e.value) and str(bad) in str(e.value)
 
 
-def test_serve_in_auto_mode_limits_the_culprit_through_the_gateway(tmp_path: Path) -> None:
+def test_serve_in_auto_mode_limits_the_culprit_through_the_gateway(
+    tmp_path: Path, gw: LiveGateway
+) -> None:
     """The whole path in a running ``cotenant serve``: an open incident in its store, the
-    control loop's thread proposes and applies a rate limit on a gateway (stand-in) over real
+    control loop's thread proposes and applies a rate limit on the bundled gateway over real
     HTTP, and a person rolls it back through the API."""
     store_path = tmp_path / "store.duckdb"
     base = time.time_ns() - 200 * 1_000_000_000
@@ -198,58 +232,53 @@ def test_serve_in_auto_mode_limits_the_culprit_through_the_gateway(tmp_path: Pat
     add_requests(store, "tts", "gpu0", 20, 150, 20, 40, base=base)
     add_incident(store, start_s=100, end_s=190, base=base)
     store.close()
-    models: dict[str, dict[str, Any]] = {}
-    with running(gateway_standin(models)) as gw:
-        s = start_serve(
-            tmp_path,
-            store_path,
-            {
-                "COTENANT_ACTUATORS_MODE": "auto",
-                "COTENANT_ACTUATORS_TOKEN": TOKEN,
-                "COTENANT_ACTUATORS_BACKEND": "gateway",
-                "COTENANT_ACTUATORS_BACKEND_URL": gw,
-                "COTENANT_GATEWAY_TOKEN": GW_TOKEN,
-                "COTENANT_ACTUATORS_INTERVAL_S": "0.2",
-                "COTENANT_ANALYSIS_ENABLED": "false",
-                "COTENANT_NVML_ENABLED": "false",
-            },
+    s = start_serve(
+        tmp_path,
+        store_path,
+        {
+            "COTENANT_ACTUATORS_MODE": "auto",
+            "COTENANT_ACTUATORS_TOKEN": TOKEN,
+            "COTENANT_ACTUATORS_BACKEND": "gateway",
+            "COTENANT_ACTUATORS_BACKEND_URL": gw.control,
+            "COTENANT_GATEWAY_TOKEN": GW_TOKEN,
+            "COTENANT_ACTUATORS_INTERVAL_S": "0.2",
+            "COTENANT_ANALYSIS_ENABLED": "false",
+            "COTENANT_NVML_ENABLED": "false",
+        },
+    )
+    try:
+        deadline = time.monotonic() + 30
+        acts: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            acts = httpx.get(f"{s.api}/api/v1/actions").json()["actions"]
+            if acts and acts[0]["state"] == "applied":
+                break
+            time.sleep(0.1)
+        [a] = acts
+        assert a["state"] == "applied" and a["backend"] == "gateway", a
+        sdxl = gw.model("sdxl")
+        assert sdxl["rate_rps"] == a["params"]["rate_rps"] == pytest.approx(6.0, rel=0.05)
+        assert sdxl["burst"] == a["params"]["burst"] and sdxl == a["after"]
+        metrics = httpx.get(f"{s.api}/metrics").text
+        assert 'cotenant_actions_active{target="sdxl"} 1.0' in metrics
+        assert (
+            "cotenant_action_transitions_total"
+            '{kind="rate_limit",state="applied",target="sdxl"} 1.0' in metrics
         )
-        try:
-            deadline = time.monotonic() + 30
-            acts: list[dict[str, Any]] = []
-            while time.monotonic() < deadline:
-                acts = httpx.get(f"{s.api}/api/v1/actions").json()["actions"]
-                if acts and acts[0]["state"] == "applied":
-                    break
-                time.sleep(0.1)
-            [a] = acts
-            assert a["state"] == "applied" and a["backend"] == "gateway", a
-            assert (
-                models["sdxl"]["rate_rps"]
-                == a["params"]["rate_rps"]
-                == pytest.approx(6.0, rel=0.05)
-            )
-            assert models["sdxl"]["burst"] == a["params"]["burst"]
-            metrics = httpx.get(f"{s.api}/metrics").text
-            assert 'cotenant_actions_active{target="sdxl"} 1.0' in metrics
-            assert (
-                "cotenant_action_transitions_total"
-                '{kind="rate_limit",state="applied",target="sdxl"} 1.0' in metrics
-            )
-            r = httpx.post(
-                f"{s.api}/api/v1/actions/{a['id']}/rollback",
-                headers=auth(),
-                json={"reason": "e2e", "actor": "carol"},
-            )
-            assert r.status_code == 200 and r.json()["state"] == "rolled_back"
-            assert models["sdxl"]["rate_rps"] is None
-        finally:
-            assert s.stop() == 0
+        r = httpx.post(
+            f"{s.api}/api/v1/actions/{a['id']}/rollback",
+            headers=auth(),
+            json={"reason": "e2e", "actor": "carol"},
+        )
+        assert r.status_code == 200 and r.json()["state"] == "rolled_back"
+        assert gw.model("sdxl") == NOTHING
+    finally:
+        assert s.stop() == 0
     log = s.log.read_text()
     assert TOKEN not in log and GW_TOKEN not in log
 
 
-def test_one_action_with_its_audit_trail(api: tuple[str, ActionController, MemoryBackend]) -> None:
+def test_one_action_with_its_audit_trail(api: Api) -> None:
     url, _, _ = api
     a = rate_action(url)
     httpx.post(f"{url}/api/v1/actions/{a['id']}/approve", headers=auth(), json={"actor": "dee"})

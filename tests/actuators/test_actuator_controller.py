@@ -1,6 +1,7 @@
 """The control loop's state machine, guardrails and audit, on a real DuckDB store and a fake
-clock: incidents and request rows go in as the analysis would leave them; the in-memory backend
-records what would have been changed."""
+clock: incidents and request rows go in as the analysis would leave them; the controller drives
+the bundled gateway's real control API over HTTP, and the tests read what it applied from the
+gateway's ``GET /control/v1/state``."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from act_helpers import FakeClock, add_incident, add_requests, at
+from act_helpers import (
+    FakeClock,
+    LiveGateway,
+    add_incident,
+    add_requests,
+    at,
+    live_gateway,
+)
 from prometheus_client import CollectorRegistry
 
-from actuators.backends.memory import MemoryBackend
+from actuators.backend import Backend
 from actuators.controller import ActionController, Settings
 from actuators.policy import load_policy
 from analysis.incidents import IncidentBook
@@ -34,10 +42,32 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveGateway]:
+    with live_gateway() as gw:
+        yield gw
+
+
+@pytest.fixture
+def gw(live: LiveGateway) -> LiveGateway:
+    """The module's gateway, with no limit or priority left from an earlier test."""
+    live.reset()
+    assert live.changed() == {}
+    return live
+
+
+NOTHING = {"rate_rps": None, "burst": None, "priority": None}
+
+
 def make(
-    store: Store, mode: str, clock: FakeClock, **kw: Any
-) -> tuple[ActionController, MemoryBackend, CollectorRegistry]:
-    backend = MemoryBackend()
+    store: Store,
+    mode: str,
+    clock: FakeClock,
+    gw: LiveGateway,
+    backend: Backend | None = None,
+    **kw: Any,
+) -> tuple[ActionController, LiveGateway, CollectorRegistry]:
+    backend = backend or gw.backend()
     reg = CollectorRegistry()
     settings = Settings(
         mode=mode,
@@ -58,7 +88,7 @@ def make(
         clock_ns=clock,
         slo_ms={"tts": 100.0, "sdxl": 1000.0},
     )
-    return c, backend, reg
+    return c, gw, reg
 
 
 def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:
@@ -70,10 +100,12 @@ def events(c: ActionController, action_id: str) -> list[tuple[str, str]]:
     return [(e["actor"], e["event"]) for e in c.log.audit(action_id)]
 
 
-def test_dry_run_proposes_a_sized_rate_limit_and_applies_nothing(store: Store) -> None:
+def test_dry_run_proposes_a_sized_rate_limit_and_applies_nothing(
+    store: Store, gw: LiveGateway
+) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, backend, reg = make(store, "dry-run", clock)
+    c, gw, reg = make(store, "dry-run", clock, gw)
     c.step(clock())
     [a] = c.list_actions()
     assert a["state"] == "proposed" and a["kind"] == "rate_limit" and a["target"] == "sdxl"
@@ -81,11 +113,11 @@ def test_dry_run_proposes_a_sized_rate_limit_and_applies_nothing(store: Store) -
     assert a["params"]["rate_rps"] == pytest.approx(6.0, rel=0.02)
     assert a["params"]["burst"] == 6
     assert "sdxl" in a["reason"] and "80%" in a["reason"]
-    assert backend.calls == []
+    assert gw.changed() == {}
     with pytest.raises(ActionError, match="dry-run"):
         c.approve(a["id"], actor="alice")
     c.step(clock.set(200))  # nothing applied, however long we wait
-    assert backend.calls == [] and c.list_actions()[0]["state"] == "proposed"
+    assert gw.changed() == {} and c.list_actions()[0]["state"] == "proposed"
     add_incident(store, state="resolved")
     c.step(clock.set(210))
     [a] = c.list_actions()
@@ -103,15 +135,20 @@ def test_dry_run_proposes_a_sized_rate_limit_and_applies_nothing(store: Store) -
     )
 
 
-def test_auto_applies_verifies_then_reverts_at_ttl(store: Store) -> None:
+def test_auto_applies_verifies_then_reverts_at_ttl(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, backend, reg = make(store, "auto", clock, settle_s=20.0, ttl_s=300.0)
+    c, gw, reg = make(store, "auto", clock, gw, settle_s=20.0, ttl_s=300.0)
     c.step(clock())
     [a] = c.list_actions()
     assert a["state"] == "applied"
-    assert backend.settings["sdxl"]["rate_rps"] == pytest.approx(6.0, rel=0.02)
-    assert a["before"] == {"rate_rps": None, "burst": None, "priority": None}
+    assert gw.model("sdxl")["rate_rps"] == pytest.approx(6.0, rel=0.02)
+    assert (
+        gw.model("sdxl")
+        == a["after"]
+        == {**NOTHING, "rate_rps": a["params"]["rate_rps"], "burst": 6}
+    )
+    assert a["before"] == NOTHING
     assert metric(reg, "cotenant_actions_active", target="sdxl") == 1.0
     # the limit works: tts back to 45 ms
     add_requests(store, "tts", "gpu0", 130, 160, 20, 45)
@@ -125,7 +162,7 @@ def test_auto_applies_verifies_then_reverts_at_ttl(store: Store) -> None:
     c.step(clock.set(431))  # ttl_s after applying: reverted
     [a] = c.list_actions()
     assert a["state"] == "expired" and "ttl" in a["reason"]
-    assert backend.settings["sdxl"]["rate_rps"] is None
+    assert gw.model("sdxl") == NOTHING and gw.changed() == {}
     assert metric(reg, "cotenant_actions_active", target="sdxl") == 0.0
     assert [e for _, e in events(c, a["id"])] == [
         "proposed",
@@ -150,17 +187,21 @@ def test_auto_applies_verifies_then_reverts_at_ttl(store: Store) -> None:
         )
 
 
-def test_a_change_that_does_not_help_is_rolled_back_with_the_numbers(store: Store) -> None:
+def test_a_change_that_does_not_help_is_rolled_back_with_the_numbers(
+    store: Store, gw: LiveGateway
+) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, backend, reg = make(store, "auto", clock)
+    c, gw, reg = make(store, "auto", clock, gw)
     c.step(clock())
     add_requests(store, "tts", "gpu0", 130, 160, 20, 280)  # still slow
     c.step(clock.set(151))
     [a] = c.list_actions()
     assert a["state"] == "rolled_back"
     assert "did not help" in a["reason"] and "280" in a["reason"] and "100" in a["reason"]
-    assert backend.calls[-1][0] == "revert" and backend.settings["sdxl"]["rate_rps"] is None
+    assert gw.model("sdxl") == NOTHING and gw.changed() == {}  # reverted on the gateway
+    rolled = next(e for e in c.log.audit(a["id"]) if e["event"] == "rolled_back")["detail"]
+    assert rolled["restored"] == NOTHING
     assert (
         metric(
             reg,
@@ -176,10 +217,12 @@ def test_a_change_that_does_not_help_is_rolled_back_with_the_numbers(store: Stor
     assert len(c.list_actions()) == 1
 
 
-def test_a_change_that_hurts_the_culprit_more_than_it_helps_is_rolled_back(store: Store) -> None:
+def test_a_change_that_hurts_the_culprit_more_than_it_helps_is_rolled_back(
+    store: Store, gw: LiveGateway
+) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, _, _ = make(store, "auto", clock)
+    c, _, _ = make(store, "auto", clock, gw)
     c.step(clock())
     add_requests(store, "tts", "gpu0", 130, 160, 20, 90)  # just under its SLO
     add_requests(store, "sdxl", "gpu0", 130, 160, 6, 5000)  # 5x over its own SLO
@@ -188,16 +231,16 @@ def test_a_change_that_hurts_the_culprit_more_than_it_helps_is_rolled_back(store
     assert a["state"] == "rolled_back" and "hurt more than it helped" in a["reason"]
 
 
-def test_manual_mode_waits_for_a_person_and_records_who(store: Store) -> None:
+def test_manual_mode_waits_for_a_person_and_records_who(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, backend, _ = make(store, "manual", clock)
+    c, gw, _ = make(store, "manual", clock, gw)
     c.step(clock())
     c.step(clock.set(140))
     [a] = c.list_actions()
-    assert a["state"] == "proposed" and backend.calls == []
+    assert a["state"] == "proposed" and gw.changed() == {}
     out = c.approve(a["id"], actor="alice")
-    assert out["state"] == "applied" and backend.settings["sdxl"]["burst"] == 6
+    assert out["state"] == "applied" and gw.model("sdxl")["burst"] == 6
     assert ("alice", "approved") in events(c, a["id"])
     with pytest.raises(ActionError, match="applied"):
         c.approve(a["id"], actor="alice")
@@ -208,18 +251,20 @@ def test_manual_mode_waits_for_a_person_and_records_who(store: Store) -> None:
         and "wrong culprit" in out["reason"]
     )
     assert ("bob", "rolled_back") in events(c, a["id"])
-    assert backend.settings["sdxl"]["rate_rps"] is None
+    assert gw.model("sdxl") == NOTHING
 
 
-def test_never_two_changes_to_one_target_and_cooldown(store: Store) -> None:
+def test_never_two_changes_to_one_target_and_cooldown(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
     add_incident(store, id="inc-2", model="asr")  # a second victim blames sdxl too
-    c, backend, _ = make(store, "auto", clock, cooldown_s=300.0)
+    c, gw, _ = make(store, "auto", clock, gw, cooldown_s=300.0)
     c.step(clock())
     acts = c.list_actions()
     assert [a["target"] for a in acts] == ["sdxl"]  # one change on sdxl, not two
-    assert sum(1 for call in backend.calls if call[0] == "apply") == 1
+    assert [a["state"] for a in acts] == ["applied"]
+    assert gw.changed().keys() == {"sdxl"}
+    assert gw.model("sdxl")["rate_rps"] == acts[0]["params"]["rate_rps"]
     c.rollback(acts[0]["id"], actor="bob", reason="test")
     c.step(clock.set(140))  # inc-2 now gets its proposal, but sdxl is cooling down
     held = [a for a in c.list_actions() if a["incident_id"] == "inc-2"]
@@ -228,11 +273,13 @@ def test_never_two_changes_to_one_target_and_cooldown(store: Store) -> None:
     assert ("controller", "held") in events(c, held[0]["id"])
     c.step(clock.set(141))  # still held: the audit does not repeat itself
     assert events(c, held[0]["id"]).count(("controller", "held")) == 1
+    assert gw.changed() == {}  # held: nothing on the gateway
     c.step(clock.set(131 + 300 + 1))
     assert next(a for a in c.list_actions() if a["incident_id"] == "inc-2")["state"] == "applied"
+    assert gw.changed().keys() == {"sdxl"}
 
 
-def test_hourly_limits(store: Store) -> None:
+def test_hourly_limits(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
     add_incident(
@@ -241,40 +288,51 @@ def test_hourly_limits(store: Store) -> None:
         model="asr",
         causes=[{"kind": "bandwidth", "culprit": "tts", "share": 0.9, "confidence": 0.9}],
     )
-    c, _, _ = make(store, "auto", clock, max_actions_per_hour=1)
+    c, _, _ = make(store, "auto", clock, gw, max_actions_per_hour=1)
     c.step(clock())
     states = sorted((a["target"], a["state"]) for a in c.list_actions())
     assert states == [("sdxl", "applied"), ("tts", "approved")]
     held = next(a for a in c.list_actions() if a["target"] == "tts")
     assert "max_actions_per_hour" in held["reason"]
+    assert gw.changed().keys() == {"sdxl"}  # tts is not limited
 
 
-def test_backend_failure_fails_the_action_and_changes_nothing(store: Store) -> None:
+def test_backend_failure_fails_the_action_and_changes_nothing(
+    store: Store, gw: LiveGateway
+) -> None:
+    """The gateway refuses the actuator (its token was rotated): the action fails, with the
+    gateway's answer in its reason, and the gateway is left as it was."""
     clock = FakeClock(130)
     add_incident(store)
-    c, backend, reg = make(store, "auto", clock)
-    backend.fail_next = 1
+    c, gw, reg = make(store, "auto", clock, gw, backend=gw.backend(token="rotated-away"))
     c.step(clock())
     [a] = c.list_actions()
     assert a["state"] == "failed" and "apply failed" in a["reason"] and "refused" in a["reason"]
-    assert backend.settings.get("sdxl", {}).get("rate_rps") is None
+    assert "403" in a["reason"] and gw.control in a["reason"]
+    assert "rotated-away" not in a["reason"]
+    assert gw.model("sdxl") == NOTHING and gw.changed() == {}
     assert metric(reg, "cotenant_actions_active", target="sdxl") == 0.0
 
 
-def test_a_revert_that_fails_keeps_the_change_and_says_so(store: Store) -> None:
+def test_a_revert_that_fails_keeps_the_change_and_says_so(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, backend, _ = make(store, "manual", clock)
-    c.step(clock())
-    a = c.approve(c.list_actions()[0]["id"], actor="alice")
-    backend.fail_next = 1
-    with pytest.raises(BackendError):
-        c.rollback(a["id"], actor="bob", reason="test")
+    with live_gateway() as own:  # its own gateway: this test stops it
+        c, _, _ = make(store, "manual", clock, gw, backend=own.backend())
+        c.step(clock())
+        a = c.approve(c.list_actions()[0]["id"], actor="alice")
+        assert a["state"] == "applied" and own.model("sdxl")["burst"] == 6
+        own.stop()  # the gateway goes down with the limit in place
+        with pytest.raises(BackendError, match="cannot connect") as e:
+            c.rollback(a["id"], actor="bob", reason="test")
+    assert own.control in str(e.value)
     assert c.log.get(a["id"]).state == "applied"
     assert ("bob", "revert_failed") in events(c, a["id"])
+    failed = next(x for x in c.log.audit(a["id"]) if x["event"] == "revert_failed")["detail"]
+    assert "cannot connect" in failed["error"] and failed["wanted"] == "rolled_back"
 
 
-def test_notify_only_causes_and_thresholds(store: Store) -> None:
+def test_notify_only_causes_and_thresholds(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(
         store, causes=[{"kind": "throttle", "culprit": "gpu0", "share": 0.9, "confidence": 0.9}]
@@ -285,32 +343,32 @@ def test_notify_only_causes_and_thresholds(store: Store) -> None:
         model="asr",
         causes=[{"kind": "cotenant", "culprit": "sdxl", "share": 0.1, "confidence": 0.9}],
     )
-    c, backend, _ = make(store, "auto", clock)
+    c, gw, _ = make(store, "auto", clock, gw)
     c.step(clock())
     acts = {a["incident_id"]: a for a in c.list_actions()}
     assert acts["inc-1"]["kind"] == "notify" and "notify only" in acts["inc-1"]["reason"]
     assert acts["inc-2"]["kind"] == "notify" and "below the policy" in acts["inc-2"]["reason"]
-    assert backend.calls == []
+    assert gw.changed() == {}
     with pytest.raises(ActionError, match="nothing to approve"):
         c.approve(acts["inc-1"]["id"], actor="alice")
 
 
-def test_a_culprit_without_requests_cannot_be_rate_limited(store: Store) -> None:
+def test_a_culprit_without_requests_cannot_be_rate_limited(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(
         store,
         causes=[{"kind": "cotenant", "culprit": "train-job", "share": 0.9, "confidence": 0.9}],
     )
-    c, _, _ = make(store, "auto", clock)
+    c, _, _ = make(store, "auto", clock, gw)
     c.step(clock())
     [a] = c.list_actions()
     assert a["kind"] == "notify" and "served no requests" in a["reason"]
 
 
-def test_state_survives_a_restart(store: Store) -> None:
+def test_state_survives_a_restart(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, backend, _ = make(store, "auto", clock)
+    c, gw, _ = make(store, "auto", clock, gw)
     c.step(clock())
     add_requests(store, "tts", "gpu0", 130, 160, 20, 45)
     c2 = ActionController(
@@ -318,7 +376,7 @@ def test_state_survives_a_restart(store: Store) -> None:
         policy=c.policy,
         incidents=IncidentBook(store),
         source=StoreSource(store),
-        backend=backend,
+        backend=gw.backend(),
         store=store,
         clock_ns=clock,
         slo_ms={"tts": 100.0},
@@ -341,7 +399,7 @@ def test_authorize() -> None:
         c.authorize("anything")
 
 
-def test_list_filters(store: Store) -> None:
+def test_list_filters(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
     add_incident(
@@ -350,7 +408,7 @@ def test_list_filters(store: Store) -> None:
         model="asr",
         causes=[{"kind": "memory", "culprit": "x", "share": 0.9, "confidence": 0.9}],
     )
-    c, _, _ = make(store, "dry-run", clock)
+    c, _, _ = make(store, "dry-run", clock, gw)
     c.step(clock())
     assert {a["incident_id"] for a in c.list_actions()} == {"inc-1", "inc-2"}
     assert [a["incident_id"] for a in c.list_actions(incident_id="inc-2")] == ["inc-2"]
@@ -358,10 +416,10 @@ def test_list_filters(store: Store) -> None:
     assert len(c.list_actions(limit=1)) == 1
 
 
-def test_the_thread_steps_on_its_clock_and_stops(store: Store) -> None:
+def test_the_thread_steps_on_its_clock_and_stops(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(130)
     add_incident(store)
-    c, _, _ = make(store, "dry-run", clock, interval_s=0.01)
+    c, _, _ = make(store, "dry-run", clock, gw, interval_s=0.01)
     c.start()
     try:
         deadline = time.monotonic() + 20
@@ -387,7 +445,7 @@ class RecordingNotifier:
 
 @pytest.mark.parametrize(("mode", "sent"), [("dry-run", 0), ("manual", 1), ("auto", 1)])
 def test_notify_actions_reach_the_notifier_outside_dry_run(
-    store: Store, mode: str, sent: int
+    store: Store, gw: LiveGateway, mode: str, sent: int
 ) -> None:
     clock = FakeClock(130)
     add_incident(
@@ -399,25 +457,25 @@ def test_notify_actions_reach_the_notifier_outside_dry_run(
         policy=load_policy(),
         incidents=IncidentBook(store),
         source=StoreSource(store),
-        backend=MemoryBackend(),
+        backend=gw.backend(),
         store=store,
         clock_ns=clock,
         notifier=notifier,
     )
     c.step(clock())
-    assert len(notifier.sent) == sent
+    assert len(notifier.sent) == sent and gw.changed() == {}
     if sent:
         assert notifier.sent[0]["action"]["kind"] == "notify"
         assert notifier.sent[0]["action"]["target"] == "chat"
         assert ("controller", "notified") in events(c, c.list_actions()[0]["id"])
 
 
-def test_a_firmer_diagnosis_replaces_the_notification(store: Store) -> None:
+def test_a_firmer_diagnosis_replaces_the_notification(store: Store, gw: LiveGateway) -> None:
     clock = FakeClock(120)
     add_incident(
         store, causes=[{"kind": "unknown", "culprit": "", "share": 0.6, "confidence": 0.2}]
     )
-    c, backend, _ = make(store, "auto", clock)
+    c, gw, _ = make(store, "auto", clock, gw)
     c.step(clock())
     c.step(clock.set(125))  # the same diagnosis: still one notification
     [n] = c.list_actions()
@@ -426,4 +484,4 @@ def test_a_firmer_diagnosis_replaces_the_notification(store: Store) -> None:
     c.step(clock.set(130))
     acts = {a["kind"]: a for a in c.list_actions()}
     assert acts["notify"]["state"] == "expired" and "superseded" in acts["notify"]["reason"]
-    assert acts["rate_limit"]["state"] == "applied" and backend.settings["sdxl"]["burst"] == 6
+    assert acts["rate_limit"]["state"] == "applied" and gw.model("sdxl")["burst"] == 6
