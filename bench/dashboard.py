@@ -3,6 +3,7 @@
 Goals (issue #8): the Overview's first full render <= 1.5 s; any callback p95 <= 300 ms.
 
     .venv/bin/python bench/dashboard.py [--repeats 20] [--browser-loads 5] [--keep DIR]
+        [--plotly-js plotly-cartesian.min.js]
 
 Generates the hour straight into a DuckDB store file (vectorised: Poisson arrivals, a
 latency decomposition per request, 1 Hz GPU and per-process counters, one injected co-tenant
@@ -14,12 +15,17 @@ of the hour and measures
   browser sends (built from ``/_dash-dependencies``), ``--repeats`` times each -> median, p95;
 * the Overview's live refresh (a tick with the windows already drawn);
 * the Overview's first full render in headless Chromium: navigation start until every
-  callback has answered and the chart is drawn (median of ``--browser-loads`` loads).
+  callback has answered and the chart, the tiles and the incident list are drawn, on a first
+  visit (a fresh browser: empty cache) and on a reload, side by side for the dashboard as it
+  is, as it was (``eager_loading=True``: every script with the page) and, with
+  ``--plotly-js``, serving that plotly.js bundle; the variants take turns, ``--browser-loads``
+  rounds, medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -238,9 +244,12 @@ const nav = performance.getEntriesByType('navigation')[0];
 const res = performance.getEntriesByType('resource');
 const cbs = res.filter(r => r.name.includes('_dash-update-component'));
 const js = res.filter(r => r.name.endsWith('.js'));
+const plotly = js.filter(r => r.name.includes('plotly'));
 return {
   'HTML+JS loaded': nav.domContentLoadedEventEnd / 1000,
   'scripts fetched': Math.max(...js.map(r => r.responseEnd)) / 1000,
+  'plotly.js fetched': Math.max(...plotly.map(r => r.responseEnd)) / 1000,
+  'JS bytes': js.reduce((a, r) => a + r.encodedBodySize, 0) / 1e6,  // as sent (gzip)
   'callbacks': cbs.length,
   'slowest callback': Math.max(...cbs.map(r => r.duration)) / 1000,
   'last callback answered': Math.max(...cbs.map(r => r.responseEnd)) / 1000,
@@ -248,11 +257,9 @@ return {
 """
 
 
-def _browser_first_render(url: str, loads: int) -> list[tuple[float, dict[str, float]]]:
+def _chromium() -> Any:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service as ChromeService
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
@@ -264,36 +271,79 @@ def _browser_first_render(url: str, loads: int) -> list[tuple[float, dict[str, f
         "--window-size=1400,1000",
     ):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(service=ChromeService("/usr/bin/chromedriver"), options=opts)
-    out: list[tuple[float, dict[str, float]]] = []
+    return webdriver.Chrome(service=ChromeService("/usr/bin/chromedriver"), options=opts)
+
+
+def _first_render(driver: Any, url: str) -> tuple[float, dict[str, float]]:
+    """Navigation start until the chart, the tiles and the incident list are drawn and no
+    callback is in flight (seconds), with the parts from the Resource Timing entries."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get("about:blank")
+    driver.get(url + "/?range=1h")
+
+    def done(d: Any) -> bool:
+        return bool(
+            d.find_elements(By.CSS_SELECTOR, "#ov-p99 .js-plotly-plot .scatterlayer path")
+            and d.find_elements(By.CSS_SELECTOR, "#ov-incident-table, #ov-incidents .empty-state")
+            and d.find_elements(By.CSS_SELECTOR, "#ov-gpus .tile")
+            and not d.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']")
+        )
+
+    WebDriverWait(driver, 30, poll_frequency=0.02).until(done)
+    total = driver.execute_script("return performance.now()") / 1000
+    return total, driver.execute_script(_PARTS_JS)
+
+
+def _browser_rounds(
+    cfg: Any, end_ns: int, variants: dict[str, dict[str, Any]], rounds: int
+) -> dict[str, list[tuple[float, float, dict[str, float]]]]:
+    """Per variant (``create_app`` keyword arguments), ``rounds`` times, taking turns: the
+    real Service with that dashboard, a fresh Chromium (empty cache: a first visit), one cold
+    and one warm load. Returns (cold s, warm s, cold parts) per round."""
+    import dashboard.app
+
+    plain = dashboard.app.create_app
+    out: dict[str, list[tuple[float, float, dict[str, float]]]] = {v: [] for v in variants}
     try:
-        for _ in range(loads):
-            driver.get("about:blank")
-            driver.get(url + "/?range=1h")
-
-            def done(d: Any) -> bool:
-                return bool(
-                    d.find_elements(By.CSS_SELECTOR, "#ov-p99 .js-plotly-plot .scatterlayer path")
-                    and d.find_elements(
-                        By.CSS_SELECTOR, "#ov-incident-table, #ov-incidents .empty-state"
-                    )
-                    and d.find_elements(By.CSS_SELECTOR, "#ov-gpus .tile")
-                    and not d.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']")
-                )
-
-            WebDriverWait(driver, 30, poll_frequency=0.02).until(done)
-            # navigation start -> the moment the last piece was on screen
-            total = driver.execute_script("return performance.now()") / 1000
-            out.append((total, driver.execute_script(_PARTS_JS)))
+        for _ in range(rounds):
+            for name, kw in variants.items():
+                # Service._mount_dashboard imports create_app when it builds the app
+                dashboard.app.create_app = functools.partial(plain, **kw)
+                svc = Service(cfg, clock_ns=lambda: end_ns)
+                th = threading.Thread(target=svc.run, kwargs={"banner": None}, daemon=True)
+                th.start()
+                svc.started.wait(60)
+                assert svc.endpoints is not None
+                driver = _chromium()
+                try:
+                    cold, parts = _first_render(driver, svc.endpoints.api)
+                    warm, _ = _first_render(driver, svc.endpoints.api)
+                finally:
+                    driver.quit()
+                    svc.stop()
+                    th.join(60)
+                out[name].append((cold, warm, parts))
     finally:
-        driver.quit()
+        dashboard.app.create_app = plain
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--browser-loads", type=int, default=5)
+    ap.add_argument(
+        "--browser-loads",
+        type=int,
+        default=5,
+        help="rounds of (fresh Chromium: cold load, warm load) per dashboard variant",
+    )
+    ap.add_argument(
+        "--plotly-js",
+        type=Path,
+        help="also measure the dashboard serving this plotly.js bundle (e.g. a partial bundle)",
+    )
     ap.add_argument("--rate", type=float, default=200.0, help="requests/s per model")
     ap.add_argument("--keep", type=Path, help="build (or reuse) the store in DIR")
     args = ap.parse_args()
@@ -327,7 +377,8 @@ def main() -> int:
         "COTENANT_ANALYSIS_ENABLED": "false",
         "COTENANT_ANALYSIS_SLO_MS": ",".join(f"{k}={v}" for k, v in SLO_MS.items()),
     }
-    svc = Service(load_config(None, env=env), clock_ns=lambda: end_ns)
+    cfg = load_config(None, env=env)
+    svc = Service(cfg, clock_ns=lambda: end_ns)
     th = threading.Thread(target=svc.run, kwargs={"banner": None}, daemon=True)
     th.start()
     svc.started.wait(60)
@@ -360,10 +411,18 @@ def main() -> int:
                 rows.append(
                     ("ov-p99 live refresh (Patch)", statistics.median(ts), _p95(ts), max(ts))
                 )
-        loads = _browser_first_render(api, args.browser_loads) if args.browser_loads else []
     finally:
         svc.stop()
         th.join(60)
+    from dashboard import plotlyjs
+
+    variants: dict[str, dict[str, Any]] = {
+        "before (every script with the page)": {"eager_loading": True},
+        f"after ({plotlyjs.choose().path.name})": {},
+    }
+    if args.plotly_js:
+        variants[f"after ({args.plotly_js.name})"] = {"plotly_js": args.plotly_js}
+    loads = _browser_rounds(cfg, end_ns, variants, args.browser_loads) if args.browser_loads else {}
     print(
         f"cotenant dashboard bench: 1 h, {len(MODELS)} models x {args.rate:g} rps, "
         f"nproc={os.cpu_count()}"
@@ -373,20 +432,33 @@ def main() -> int:
         print(f"{name:40s} {med * 1e3:10.0f} {p95 * 1e3:8.0f} {mx * 1e3:8.0f}")
     worst = max(r[2] for r in rows)
     print(f"worst callback p95: {worst * 1e3:.0f} ms (goal <= 300 ms)")
-    for i, (total, parts) in enumerate(loads):
+    if loads:
         print(
-            f"  load {i + 1}: {total:.2f} s — "
+            f"Overview first full render (Chromium, goal <= 1.5 s), {args.browser_loads} rounds "
+            "taking turns, each a fresh browser: cold = first visit (empty cache), warm = reload"
+        )
+    for name, runs in loads.items():
+        cold = statistics.median(r[0] for r in runs)
+        warm = statistics.median(r[1] for r in runs)
+        print(f"  {name:44s} cold median {cold:.2f} s, warm median {warm:.2f} s")
+        print("    cold loads: " + ", ".join(f"{r[0]:.2f}" for r in runs) + " s")
+        parts = runs[[r[0] for r in runs].index(sorted(r[0] for r in runs)[len(runs) // 2])][2]
+        print(
+            "    median cold load: "
             + ", ".join(
-                f"{v:.0f} callbacks" if k == "callbacks" else f"{k} {v:.2f} s"
+                f"{v:.0f} callbacks"
+                if k == "callbacks"
+                else f"{v:.1f} MB of JS sent"
+                if k == "JS bytes"
+                else f"{k} {v:.2f} s"
                 for k, v in parts.items()
             )
         )
-    if loads:
-        print(
-            f"Overview first full render (Chromium): first {loads[0][0]:.2f} s, median "
-            f"{statistics.median(x[0] for x in loads):.2f} s over {len(loads)} loads "
-            "(goal <= 1.5 s)"
-        )
+    if len(loads) > 1:
+        base = statistics.median(r[0] for r in next(iter(loads.values())))
+        for name, runs in list(loads.items())[1:]:
+            ratio = base / statistics.median(r[0] for r in runs)
+            print(f"  cold: {name} is {ratio:.2f}x faster than before")
     return 0
 
 

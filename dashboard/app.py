@@ -17,6 +17,7 @@ import dash
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from actuators.contract import ActionControl
+from dashboard import plotlyjs
 from dashboard.context import PageContext
 from dashboard.data import DashboardData
 from dashboard.pages import actions, gpus, incident, overview, reports
@@ -34,6 +35,7 @@ _NAV = (
     ("/reports", "Reports"),
 )
 _KEEP = {"/incident": "id", "/reports": "week"}  # what a nav link keeps besides range
+_CHART_PATHS = ("/", "/incident", "/gpus")  # pages that always draw charts: fetch plotly early
 
 
 def create_app(
@@ -43,16 +45,23 @@ def create_app(
     report_dir: str | Path = "./.cotenant/reports",
     refresh_s: float = 5.0,
     default_range: str = "1h",
+    plotly_js: str | Path | None = None,
+    eager_loading: bool = False,
 ) -> Dash:
     """A Dash app over ``data``; serve ``app.server`` (Flask, WSGI).
 
     ``actions_control``: the action log and its approve/rollback (None: actions are off);
     ``refresh_s``: how often live pages re-read what changed; ``default_range``: the range a
-    page opens with when its URL has none (ConfigError when it is not a range)."""
+    page opens with when its URL has none (ConfigError when it is not a range);
+    ``plotly_js``: the plotly.js bundle to serve (None: ``dashboard.plotlyjs.choose``'s pick).
+    A page loads only the scripts it uses (``dcc.Graph``'s and plotly's only where a chart is
+    drawn); ``eager_loading=True`` loads every component's script and plotly.py's full
+    plotly.js with every page instead (the first version's way; bench/dashboard.py compares)."""
     try:
         parse_range(default_range, 0)
     except QueryError as exc:
         raise ConfigError(f"config key dashboard.default_range: {exc}") from exc
+    bundle = None if eager_loading else plotlyjs.choose(plotly_js)
     app = Dash(
         __name__,
         use_pages=True,
@@ -62,9 +71,11 @@ def create_app(
         title="cotenant",
         update_title="",
         serve_locally=True,
-        eager_loading=True,
-        on_error=_on_error,  # plotly.js loads with the page, not after the first chart arrives
+        eager_loading=eager_loading,
+        on_error=_on_error,
     )
+    if bundle is not None:
+        plotlyjs.install(app, bundle, _CHART_PATHS)
     pc = PageContext(data, actions_control, Path(report_dir), default_range)
     for page in PAGES:
         page.register(app, pc)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ import pytest
 
 from cotenant.config import load_config
 from cotenant.service import Service
+from dashboard import plotlyjs
 from dashboard.app import create_app
 from dashboard.data import DashboardData, step_for
 from dashboard.pages.reports import weeks
@@ -111,6 +115,51 @@ def test_an_empty_store_says_what_is_missing(tmp_path: Path) -> None:
             ],
         )
         assert "not a duration" in str(bad["ov-models"])
+
+
+def test_a_page_loads_only_the_scripts_it_uses(tmp_path: Path) -> None:
+    with Store(":memory:") as store:
+        index = create_app(DashboardData(store)).server.test_client().get("/").text
+        for unused in ("async-mathjax", "async-markdown", "async-table", "package_data/plotly"):
+            assert unused not in index  # Dash loads these only when a page renders them
+        bundle = plotlyjs.choose()
+        url = f"/_cotenant/{bundle.name}"
+        assert json.dumps(url) in index  # the page's plotly loader
+        c = create_app(DashboardData(store)).server.test_client()
+        gz = c.get(url, headers={"Accept-Encoding": "gzip, deflate"})
+        assert gz.status_code == 200 and gz.headers["Content-Encoding"] == "gzip"
+        assert "max-age=31536000" in gz.headers["Cache-Control"]
+        assert gzip.decompress(gz.data) == plotlyjs.COMPILE_HINT + bundle.path.read_bytes()
+        assert len(gz.data) < len(bundle.body) / 2
+        plain = c.get(url)
+        assert "Content-Encoding" not in plain.headers and plain.data == bundle.body
+        # the first version's way, kept for bench/dashboard.py: every script with the page
+        eager = create_app(DashboardData(store), eager_loading=True).server.test_client()
+        index = eager.get("/").text
+        assert "async-mathjax" in index and "package_data/plotly" in index
+        assert "_cotenant/" not in index
+
+
+def test_the_plotly_bundle_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    full = plotlyjs.full_bundle()
+    version = plotlyjs.version_of(full)
+    assert version is not None and re.fullmatch(r"\d+\.\d+\.\d+", version)
+    vendored = tmp_path / "plotly-cartesian.min.js"
+    monkeypatch.setattr(plotlyjs, "VENDORED", vendored)
+    assert plotlyjs.choose().path == full  # nothing vendored
+    vendored.write_text("/**\n* plotly.js (cartesian - minified) v0.0.1\n*/\nwindow.Plotly={};")
+    assert plotlyjs.choose().path == full  # another plotly.js than plotly.py's: not used
+    vendored.write_text(f"/**\n* plotly.js (cartesian - minified) v{version}\n*/\nvar P;")
+    chosen = plotlyjs.choose()
+    assert chosen.path == vendored and chosen.name.startswith("plotly-cartesian.")
+    assert plotlyjs.choose(full).path == full  # named explicitly
+    with pytest.raises(ConfigError, match=r"plotly_js .*nope\.js: cannot read"):
+        plotlyjs.choose(tmp_path / "nope.js")
+    (tmp_path / "x.js").write_text("console.log('hi')")
+    with pytest.raises(ConfigError, match=r"x\.js: not a plotly\.js bundle"):
+        plotlyjs.choose(tmp_path / "x.js")
+    with Store(":memory:") as store, pytest.raises(ConfigError, match="nope"):
+        create_app(DashboardData(store), plotly_js=tmp_path / "nope.js")
 
 
 def test_report_weeks_newest_first(tmp_path: Path) -> None:

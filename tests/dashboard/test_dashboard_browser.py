@@ -208,6 +208,18 @@ def _no_console_errors(driver: WebDriver, page: str) -> None:
     assert not severe, f"{page}: browser console errors: {severe}"
 
 
+_PLOTLY_JS = (
+    "return performance.getEntriesByType('resource').map(r => r.name)"
+    ".filter(n => n.includes('plotly') && n.endsWith('.js'));"
+)
+
+
+def _plotly_fetched(driver: WebDriver) -> list[str]:
+    """The plotly.js scripts this page load has fetched so far."""
+    names: list[str] = driver.execute_script(_PLOTLY_JS)
+    return names
+
+
 def test_overview_lists_the_victims_incident(running: Running, browser: WebDriver) -> None:
     _open(browser, running.url + "/", "#ov-incident-table", VICTIM)
     _wait(
@@ -222,6 +234,9 @@ def test_overview_lists_the_victims_incident(running: Running, browser: WebDrive
     tiles = _text(browser, "#ov-models")
     assert "chat" in tiles and "embed" in tiles and "SLO" in tiles
     assert "gpu0" in _text(browser, "#ov-gpus")
+    # plotly.js came once, from the dashboard's own hashed URL, not also from Dash's loader
+    fetched = _plotly_fetched(browser)
+    assert len(fetched) == 1 and "/_cotenant/plotly" in fetched[0], fetched
     _no_console_errors(browser, "overview")
 
 
@@ -358,6 +373,18 @@ def test_reports_page_shows_the_weekly_report(running: Running, browser: WebDriv
     finally:
         browser.switch_to.default_content()
     _no_console_errors(browser, "reports")
+    assert _plotly_fetched(browser) == []  # a page without charts does not load plotly.js
+    # ... until a page with charts is opened from it: then plotly loads, once
+    browser.find_element(By.ID, "shell-nav-gpus").click()
+    _wait(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#gpu-heatmap-graph .js-plotly-plot"),
+        "the GPU heatmaps after navigating from the reports page",
+    )
+    fetched = _plotly_fetched(browser)
+    assert len(fetched) == 1 and "/_cotenant/plotly" in fetched[0], fetched
+    _settled(browser)
+    _no_console_errors(browser, "reports-to-gpus")
     _open(browser, running.url + "/reports?week=../../etc", ".error-state", "not a week")
 
 
