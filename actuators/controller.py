@@ -44,6 +44,7 @@ from actuators.verify import verify
 from analysis.incidents import Incident
 from store.db import Store
 from store.errors import ActionError, BackendError, CotenantError, Forbidden, Unauthorized
+from store.periodic import Periodic
 from store.source import MetricSource
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,12 @@ class ActionController:
             ),
         )
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Periodic(
+            "cotenant-actions",
+            settings.interval_s,
+            lambda: self.step(self._clock()),
+            what="action control pass",
+        )
         self._errors: dict[str, str] = {}  # action id -> last revert error noted
         self.passes = 0
 
@@ -218,21 +223,11 @@ class ActionController:
             self.passes += 1
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="cotenant-actions", daemon=True)
-        self._thread.start()
+        """Run :meth:`step` every ``interval_s`` on its own thread (``cotenant serve``)."""
+        self._worker.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.interval_s):
-            try:
-                self.step(self._clock())
-            except Exception:  # the loop must survive any bad pass
-                log.exception("action control pass failed")
+        self._worker.stop(timeout_s)
 
     # -- steps ---------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ loop keeps going.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
@@ -22,6 +21,7 @@ from analysis.incidents import Incident, IncidentBook
 from analysis.spikes import SpikeParams
 from analysis.windows import WindowCache, gpus_of
 from store.errors import CotenantError
+from store.periodic import Periodic
 from store.queries import TimeRange
 from store.source import MetricSource
 
@@ -60,8 +60,6 @@ class AnalysisLoop:
         self._caches: dict[str, WindowCache] = {}
         self._clock = clock_ns
         self._on_incident = on_incident
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._active: list[Incident] = []
         self._seen: set[str] = set()
         self.passes = 0
@@ -72,6 +70,13 @@ class AnalysisLoop:
         )
         if registry is not None:
             registry.register(self)
+        self._worker = Periodic(
+            "cotenant-analysis",
+            interval_s,
+            self.run_once,
+            what="analysis pass",
+            on_error=self._failures.inc if self._failures is not None else None,
+        )
 
     def run_once(self) -> list[Incident]:
         """One pass over every model; returns the incidents written."""
@@ -143,19 +148,8 @@ class AnalysisLoop:
         yield share
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="cotenant-analysis", daemon=True)
-        self._thread.start()
+        """Run :meth:`run_once` every ``interval_s`` on its own thread."""
+        self._worker.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.run_once()
-            except Exception:  # the loop must survive any bad pass
-                log.exception("analysis pass failed")
-                if self._failures is not None:
-                    self._failures.inc()
+        self._worker.stop(timeout_s)
