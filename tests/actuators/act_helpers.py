@@ -4,7 +4,6 @@ uvicorn servers in a thread for stand-in backends."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
@@ -18,11 +17,10 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import uvicorn
-from prometheus_client import CollectorRegistry
+from gateway_thread import RunningGateway
 
 from actuators.backends.gateway import GatewayBackend
 from actuators.backends.http import HttpCaller
-from actuators.gateway.server import Gateway
 from actuators.gateway.settings import GatewaySettings
 from store.db import Store
 from store.schema import PHASE_COLUMNS, arrow_schema
@@ -159,7 +157,7 @@ GW_TOKEN = "gw-live-token-5e1d"
 """The bearer token of the gateways :class:`LiveGateway` starts."""
 
 
-class LiveGateway:
+class LiveGateway(RunningGateway):
     """The bundled gateway (:class:`actuators.gateway.server.Gateway`, the code ``cotenant
     gateway`` runs) on its own event loop in a thread, both ports free loopback ones. The
     actuator drives its real control API (contract 3); tests read what it applied with
@@ -170,16 +168,14 @@ class LiveGateway:
         sock = free_socket()
         nobody = f"http://127.0.0.1:{sock.getsockname()[1]}"
         sock.close()
-        settings = GatewaySettings(
-            upstream=nobody, token=GW_TOKEN, listen=("127.0.0.1", 0), control=("127.0.0.1", 0)
+        super().__init__(
+            GatewaySettings(
+                upstream=nobody,
+                token=GW_TOKEN,
+                listen=("127.0.0.1", 0),
+                control=("127.0.0.1", 0),
+            )
         )
-        self.gateway = Gateway(settings, registry=CollectorRegistry())
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.gateway.start(), self.loop).result(20)
-        self.control = self.gateway.control_url
-        self.running = True
 
     def backend(self, token: str = GW_TOKEN, **kw: Any) -> GatewayBackend:
         """The real gateway backend on this gateway's control API (fast retries)."""
@@ -222,24 +218,6 @@ class LiveGateway:
         for name in self.changed():
             self._call("DELETE", f"/control/v1/limits/{quote(name, safe='')}")
             self._call("DELETE", f"/control/v1/priority/{quote(name, safe='')}")
-
-    def stop(self) -> None:
-        """Stop the gateway: its control port refuses connections from now on."""
-        if not self.running:
-            return
-        self.running = False
-        asyncio.run_coroutine_threadsafe(self.gateway.stop(), self.loop).result(20)
-
-        async def drain() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(drain(), self.loop).result(20)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(20)
-        self.loop.close()
 
 
 @contextlib.contextmanager

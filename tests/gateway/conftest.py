@@ -14,14 +14,13 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from prometheus_client import CollectorRegistry
+from gateway_thread import RunningGateway
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from actuators.gateway.identify import parse_source
-from actuators.gateway.server import Gateway
 from actuators.gateway.settings import GatewaySettings
 
 TOKEN = "test-token-0123"
@@ -123,42 +122,6 @@ def model_server() -> Iterator[ModelServer]:
     yield rec
     server.should_exit = True
     thread.join(10)
-
-
-class RunningGateway:
-    """A :class:`Gateway` on its own event loop in a thread."""
-
-    def __init__(self, settings: GatewaySettings) -> None:
-        self.registry = CollectorRegistry()
-        self.gateway = Gateway(settings, registry=self.registry)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.gateway.start(), self.loop).result(20)
-        self.url = self.gateway.listen_url
-        self.control = self.gateway.control_url
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the gateway's loop (to read its state safely)."""
-
-        async def run() -> Any:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.gateway.stop(), self.loop).result(20)
-
-        async def drain() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(drain(), self.loop).result(20)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(20)
-        self.loop.close()
 
 
 @pytest.fixture
