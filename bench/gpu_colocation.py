@@ -182,6 +182,7 @@ def _start_serve(out: Path, interval: float) -> tuple[subprocess.Popen[str], dic
         "COTENANT_OTLP_HTTP_PORT": "0",
         "COTENANT_OTLP_GRPC_PORT": "0",
         "COTENANT_NVML_POLL_INTERVAL_S": str(interval),
+        "COTENANT_NVML_PROCESS_INTERVAL_S": str(interval),  # both processes at every poll
     }
     with (out / "serve.log").open("w") as log:
         cmd = [sys.executable, "-m", "cotenant", "serve", "--store", str(store)]

@@ -13,8 +13,10 @@ has no rate), power, GPU temperature, SM clock, and the clock-event-reason bitma
 clock is read at discovery. Where the PCIe counters are missing (older drivers) it falls back
 to ``nvmlDeviceGetPcieThroughput``, which samples a 20 ms window inside each call. Per process:
 ``nvmlDeviceGetComputeRunningProcesses`` (memory), ``nvmlDeviceGetProcessUtilization`` since
-the newest sample already taken (each NVML sample is counted once: a row carries the mean of
-the samples new since the previous poll, NULL when there are none — NVML reports only
+the newest sample already taken, read every ``process_interval_s`` (at most once per poll; NVML
+makes these samples every 1/6-1 s by GPU, so reading them at 10 Hz mostly finds none, while
+costing as much as the rest of the poll). Each NVML sample is counted once: a row carries the
+mean of the samples new since the previous read, NULL when there are none — NVML reports only
 processes that used the GPU; samples above 100 %, which some drivers report for defunct
 processes, are dropped), the process name, and the model from the span resources that
 named the pid (``GpuResolver.model_of``; spans without ``host.name`` count as this host's).
@@ -44,6 +46,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from collectors.gpu_resolve import GpuResolver
@@ -241,6 +244,7 @@ class NvmlCollector:
         metrics: NvmlMetrics | None = None,
         clock: Callable[[], int] = time.time_ns,
         poll_interval_s: float = 1.0,
+        process_interval_s: float | None = None,
         backoff_max_s: float = 30.0,
         batch_interval_s: float = 1.0,
         rediscover_interval_s: float = 10.0,
@@ -253,6 +257,12 @@ class NvmlCollector:
         self._metrics = metrics
         self._clock = clock
         self.poll_interval_s = poll_interval_s
+        # processes are read at most this often (None: every poll); half a poll of slack so
+        # that a poll woken a little early still reads them
+        every = max(process_interval_s or 0.0, poll_interval_s)
+        self.process_interval_s = every
+        self._process_ns = int((every - poll_interval_s / 2) * 1e9)
+        self._next_process_ns = 0
         self._backoff_max_s = max(backoff_max_s, poll_interval_s)
         self._batch_ns = int(batch_interval_s * 1e9)
         self._rediscover_ns = int(rediscover_interval_s * 1e9)
@@ -375,7 +385,10 @@ class NvmlCollector:
                 return
             now = self._clock()
             gpu_rows: list[tuple[Any, ...]] = []
-            proc_cols: list[list[Any]] = [[] for _ in PROCESS_SCHEMA]
+            procs_due = now >= self._next_process_ns
+            if procs_due:
+                self._next_process_ns = now + self._process_ns
+            proc_cols: list[list[Any]] | None = [[] for _ in PROCESS_SCHEMA] if procs_due else None
             try:
                 self._poll(now, gpu_rows, proc_cols)
             except Exception as exc:  # a poll must never take the thread (or caller) down
@@ -383,8 +396,9 @@ class NvmlCollector:
                 self._note(key, "unexpected", logging.ERROR, f"NVML poll failed: {exc!r}", True)
             self._log_unsupported()
             self._gpu_rows += gpu_rows
-            for buffered, new in zip(self._proc_cols, proc_cols, strict=True):
-                buffered += new
+            if proc_cols is not None:
+                for buffered, new in zip(self._proc_cols, proc_cols, strict=True):
+                    buffered += new
             if now - self._last_flush_ns >= self._batch_ns:
                 self._last_flush_ns = now
                 self._flush()
@@ -398,7 +412,10 @@ class NvmlCollector:
         with self._lock:
             self._flush()
 
-    def _poll(self, now: int, gpu_rows: list[tuple[Any, ...]], proc_cols: list[list[Any]]) -> None:
+    def _poll(
+        self, now: int, gpu_rows: list[tuple[Any, ...]], proc_cols: list[list[Any]] | None
+    ) -> None:
+        """Every device's row into ``gpu_rows``; with ``proc_cols``, their processes too."""
         if not self._driver_ok:
             if now < self._driver_next_try_ns or not self._reinit(now):
                 return
@@ -422,14 +439,15 @@ class NvmlCollector:
             except _DriverDown as exc:
                 self._driver_down(now, exc)
                 return
-        self._track_pids(seen, complete)
+        if proc_cols is not None:
+            self._track_pids(seen, complete)
 
     def _poll_device(
         self,
         d: _Device,
         ts: int,
         gpu_rows: list[tuple[Any, ...]],
-        proc_cols: list[list[Any]],
+        proc_cols: list[list[Any]] | None,
         seen: dict[int, str],
         complete: set[str],
     ) -> None:
@@ -452,7 +470,11 @@ class NvmlCollector:
         row[_MAXCLOCK] = d.max_sm_clock
         row[_REASONS] = get(d, "clock_event_reasons", nv.nvmlDeviceGetCurrentClocksEventReasons, h)
         gpu_rows.append(tuple(row))
-        if not d.mig_enabled and self._poll_processes(d, ts, proc_cols, seen):
+        if (
+            proc_cols is not None
+            and not d.mig_enabled
+            and self._poll_processes(d, ts, proc_cols, seen)
+        ):
             complete.add(d.uuid)
 
     def _throughput(self, d: _Device, row: list[Any], ts: int) -> None:
@@ -553,15 +575,14 @@ class NvmlCollector:
         util: dict[int, tuple[float, float]] = dict(
             zip(pids, zip(sm, mu, strict=True), strict=True)
         )
-        if len(util) == len(pids):  # the usual answer: one sample per process
+        if len(util) == len(pids):  # one sample per process (the usual answer at 1 Hz)
             return util
-        acc: dict[int, list[float]] = {}
-        for pid, s, m in zip(pids, sm, mu, strict=True):
-            a = acc.setdefault(pid, [0.0, 0.0, 0.0])
-            a[0] += s
-            a[1] += m
-            a[2] += 1
-        return {pid: (a[0] / a[2], a[1] / a[2]) for pid, a in acc.items()}
+        # several per process (read less often than NVML samples): the mean, vectorised
+        uniq, inverse, counts = np.unique(np.asarray(pids), return_inverse=True, return_counts=True)
+        sm_mean = np.bincount(inverse, weights=np.asarray(sm, dtype=np.float64)) / counts
+        mu_mean = np.bincount(inverse, weights=np.asarray(mu, dtype=np.float64)) / counts
+        means = zip(sm_mean.tolist(), mu_mean.tolist(), strict=True)
+        return dict(zip(uniq.tolist(), means, strict=True))
 
     def _label(self, pid: int) -> tuple[str | None, str | None]:
         """(process name, model) of ``pid``; cached until the next batch is submitted, so a

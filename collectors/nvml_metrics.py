@@ -114,14 +114,17 @@ class NvmlMetrics:
         self,
         host: str,
         gpu_rows: Sequence[Row],
-        proc_cols: Sequence[Sequence[Any]],
+        proc_cols: Sequence[Sequence[Any]] | None,
         up: dict[str, bool],
         seconds: float,
     ) -> None:
         """Keep the latest poll for the next scrape: its ``gpu_samples`` rows and its
-        ``process_samples`` columns (schema order)."""
+        ``process_samples`` columns (schema order; None: processes were not read this poll,
+        the previous ones stand)."""
         with self._lock:
-            self._host, self._gpu_rows, self._proc_cols, self._up = host, gpu_rows, proc_cols, up
+            self._host, self._gpu_rows, self._up = host, gpu_rows, up
+            if proc_cols is not None:
+                self._proc_cols = proc_cols
             self._polls += 1
             self._poll_seconds += seconds
 

@@ -95,6 +95,13 @@ class GpuConfig:
 class NvmlConfig:
     enabled: bool = _key(True, "poll GPU and per-process counters through NVML when available")
     poll_interval_s: float = _key(1.0, "NVML poll period", min=0.05, max=3600.0)
+    process_interval_s: float = _key(
+        1.0,
+        "read per-process samples at most this often (NVML makes them every 1/6-1 s; every "
+        "sample since the last read is averaged, none is lost; never faster than the poll)",
+        min=0.05,
+        max=3600.0,
+    )
     backoff_max_s: float = _key(
         30.0, "longest wait between retries of a lost GPU or driver", min=0.1
     )

@@ -169,7 +169,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg,
         store=dataclasses.replace(cfg.store, path=args.store),
         nvml=dataclasses.replace(
-            cfg.nvml, enabled=True, host=scenario.host, poll_interval_s=max(0.05, 1.0 / args.speed)
+            cfg.nvml,
+            enabled=True,
+            host=scenario.host,
+            poll_interval_s=max(0.05, 1.0 / args.speed),
+            process_interval_s=max(0.05, 1.0 / args.speed),  # one virtual second, like polls
         ),
         # ingest lags by about a wall second (writer flush, NVML batches): that is `speed`
         # virtual seconds, which every analysis pass must re-read

@@ -279,6 +279,7 @@ class Service:
                 host=nc.host or socket.gethostname(),
                 metrics=metrics,
                 poll_interval_s=nc.poll_interval_s,
+                process_interval_s=nc.process_interval_s,
                 clock=self.clock_ns,
                 backoff_max_s=nc.backoff_max_s,
             )

@@ -380,17 +380,17 @@ def test_process_samples_are_counted_once(rig: Rig) -> None:
     rig.clock.advance(0.2)
     rig.fake.record_process_util(100, 60, 30)
     rig.fake.record_process_util(200, 5, 1)
-    rig.poll(0.1)
+    rig.poll()
     assert util() == {100: (50.0, 20.0, 2 * GIB), 200: (5.0, 1.0, 3 * GIB)}
-    rig.poll(0.1)  # nothing new: listed with memory, utilization unknown, nothing re-counted
+    rig.poll()  # nothing new: listed with memory, utilization unknown, nothing re-counted
     assert util() == {100: (None, None, 2 * GIB), 200: (None, None, 3 * GIB)}
     rig.fake.record_process_util(200, 80, 20)
     rig.fake.set_process_memory(100, 4 * GIB)
-    rig.poll(0.1)
+    rig.poll()
     assert util() == {100: (None, None, 4 * GIB), 200: (80.0, 20.0, 3 * GIB)}
     # a sample stamped before the last one taken is not counted (NVML's lastSeenTimeStamp)
-    rig.fake.record_process_util(100, 99, 99, ts_ns=rig.clock.ns - 500_000_000)
-    rig.poll(0.1)
+    rig.fake.record_process_util(100, 99, 99, ts_ns=rig.clock.ns - 1_500_000_000)
+    rig.poll()
     assert util()[100] == (None, None, 4 * GIB)
     assert rig.metric(
         "cotenant_gpu_process_memory_used_bytes",
@@ -403,11 +403,42 @@ def test_process_samples_are_counted_once(rig: Rig) -> None:
     # a defunct process's garbage sample (NVML can report more than 100 %) is dropped
     rig.fake.record_process_util(100, 4_000_000, 7)
     rig.fake.record_process_util(200, 30, 3)
-    rig.poll(0.1)
+    rig.poll()
     assert util() == {100: (None, None, 4 * GIB), 200: (30.0, 3.0, 3 * GIB)}
     rig.fake.remove_process(200)
-    rig.poll(0.1)
+    rig.poll()
     assert set(util()) == {100}
+
+
+def test_processes_are_read_at_their_interval_and_no_sample_is_lost(rig: Rig) -> None:
+    """At 10 Hz with process_interval_s = 1, GPU rows come every poll and process rows once a
+    second, each the mean of every sample NVML made since the previous read."""
+    c = NvmlCollector(
+        rig.fake,
+        sink=rig.sink,
+        resolver=rig.resolver,
+        host=HOST,
+        metrics=NvmlMetrics(CollectorRegistry()),
+        clock=rig.clock,
+        poll_interval_s=0.1,
+        process_interval_s=1.0,
+        batch_interval_s=10.0,
+    )
+    c.open()
+    g0 = c.devices()[0].uuid
+    rig.fake.add_process(g0, 100, "a", 2 * GIB)
+    c.poll_once()  # the first poll reads processes
+    for k in range(20):  # two seconds at 10 Hz, a sample every poll: 10, 20, ..., 200 %/10
+        rig.clock.advance(0.1)
+        rig.fake.record_process_util(100, 10.0 * (k % 10), 1.0)
+        c.poll_once()
+    c.flush()
+    gpu_ts = [r["ts_ns"] for r in rig.sink.rows("gpu_samples") if r["gpu"] == g0]
+    procs = [r for r in rig.sink.rows("process_samples") if r["pid"] == 100]
+    assert len(gpu_ts) == 21
+    assert len(procs) == 3  # at 0, 1 and 2 s
+    assert [r["sm_util"] for r in procs] == [None, 45.0, 45.0]  # mean of 0..90, twice
+    assert procs[-1]["ts_ns"] == gpu_ts[-1]
 
 
 def test_pid_to_model_join_through_span_resources(rig: Rig) -> None:
