@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+PLOTLY := dashboard/vendor/plotly-cartesian.min.js
 
 .PHONY: demo test install system-deps lint typecheck unit bench clean
 
@@ -14,7 +15,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# plotly.js's cartesian bundle from npm (a warning, not an error, when it cannot be fetched)
+$(PLOTLY): scripts/fetch-plotly-bundle.py | $(STAMP)
+	$(BIN)/python scripts/fetch-plotly-bundle.py
+
+install: $(STAMP) $(PLOTLY)
 
 system-deps:
 	bash scripts/install-system-deps.sh
