@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -371,6 +372,11 @@ def main() -> int:
     ap.add_argument("--proxy-cpu", type=int, default=0, help="the core the proxy is pinned to")
     ap.add_argument("--gateway-args", default="", help="extra flags for cotenant gateway")
     ap.add_argument("--no-spans", action="store_true", help="skip the gateway sending spans")
+    ap.add_argument(
+        "--compare-loops",
+        action="store_true",
+        help="also run the gateway with --loop asyncio (the default picks uvloop when installed)",
+    )
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--upstream-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -404,6 +410,14 @@ def main() -> int:
             procs.append(gws)
             targets["gw+spans"] = sp_port
             proxy_pid["gw+spans"] = gws.pid
+        if args.compare_loops:  # the same gateway on asyncio's own loop, side by side
+            al_port = _free_port()
+            gwa = start_gateway(
+                up, al_port, args.proxy_cpu, tmp, ["--loop", "asyncio", *args.gateway_args.split()]
+            )
+            procs.append(gwa)
+            targets["gw asyncio"] = al_port
+            proxy_pid["gw asyncio"] = gwa.pid
         if Path(NGINX).exists():
             procs.append(start_nginx(up, ng_port, args.proxy_cpu, tmp))
             targets["nginx"] = ng_port
@@ -418,6 +432,10 @@ def main() -> int:
         for rep in range(args.repeats):
             for name, port in targets.items():
                 pid = proxy_pid.get(name)
+                # only the proxy under test runs: the others are stopped (SIGSTOP), so their
+                # background work (the spans gateway's exporter thread) stays off its core
+                for other, opid in proxy_pid.items():
+                    os.kill(opid, signal.SIGCONT if other == name else signal.SIGSTOP)
                 c0 = _cpu_seconds(pid) if pid else 0.0
                 lat = asyncio.run(open_loop(port, args.rate, args.duration, 64))
                 if pid:
@@ -445,6 +463,8 @@ def main() -> int:
                 )
     finally:
         for p in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
             _stop(p)
         shutil.rmtree(tmp, ignore_errors=True)
 

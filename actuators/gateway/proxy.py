@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import cast
 
 from actuators.gateway.http1 import (
     ChunkedReader,
@@ -60,8 +61,8 @@ class ClientConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (uvloop's are not asyncio.Transport subclasses)
+        self.transport = cast(asyncio.Transport, transport)
         set_nodelay(transport)
         self.core.connections.add(self)
         timeout = self.core.idle_timeout_s

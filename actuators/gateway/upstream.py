@@ -13,7 +13,7 @@ import contextlib
 import logging
 import socket
 import ssl
-from typing import Protocol
+from typing import Protocol, cast
 
 from actuators.gateway.http1 import (
     ChunkedReader,
@@ -91,8 +91,8 @@ class UpstreamConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (uvloop's are not asyncio.Transport subclasses)
+        self.transport = cast(asyncio.Transport, transport)
         set_nodelay(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -79,7 +79,10 @@ def test_bad_config_file_is_refused(
     assert code != 0 and "limits.llama.rate_rps must be a finite number > 0" in err
 
 
-def test_runs_proxies_and_stops_on_sigterm(model_server: ModelServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_runs_proxies_and_stops_on_sigterm(
+    model_server: ModelServer, tmp_path: Path, loop: str
+) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     cfg = tmp_path / "gw.toml"
@@ -87,7 +90,8 @@ def test_runs_proxies_and_stops_on_sigterm(model_server: ModelServer, tmp_path: 
     proc = subprocess.Popen(
         [sys.executable, "-m", "cotenant", "gateway", "--upstream", model_server.url,
          "--listen", f"127.0.0.1:{free_port()}", "--control", f"127.0.0.1:{free_port()}",
-         "--token-file", str(token), "--config", str(cfg), "--priority-field", "vllm"],
+         "--token-file", str(token), "--config", str(cfg), "--priority-field", "vllm",
+         "--loop", loop],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     try:
