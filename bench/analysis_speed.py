@@ -88,7 +88,7 @@ def main() -> int:
         store = load_outputs(sim)
     else:
         tmp = tempfile.mkdtemp(prefix="cotenant-bench-")
-        store = Store(Path(tmp) / "bench.duckdb")  # the service's defaults: 256MB, 1 thread
+        store = Store(Path(tmp) / "bench.duckdb")  # the service's defaults: 128MB, 1 thread
         with store.cursor() as cur:
             for name in ("requests", "gpu_samples", "process_samples"):
                 cur.register("_t", getattr(sim, name))

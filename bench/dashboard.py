@@ -8,7 +8,7 @@ Goals (issue #8): the Overview's first full render <= 1.5 s; any callback p95 <=
 Generates the hour straight into a DuckDB store file (vectorised: Poisson arrivals, a
 latency decomposition per request, 1 Hz GPU and per-process counters, one injected co-tenant
 spike on ``tts``), refreshes the per-minute rollups, diagnoses it into incidents, then runs
-the real ``Service`` (default ``[store]`` settings: 256 MB, 1 thread) with its clock at the end
+the real ``Service`` (default ``[store]`` settings: 128 MB, 1 thread) with its clock at the end
 of the hour and measures
 
 * every page's callbacks: HTTP POSTs to ``/_dash-update-component`` with the payloads the

@@ -7,7 +7,7 @@ Goal (issue #9): the report of one week in <= 30 s on one core.
 Setup (untimed): ``simulator.week`` draws two weeks (2026-W47 and W48, for week-over-week) of
 four models on two GPUs at ``--rps`` each, with six faults in W48 and two in W47, into a DuckDB
 file; cotenant's analysis (``reports.backfill``) finds the incidents; twenty actions are
-recorded. Timed, pinned to one core with DuckDB on one thread and the default 256 MB memory
+recorded. Timed, pinned to one core with DuckDB on one thread and the default 128 MB memory
 limit: building the summary (every section, both weeks) and writing HTML + Markdown +
 summary.json. ``--pdf`` also times the PDF (Chromium runs as its own processes, unpinned).
 """

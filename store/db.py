@@ -31,7 +31,7 @@ class Store:
         self,
         path: str | Path,
         *,
-        memory_limit: str = "256MB",
+        memory_limit: str = "128MB",
         threads: int = 1,
         read_only: bool = False,
     ) -> None:
