@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# plotly.js's cartesian bundle from npm (a warning, not an error, when it cannot be fetched)
-$(PLOTLY): scripts/fetch-plotly-bundle.py | $(STAMP)
+# plotly.js's cartesian bundle from npm (a warning, not an error, when it cannot be fetched);
+# re-checked after every install, as an upgraded plotly needs the bundle of its own version
+$(PLOTLY): scripts/fetch-plotly-bundle.py $(STAMP)
 	$(BIN)/python scripts/fetch-plotly-bundle.py
 
 install: $(STAMP) $(PLOTLY)
