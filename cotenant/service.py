@@ -399,7 +399,10 @@ class Service:
             lines.append(f"  Dashboard  {ep.api}/")
         if self.nvml is not None:
             n = len(self.nvml.devices())
-            lines.append(f"  NVML       {n} GPUs, polled every {self.nvml.poll_interval_s:g} s")
+            lines.append(
+                f"  NVML       {n} GPUs, polled every {self.nvml.poll_interval_s:g} s "
+                f"(processes every {self.nvml.process_interval_s:g} s)"
+            )
         if self.actions is not None:
             ac = self.config.actuators
             where = ac.backend_url or "no backend_url: proposals only"

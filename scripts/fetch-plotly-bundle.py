@@ -26,7 +26,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,11 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = ROOT / "dashboard" / "vendor" / "plotly-cartesian.min.js"
+sys.path.insert(0, str(ROOT))
+
+from dashboard.plotlyjs import VENDORED as TARGET  # noqa: E402 (where the dashboard looks)
+from dashboard.plotlyjs import full_bundle, version_of  # noqa: E402
+
 PACKAGE = "plotly.js-cartesian-dist-min"
 MEMBER = "package/plotly-cartesian.min.js"
 REGISTRY = "https://registry.npmjs.org"
@@ -56,20 +59,14 @@ class FetchError(Exception):
 
 def plotly_version() -> str:
     """The plotly.js version in plotly.py's own bundle."""
-    import plotly
-
-    head = (Path(plotly.__file__).with_name("package_data") / "plotly.min.js").read_bytes()[:400]
-    m = re.search(rb"plotly\.js[^\n]*?\bv(\d+\.\d+\.\d+)", head)
-    if m is None:
+    version = version_of(full_bundle())
+    if version is None:
         raise FetchError("plotly.py's plotly.min.js has no version header")
-    return m.group(1).decode()
+    return version
 
 
 def installed_version() -> str | None:
-    if not TARGET.is_file():
-        return None
-    m = re.search(rb"plotly\.js[^\n]*?\bv(\d+\.\d+\.\d+)", TARGET.read_bytes()[:400])
-    return m.group(1).decode() if m else None
+    return version_of(TARGET) if TARGET.is_file() else None
 
 
 def tarball_with_npm(spec: str) -> bytes:

@@ -130,3 +130,13 @@ def test_sample_ratio_is_checked(
         ["--upstream", "http://127.0.0.1:9", "--otlp-sample-ratio", "0"], capsys, monkeypatch, "t"
     )
     assert code != 0 and "--otlp-sample-ratio 0.0: give 0 < R <= 1" in err
+
+
+def test_loop_uvloop_without_uvloop_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cotenant.gateway_cmd import loop_factory
+    from store.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    assert loop_factory("auto") is None  # auto falls back to asyncio's loop
+    with pytest.raises(UsageError, match=r"uvloop is not installed .*--loop asyncio"):
+        loop_factory("uvloop")
