@@ -106,7 +106,7 @@ def verify(
             ref = before if before is not None else float(context.get("peak_p99_ms") or after)
             gain = max(0.0, (ref - after) / goal)
             numbers.update(target_hurt=round(hurt, 4), victim_gain=round(gain, 4))
-            if hurt * rule.culprit_hurt_ratio > gain:
+            if hurt > rule.culprit_hurt_ratio * gain:
                 return Outcome(
                     "rolled_back",
                     f"hurt more than it helped: {target} p99 {t_after:.1f} ms breaches its SLO "
