@@ -1,6 +1,7 @@
 """From an incident's diagnosis to one proposed action, sized by the policy.
 
-The cause acted on is the incident's largest share. A ``rate_limit`` reads the target's arrival
+The cause acted on is the incident's top named cause (``Incident.top``: the first cause that is
+not ``unknown``, the one the dashboard and alerts show). A ``rate_limit`` reads the target's arrival
 rate before the incident (or during it, ``basis: during``) through the injected
 :class:`store.source.MetricSource`; a target that served no requests at all (a process without
 spans, say) cannot be rate-limited, so the proposal falls back to ``notify`` and says why.
@@ -61,11 +62,6 @@ def arrival_rates(
     return out[0], out[1]
 
 
-def top_cause(incident: Incident) -> dict[str, Any] | None:
-    causes = [c for c in incident.detail.get("causes", []) if isinstance(c, dict)]
-    return max(causes, key=lambda c: float(c.get("share") or 0.0), default=None)
-
-
 def propose(
     incident: Incident,
     policy: Policy,
@@ -76,7 +72,8 @@ def propose(
     now_ns: int,
 ) -> Proposal:
     """The action the policy proposes for ``incident`` (always one; ``notify`` at least)."""
-    cause = top_cause(incident) or {"kind": "unknown", "culprit": "", "share": 0.0}
+    # the cause the incident names (its top named cause, as the dashboard and alerts show it)
+    cause = incident.top or {"kind": "unknown", "culprit": "", "share": 0.0}
     kind = str(cause.get("kind", "unknown"))
     culprit = str(cause.get("culprit") or "")
     share = float(cause.get("share") or 0.0)
