@@ -106,3 +106,6 @@ class ReportScheduler:
         except (CotenantError, OSError) as exc:
             self.failures += 1
             log.error("weekly report %s failed: %s", week, exc)
+        except Exception:  # a bug must not end the schedule: next week still gets its report
+            self.failures += 1
+            log.exception("weekly report %s failed unexpectedly", week)

@@ -100,7 +100,7 @@ def simulate_week(spec: WeekSpec) -> Week:
     for f in spec.faults:
         mk = _mask(spec, f)
         gpu = f.gpu if f.kind == "throttle" else model_gpu.get(f.target, proc_gpu.get(f.target))
-        assert gpu is not None  # checked by _check
+        assert gpu is not None  # check_week: every target is a model or process
         if f.kind in ("cotenant_burst", "load_surge"):
             rate_x[f.target] = np.where(mk, rate_x[f.target] * f.factor, rate_x[f.target])
         elif f.kind == "process_active":

@@ -128,10 +128,17 @@ KIND = {
 }
 
 
+# what a fault's target must be (memory_pressure may target either)
+_MODEL_FAULTS = ("cotenant_burst", "load_surge")
+_PROCESS_FAULTS = ("process_active", "bandwidth_hog")
+
+
 def check_week(spec: WeekSpec) -> None:
     """ScenarioError naming the field (``week: faults[2].target``) of an invalid spec."""
     gpus = {g.id for g in spec.gpus}
-    names = {m.name for m in spec.models} | {p.name for p in spec.processes}
+    models = {m.name for m in spec.models}
+    processes = {p.name for p in spec.processes}
+    names = models | processes
     if spec.minutes < 1:
         raise ScenarioError(f"week: days {spec.days} must cover at least one minute")
     for i, m in enumerate(spec.models):
@@ -150,5 +157,15 @@ def check_week(spec: WeekSpec) -> None:
                 raise ScenarioError(f"week: faults[{i}].reason {f.reason!r} is not a reason")
         elif f.target not in names:
             raise ScenarioError(f"week: faults[{i}].target {f.target!r} is not a model or process")
+        elif f.kind in _MODEL_FAULTS and f.target not in models:
+            raise ScenarioError(
+                f"week: faults[{i}].target {f.target!r}: a {f.kind} fault targets a model, "
+                f"one of {sorted(models)}"
+            )
+        elif f.kind in _PROCESS_FAULTS and f.target not in processes:
+            raise ScenarioError(
+                f"week: faults[{i}].target {f.target!r}: a {f.kind} fault targets a process, "
+                f"one of {sorted(processes)}"
+            )
         if f.duration_s <= 0:
             raise ScenarioError(f"week: faults[{i}].duration_s {f.duration_s} must be > 0")

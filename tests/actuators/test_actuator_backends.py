@@ -179,7 +179,7 @@ def test_a_down_gateway_fails_the_action_visibly(store: Store) -> None:
     assert a["before"] is None and a["after"] is None
 
 
-def test_a_refused_change_leaves_the_gateway_as_it_was(store: Store) -> None:
+def test_the_controller_applies_the_policys_limit_through_the_control_api(store: Store) -> None:
     models: dict[str, dict[str, Any]] = {}
     clock = FakeClock(130)
     with running(gateway_standin(models)) as url:

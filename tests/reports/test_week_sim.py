@@ -43,6 +43,7 @@ def test_a_throttle_slows_compute_and_sets_its_reason_bit() -> None:
         (WeekFault("throttle", 0, 60, gpu="g9"), "faults[0].gpu 'g9'"),
         (WeekFault("throttle", 0, 60, gpu="g", reason="heat"), "faults[0].reason 'heat'"),
         (WeekFault("load_surge", 0, 0, target="a"), "faults[0].duration_s 0"),
+        (WeekFault("process_active", 0, 60, target="a"), "faults[0].target 'a': a process_active"),
     ],
 )
 def test_a_bad_spec_names_the_field(fault: WeekFault, message: str) -> None:
