@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-PLOTLY := dashboard/vendor/plotly-cartesian.min.js
+PLOTLY := $(VENV)/.plotly-stamp
 
 .PHONY: demo test install system-deps lint typecheck unit bench clean
 
@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# plotly.js's cartesian bundle from npm (a warning, not an error, when it cannot be fetched);
-# re-checked after every install, as an upgraded plotly needs the bundle of its own version
+# plotly.js's cartesian bundle from npm into dashboard/vendor/ (a warning, not an error, when
+# it cannot be fetched: one attempt per install, not per make); re-checked after every
+# install, as an upgraded plotly needs the bundle of its own version
 $(PLOTLY): scripts/fetch-plotly-bundle.py $(STAMP)
 	$(BIN)/python scripts/fetch-plotly-bundle.py
+	touch $(PLOTLY)
 
 install: $(STAMP) $(PLOTLY)
 

@@ -126,7 +126,6 @@ def main() -> int:
     try:
         version = plotly_version()
         if not args.force and installed_version() == version:
-            TARGET.touch()  # up to date: newer than the install stamp, so make skips it
             return 0
         body = fetch(version)
     except (FetchError, OSError, subprocess.SubprocessError) as exc:
