@@ -39,7 +39,12 @@ class ActionControl(Protocol):
         ...
 
     def list_actions(
-        self, *, since_ns: int | None = None, incident_id: str | None = None, limit: int = 200
+        self,
+        *,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        incident_id: str | None = None,
+        limit: int = 200,
     ) -> list[dict[str, Any]]:
         """Actions newest first."""
         ...

@@ -152,9 +152,16 @@ class ActionController:
             )
 
     def list_actions(
-        self, *, since_ns: int | None = None, incident_id: str | None = None, limit: int = 200
+        self,
+        *,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        incident_id: str | None = None,
+        limit: int = 200,
     ) -> list[dict[str, Any]]:
-        rows = self.log.find(since_ns=since_ns, incident_id=incident_id, limit=limit)
+        rows = self.log.find(
+            since_ns=since_ns, until_ns=until_ns, incident_id=incident_id, limit=limit
+        )
         return [a.to_dict() for a in rows]
 
     def action(self, action_id: str) -> dict[str, Any]:

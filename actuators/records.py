@@ -178,18 +178,21 @@ class ActionLog:
         self,
         *,
         since_ns: int | None = None,
+        until_ns: int | None = None,
         incident_id: str | None = None,
         states: tuple[str, ...] | None = None,
         target: str | None = None,
         limit: int = 200,
     ) -> list[ActionRecord]:
-        """Actions newest first (by creation)."""
+        """Actions newest first (by creation); ``since_ns``: last changed at or after it;
+        ``until_ns``: created before it."""
         rows = select_rows(
             self._store,
             "actions",
             _COLS,
             where={
                 "updated_ns >= ?": since_ns,
+                "created_ns < ?": until_ns,
                 "incident_id": incident_id,
                 "target": target,
                 "state": states,

@@ -86,15 +86,23 @@ class IncidentBook:
         self,
         *,
         since_ns: int | None = None,
+        until_ns: int | None = None,
         model: str | None = None,
         state: str | None = None,
         limit: int = 500,
     ) -> list[Incident]:
+        """Incidents newest first; with ``since_ns`` / ``until_ns``, those overlapping the range
+        (ending at or after ``since_ns``, starting before ``until_ns``)."""
         rows = select_rows(
             self._store,
             "incidents",
             _COLS,
-            where={"end_ns >= ?": since_ns, "model": model, "state": state},
+            where={
+                "end_ns >= ?": since_ns,
+                "start_ns < ?": until_ns,
+                "model": model,
+                "state": state,
+            },
             order_by="start_ns DESC",
             limit=limit,
         )

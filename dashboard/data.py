@@ -220,11 +220,7 @@ class DashboardData:
     # ---- incidents ---------------------------------------------------------------------
     def incidents(self, rng: Range, limit: int = 200) -> list[Incident]:
         """Incidents overlapping the range, open ones first, then newest first."""
-        found = [
-            i
-            for i in self.book.find(since_ns=rng.since_ns, limit=limit)
-            if i.start_ns < rng.until_ns
-        ]
+        found = self.book.find(since_ns=rng.since_ns, until_ns=rng.until_ns, limit=limit)
         return sorted(found, key=lambda i: (i.state != "open", -i.start_ns))
 
     def incidents_changed_ns(self) -> int:

@@ -81,7 +81,7 @@ def register(app: Dash, pc: PageContext) -> None:
         mode = control.mode
         manual = mode == "manual"
         try:
-            acts = control.list_actions(since_ns=rng.since_ns)
+            acts = control.list_actions(since_ns=rng.since_ns, until_ns=rng.until_ns)
         except CotenantError as exc:
             return error(f"could not read the action log: {exc}"), None, hidden
         banner = html.P(

@@ -493,3 +493,28 @@ def test_a_firmer_diagnosis_replaces_the_notification(store: Store, gw: LiveGate
     acts = {a["kind"]: a for a in c.list_actions()}
     assert acts["notify"]["state"] == "expired" and "superseded" in acts["notify"]["reason"]
     assert acts["rate_limit"]["state"] == "applied" and gw.model("sdxl")["burst"] == 6
+
+
+def test_a_past_range_lists_the_incidents_and_actions_it_overlaps_only(
+    store: Store, gw: LiveGateway
+) -> None:
+    """What the dashboard's fixed ranges read: filtered in the store, before the limit (a range
+    in the past must not lose its incidents to newer ones)."""
+    add_incident(store, id="old", start_s=100, end_s=130)
+    for k in range(3):  # newer incidents, after the range
+        add_incident(store, id=f"new-{k}", start_s=1000 + k, end_s=1010 + k)
+    book = IncidentBook(store)
+    assert [i.id for i in book.find(since_ns=at(90), until_ns=at(200), limit=1)] == ["old"]
+    assert {i.id for i in book.find(since_ns=at(90), limit=10)} == {
+        "old",
+        "new-0",
+        "new-1",
+        "new-2",
+    }
+    clock = FakeClock(130)
+    c, _, _ = make(store, "dry-run", clock, gw)
+    c.step(clock())
+    acts = c.list_actions()  # one proposal per open incident, all created at 130 s
+    assert acts and {a["created_ns"] for a in acts} == {at(130)}
+    assert c.list_actions(since_ns=at(0), until_ns=at(200)) == acts
+    assert c.list_actions(since_ns=at(0), until_ns=at(130)) == []  # created after the range
