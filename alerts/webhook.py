@@ -24,6 +24,7 @@ from alerts.records import AlertBook
 from analysis.analyzer import Analyzer
 from store.db import Store
 from store.errors import AlertPayloadError, NotFoundError
+from store.http_body import read_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Largest webhook body accepted (Alertmanager groups rarely pass a few hundred KiB)."""
@@ -127,11 +128,7 @@ def alerts_router(receiver: AlertReceiver) -> APIRouter:
         responses=err,
     )
     async def post_alerts(request: Request) -> JSONResponse:
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise AlertPayloadError(
-                f"body: {len(body)} bytes is more than the {MAX_BODY_BYTES} accepted"
-            )
+        body = await read_body(request, MAX_BODY_BYTES, AlertPayloadError)
         result = await run_in_threadpool(receiver.receive, body)
         return JSONResponse(result, status_code=202)
 

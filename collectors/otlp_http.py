@@ -37,6 +37,7 @@ from store.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
+from store.http_body import read_body
 
 log = logging.getLogger(__name__)
 
@@ -62,29 +63,11 @@ class OtlpHttpReceiver:
         self._limit = max_body_bytes
         self.app = Starlette(routes=[Route("/v1/traces", self.traces, methods=["POST"])])
 
-    async def _read_body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._limit:
-            raise PayloadTooLarge(
-                f"body of {declared} bytes exceeds the {self._limit}-byte "
-                "limit; send smaller batches"
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self._limit:
-                raise PayloadTooLarge(
-                    f"body exceeds the {self._limit}-byte limit; send smaller batches"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     async def traces(self, request: Request) -> Response:
         mtype = PROTOBUF
         try:
             mtype = media_type(request.headers.get("content-type"))
-            body = await self._read_body(request)
+            body = await read_body(request, self._limit, PayloadTooLarge, "; send smaller batches")
             encoding = request.headers.get("content-encoding")
             outcome = await run_in_threadpool(self._ingest, body, encoding, mtype)
         except UnsupportedMediaType as exc:

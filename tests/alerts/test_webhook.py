@@ -14,6 +14,8 @@ import pytest
 from conftest import Served, start_serve
 from promserver import wait_until
 
+from alerts.webhook import MAX_BODY_BYTES
+
 from .harness import alert, stream_scenario, webhook_body
 
 SERVE_ENV = {
@@ -201,3 +203,17 @@ def test_a_bad_alert_records_nothing_of_its_delivery(
     r = post(served, webhook_body(good, bad))
     assert r.status_code == 400 and "alerts[1].startsAt" in r.json()["error"]
     assert httpx.get(f"{served.api}/api/v1/alerts/c0ffee01").status_code == 404
+
+
+def test_an_oversized_body_is_400_before_it_is_read_whole(fed: tuple[Served, int]) -> None:
+    served, _ = fed
+    big = b"x" * (MAX_BODY_BYTES + 1)
+    r = httpx.post(f"{served.api}/api/v1/alerts", content=big, timeout=30)
+    assert r.status_code == 400 and f"{MAX_BODY_BYTES}-byte limit" in r.json()["error"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: refused while streaming
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b"x" * 65536
+
+    r = httpx.post(f"{served.api}/api/v1/alerts", content=chunks(), timeout=30)
+    assert r.status_code == 400 and "exceeds" in r.json()["error"]
