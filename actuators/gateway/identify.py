@@ -15,7 +15,6 @@ A request where the source has nothing to say is counted under :data:`UNKNOWN`.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,16 +43,6 @@ class Source:
     field: str = ""
     header: bytes = b""
     pattern: re.Pattern[bytes] | None = None
-
-    def describe(self) -> str:
-        if self.kind == "body":
-            return f"body:{self.field}"
-        if self.kind == "header":
-            return f"header:{self.header.decode()}"
-        if self.kind == "path":
-            assert self.pattern is not None
-            return f"path:{self.pattern.pattern.decode()}"
-        return "none"
 
 
 def parse_source(text: str, flag: str) -> Source:
@@ -156,8 +145,3 @@ def inject_priority(doc: Any, where: PriorityField, priority: int) -> bytes | No
             params = doc["parameters"] = {}
         params["priority"] = priority
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-
-
-def is_finite_number(v: Any) -> bool:
-    """True for an int or float (not a bool) that is finite."""
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
