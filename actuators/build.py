@@ -14,7 +14,7 @@ from actuators.controller import ActionController, Notifier, Settings
 from actuators.policy import load_policy
 from actuators.proposals import IncidentSource
 from store.db import Store
-from store.errors import BackendError, ConfigError
+from store.errors import BackendError
 from store.source import MetricSource
 
 
@@ -61,11 +61,6 @@ def build_controller(
     backend: Backend
     if cfg.backend_url or cfg.mode != "dry-run":
         backend = make_backend(cfg)
-    elif cfg.backend == "simulator":
-        raise ConfigError(
-            "config key actuators.backend: bad value 'simulator': the simulator backend is "
-            "driven by 'cotenant bench --actuate', not by serve"
-        )
     else:
         backend = UnconfiguredBackend(cfg.backend)
     notifier: Notifier | None = backend if hasattr(backend, "notify") else None  # type: ignore[assignment]

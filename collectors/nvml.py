@@ -257,11 +257,13 @@ class NvmlCollector:
         self._metrics = metrics
         self._clock = clock
         self.poll_interval_s = poll_interval_s
-        # processes are read at most this often (None: every poll); half a poll of slack so
-        # that a poll woken a little early still reads them
+        # processes are read at most this often (None: at every poll, however soon it comes);
+        # half a poll of slack so that a poll woken a little early still reads them
         every = max(process_interval_s or 0.0, poll_interval_s)
         self.process_interval_s = every
-        self._process_ns = int((every - poll_interval_s / 2) * 1e9)
+        self._process_ns = (
+            0 if process_interval_s is None else int((every - poll_interval_s / 2) * 1e9)
+        )
         self._next_process_ns = 0
         self._backoff_max_s = max(backoff_max_s, poll_interval_s)
         self._batch_ns = int(batch_interval_s * 1e9)

@@ -164,7 +164,7 @@ class ActuatorsConfig:
     backend: str = _key(
         "gateway",
         "where actions are applied",
-        choices=("gateway", "rayserve", "triton", "webhook", "simulator"),
+        choices=("gateway", "rayserve", "triton", "webhook"),
     )
     backend_url: str = _key(
         "", "base URL of the backend (gateway control API, Ray, Triton, webhook)"

@@ -98,6 +98,7 @@ _RETENTION: dict[str, tuple[str, str]] = {
     "incidents": ("coalesce(end_ns, updated_ns)", "incident"),
     "actions": ("updated_ns", "incident"),
     "audit": ("ts_ns", "incident"),
+    "alerts": ("received_ns", "incident"),
 }
 
 

@@ -772,6 +772,11 @@ def test_expire_deletes_raw_rows_but_keeps_rollups(store: Store) -> None:
         "('old', 'a', ?, ?, ?), ('open', 'a', ?, NULL, ?)",
         [NOW - 100 * DAY, NOW - 95 * DAY, NOW - 95 * DAY, NOW - 100 * DAY, NOW - DAY],
     )
+    fetch(
+        store,
+        "INSERT INTO alerts (fingerprint, received_ns) VALUES ('old', ?), ('new', ?)",
+        [NOW - 91 * DAY, NOW - DAY],
+    )
     m = Maintenance(
         store,
         raw_retention_h=1,
@@ -790,6 +795,8 @@ def test_expire_deletes_raw_rows_but_keeps_rollups(store: Store) -> None:
     assert deleted["request_rollup_1m"] == 0
     assert deleted["incidents"] == 1
     assert sorted(r[0] for r in fetch(store, "SELECT id FROM incidents")) == ["open"]
+    assert deleted["alerts"] == 1
+    assert [r[0] for r in fetch(store, "SELECT fingerprint FROM alerts")] == ["new"]
     assert count(store, "requests") == 60
     assert fetch(store, "SELECT min(ts_end_ns) FROM requests")[0][0] >= NOW - HOUR
     assert actual_request_rollups(store) == rollups  # history outlives raw rows

@@ -32,15 +32,10 @@ def read_secret(value: str, file: str, key: str) -> str:
 def make_backend(cfg: Any, env: Mapping[str, str] | None = None) -> Backend:
     """The backend ``cfg.backend`` names (``cfg``: the ``[actuators]`` section).
 
-    Raises ConfigError for a missing ``backend_url`` / ``webhook_secret`` or the ``simulator``
-    backend (built by ``cotenant bench --actuate``, not from config)."""
+    Raises ConfigError for a missing ``backend_url`` / ``webhook_secret`` (the simulator
+    backend is built by ``cotenant bench --actuate``, not from config)."""
     env = os.environ if env is None else env
     kind = cfg.backend
-    if kind == "simulator":
-        raise ConfigError(
-            "config key actuators.backend: bad value 'simulator': the simulator backend is "
-            "driven by 'cotenant bench --actuate', not by serve"
-        )
     if not cfg.backend_url:
         raise ConfigError(
             f"config key actuators.backend_url: bad value '': the {kind} backend needs its URL"

@@ -505,7 +505,7 @@ def test_make_backend_from_config(tmp_path: Path) -> None:
         ({"backend": "gateway"}, "actuators.backend_url"),
         ({"backend": "webhook", "backend_url": "http://h/x"}, "actuators.webhook_secret"),
         ({"backend": "gateway", "backend_url": "ftp://h"}, "must start with http"),
-        ({"backend": "simulator"}, "bench --actuate"),
+        ({"backend": "simulator"}, "actuators.backend.*simulator"),
         (
             {"backend_url": "http://h", "backend_token_file": "/nonexistent/t"},
             "actuators.backend_token_file",
