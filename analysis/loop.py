@@ -52,7 +52,6 @@ class AnalysisLoop:
         self._reread_s = reread_s
         self._book = book
         self._slo = dict(slo_ms or {})
-        self._interval = interval_s
         self._horizon_ns = int(horizon_s * 1e9)
         self._step_s = step_s
         self._step_ns = int(step_s * 1e9)

@@ -13,7 +13,9 @@ one-minute windows for a daily cycle) and at least two seasons of usable windows
 decomposition (statsmodels) takes the seasonal component out first; the rolling median/MAD run
 on the deseasonalised series and the seasonal component is added back to the baseline. A
 model that is always slower at its daily peak is then not an incident at every peak, while a
-spike on top of the peak still is.
+spike on top of the peak still is. Only the on-demand :class:`analysis.analyzer.Analyzer` sets
+``season`` (from ``analysis.season_s`` and its step); the live loop reads a 10-minute horizon
+and keeps ``SpikeParams()``, as two days of history per pass would cost too much.
 """
 
 from __future__ import annotations

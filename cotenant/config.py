@@ -134,8 +134,9 @@ class AnalysisConfig:
     max_range_h: float = _key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
     season_s: float = _key(
         86400.0,
-        "length of the latency cycle learned by the seasonal baseline when two cycles of "
-        "history at step_s fit in 10,080 windows (0 = no seasonal baseline)",
+        "latency cycle learned by on-demand diagnoses (API, CLI, alerts) that read 2 cycles of "
+        "history, when one cycle is at most 10,080 windows of their step (a day needs a step "
+        ">= 8.6 s); the live loop does not use it (0 = no seasonal baseline)",
         min=0.0,
     )
     reread_s: float = _key(
