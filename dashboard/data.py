@@ -220,7 +220,8 @@ class DashboardData:
     # ---- incidents ---------------------------------------------------------------------
     def incidents(self, rng: Range, limit: int = 200) -> list[Incident]:
         """Incidents overlapping the range, open ones first, then newest first."""
-        found = self.book.find(since_ns=rng.since_ns, until_ns=rng.until_ns, limit=limit)
+        until = None if rng.live else rng.until_ns  # a live range is open-ended
+        found = self.book.find(since_ns=rng.since_ns, until_ns=until, limit=limit)
         return sorted(found, key=lambda i: (i.state != "open", -i.start_ns))
 
     def incidents_changed_ns(self) -> int:

@@ -81,7 +81,9 @@ def register(app: Dash, pc: PageContext) -> None:
         mode = control.mode
         manual = mode == "manual"
         try:
-            acts = control.list_actions(since_ns=rng.since_ns, until_ns=rng.until_ns)
+            # a live range is open-ended: what happened since its end was computed belongs
+            until = None if rng.live else rng.until_ns
+            acts = control.list_actions(since_ns=rng.since_ns, until_ns=until)
         except CotenantError as exc:
             return error(f"could not read the action log: {exc}"), None, hidden
         banner = html.P(
