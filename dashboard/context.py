@@ -7,6 +7,7 @@ from pathlib import Path
 
 from actuators.contract import ActionControl
 from dashboard.data import DashboardData
+from dashboard.settings import DashboardSettings
 from dashboard.timerange import Range, parse_range
 
 
@@ -15,7 +16,7 @@ class PageContext:
     data: DashboardData
     actions: ActionControl | None
     report_dir: Path
-    default_range: str = "1h"
+    default_range: str = DashboardSettings.default_range
 
     def range(self, text: str | None) -> Range:
         """The page's range from its URL value (the configured default when absent); raises
