@@ -70,6 +70,7 @@ from urllib3.util.retry import Retry
 
 from collectors import promql
 from collectors.promql import FIELD, GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
+from collectors.settings import PrometheusSettings
 from store.errors import SourceError, UsageError
 from store.frames import (
     GPU_WINDOWS,
@@ -118,10 +119,10 @@ class PrometheusSource:
     def __init__(
         self,
         url: str,
-        timeout_s: float = 10.0,
+        timeout_s: float = PrometheusSettings.timeout_s,
         *,
         client: PromClient | None = None,
-        scrape_interval_s: float = 15.0,
+        scrape_interval_s: float = PrometheusSettings.scrape_interval_s,
         model_gpu: Mapping[str, str] | None = None,
         default_gpu: str = "",
     ) -> None:
