@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Body, Header, Query
-from fastapi.responses import JSONResponse
+from store.http_json import SafeJSONResponse
 from pydantic import BaseModel, Field
 
 from actuators.contract import ActionControl
@@ -65,16 +65,16 @@ def actions_router(control: ActionControl, detail: ActionDetail | None = None) -
         since: str | None = Query(None, description="updated at or after: '15m', ISO, Unix s"),
         incident: str | None = Query(None, description="only this incident's actions"),
         limit: int = Query(200, description="1..10000"),
-    ) -> JSONResponse:
+    ) -> SafeJSONResponse:
         since_ns = None if since is None else parse_time_ns(since, "since")
         rows = control.list_actions(since_ns=since_ns, incident_id=incident, limit=limit)
-        return JSONResponse({"mode": control.mode, "count": len(rows), "actions": rows})
+        return SafeJSONResponse({"mode": control.mode, "count": len(rows), "actions": rows})
 
     if detail is not None:
 
         @router.get("/{action_id}", summary="One action with its audit trail", responses=_ERRORS)
-        def one_action(action_id: str) -> JSONResponse:
-            return JSONResponse(detail.action(action_id))
+        def one_action(action_id: str) -> SafeJSONResponse:
+            return SafeJSONResponse(detail.action(action_id))
 
     @router.post(
         "/{action_id}/approve", summary="Approve a proposed action (manual mode)", responses=_ERRORS
@@ -83,20 +83,20 @@ def actions_router(control: ActionControl, detail: ActionDetail | None = None) -
         action_id: str,
         body: Annotated[ApproveBody | None, Body()] = None,
         authorization: str | None = Header(None),
-    ) -> JSONResponse:
+    ) -> SafeJSONResponse:
         control.authorize(_bearer(authorization))
         actor = (body.actor if body else None) or "api"
-        return JSONResponse(control.approve(action_id, actor=actor))
+        return SafeJSONResponse(control.approve(action_id, actor=actor))
 
     @router.post("/{action_id}/rollback", summary="Revert an applied change now", responses=_ERRORS)
     def rollback(
         action_id: str,
         body: Annotated[RollbackBody | None, Body()] = None,
         authorization: str | None = Header(None),
-    ) -> JSONResponse:
+    ) -> SafeJSONResponse:
         control.authorize(_bearer(authorization))
         actor = (body.actor if body else None) or "api"
         reason = body.reason if body else _DEFAULT_REASON
-        return JSONResponse(control.rollback(action_id, actor=actor, reason=reason))
+        return SafeJSONResponse(control.rollback(action_id, actor=actor, reason=reason))
 
     return router

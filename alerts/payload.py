@@ -70,8 +70,14 @@ def parse_time(text: Any, field: str) -> int:
     except ValueError as exc:
         raise AlertPayloadError(f"{field}: {text!r} is not a valid time: {exc}") from exc
     frac = (m.group(2) or "").ljust(9, "0")
-    secs = int((dt - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds())
-    return secs * 1_000_000_000 + int(frac or 0)
+    try:
+        secs = int((dt - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds())
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        secs = -1
+    ns = secs * 1_000_000_000 + int(frac or 0)
+    if not 0 <= ns < 2**63:  # what the store's BIGINT nanoseconds hold
+        raise AlertPayloadError(f"{field}: {text!r} is out of range: times go from 1970 to 2262")
+    return ns
 
 
 def _str_map(raw: Any, field: str, required: bool = True) -> dict[str, str]:
@@ -82,7 +88,19 @@ def _str_map(raw: Any, field: str, required: bool = True) -> dict[str, str]:
     for k, v in raw.items():
         if not isinstance(v, str):
             raise AlertPayloadError(f"{field}.{k}: expected a string, got {_kind(v)}")
+        if not (_utf8(k) and _utf8(v)):
+            raise AlertPayloadError(f"{field}: {k!r} holds text that is not valid Unicode")
     return dict(raw)
+
+
+def _utf8(s: str) -> bool:
+    """Whether ``s`` can be stored as UTF-8 (JSON's ``\\ud800`` escapes decode to lone
+    surrogates, which cannot)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _kind(x: Any) -> str:
@@ -116,6 +134,8 @@ def parse_payload(body: bytes) -> list[ReceivedAlert]:
         doc = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise AlertPayloadError(f"body: not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise AlertPayloadError("body: JSON nested too deeply") from exc
     if not isinstance(doc, dict):
         raise AlertPayloadError(f"body: expected a JSON object, got {_kind(doc)}")
     version = doc.get("version")

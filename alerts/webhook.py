@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from store.http_json import SafeJSONResponse
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
@@ -128,26 +128,26 @@ def alerts_router(receiver: AlertReceiver) -> APIRouter:
         status_code=202,
         responses=err,
     )
-    async def post_alerts(request: Request) -> JSONResponse:
+    async def post_alerts(request: Request) -> SafeJSONResponse:
         body = await read_body(request, MAX_BODY_BYTES, AlertPayloadError)
         result = await run_in_threadpool(receiver.receive, body)
-        return JSONResponse(result, status_code=202)
+        return SafeJSONResponse(result, status_code=202)
 
     @router.get("/api/v1/alerts", summary="Received alerts, newest first", responses=err)
     def list_alerts(
         incident: str | None = Query(None, description="only alerts linked to this incident"),
         state: str | None = Query(None, description="pending, done, failed or skipped"),
         limit: int = Query(500, description="1..10000"),
-    ) -> JSONResponse:
+    ) -> SafeJSONResponse:
         rows = receiver.book.find(incident_id=incident, state=state, limit=limit)
-        return JSONResponse({"count": len(rows), "alerts": rows})
+        return SafeJSONResponse({"count": len(rows), "alerts": rows})
 
     @router.get(
         "/api/v1/alerts/{fingerprint}",
         summary="One alert with its diagnosis and incident",
         responses=err,
     )
-    def get_alert(fingerprint: str) -> JSONResponse:
-        return JSONResponse(receiver.alert(fingerprint))
+    def get_alert(fingerprint: str) -> SafeJSONResponse:
+        return SafeJSONResponse(receiver.alert(fingerprint))
 
     return router

@@ -9,10 +9,17 @@ same export waits in :class:`collectors.pending_children.PendingChildren` for up
 ``pending_ttl_s``. Spans of no shape are ignored and counted by reason; spans that look like
 requests but cannot be used (no model, bad ids or times, an attribute of the wrong type) are
 *rejected* and reported back to the client as an OTLP partial success.
+
+Rejection is per request, never per export: every value is range-checked where it is read
+(:mod:`collectors.shapes.attributes`, :meth:`_ExportContext.identity`), and the rows are checked
+once more against their columns when the Arrow table is built (integers that fit, finite
+floats, encodable strings), so a value no check foresaw rejects its own row
+(``out_of_range``), never the 99 others of its export.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -20,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collectors.gpu_resolve import GpuResolver
 from collectors.pending_children import Key, PendingChildren
 from collectors.shapes import SHAPES
-from collectors.shapes.attributes import as_int, as_str, attributes
+from collectors.shapes.attributes import INT64_MAX, as_int, as_str, attributes
 from collectors.shapes.base import (
     ATTR_MODEL,
     COMPUTE,
@@ -179,11 +187,12 @@ class Normalizer:
         self._pending.keep(children, now)
         self._pending.expire(now)
         if rows:
-            cols = list(zip(*rows, strict=True))
-            res.requests = pa.Table.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(cols, REQUEST_SCHEMA, strict=True)],
-                schema=REQUEST_SCHEMA,
-            )
+            try:
+                res.requests = _table(rows)
+            except (OverflowError, ValueError, TypeError, UnicodeError, pa.ArrowException):
+                rows = _usable_rows(rows, res)
+                if rows:
+                    res.requests = _table(rows, check_finite=False)  # checked row by row
         return res
 
     def export_pending(self) -> list[tuple[str, bytes]]:
@@ -193,6 +202,65 @@ class Normalizer:
     def import_pending(self, items: Iterable[tuple[str, bytes]]) -> int:
         """Restore children saved by :meth:`export_pending`; returns how many."""
         return self._pending.restore(items, self._clock())
+
+
+_FLOAT_COLUMNS = tuple(i for i, f in enumerate(REQUEST_SCHEMA) if pa.types.is_floating(f.type))
+_INT_BOUNDS = {
+    i: (-(2 ** (f.type.bit_width - 1)), 2 ** (f.type.bit_width - 1) - 1)
+    for i, f in enumerate(REQUEST_SCHEMA)
+    if pa.types.is_integer(f.type)
+}
+_STRING_COLUMNS = tuple(i for i, f in enumerate(REQUEST_SCHEMA) if pa.types.is_string(f.type))
+
+
+def _table(rows: list[Row], check_finite: bool = True) -> pa.Table:
+    """``rows`` as a ``requests`` table; raises (OverflowError, ArrowInvalid, …) when a value
+    does not fit its column, or ValueError when a float is not finite."""
+    cols = list(zip(*rows, strict=True))
+    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, REQUEST_SCHEMA, strict=True)]
+    for i in _FLOAT_COLUMNS if check_finite else ():
+        # NaN and ±inf: the sum is finite when every value is (vectorised, no per-row loop);
+        # a false alarm (finite values summing past 1.8e308) only costs the row-by-row check
+        total = pc.sum(arrays[i]).as_py()
+        if total is not None and not math.isfinite(total):
+            raise ValueError(f"column {REQUEST_SCHEMA.field(i).name} holds a non-finite value")
+    return pa.Table.from_arrays(arrays, schema=REQUEST_SCHEMA)
+
+
+def _row_problem(row: Row) -> str | None:
+    """Why ``row`` cannot be stored (the first column that cannot hold its value), or None."""
+    for i, (lo, hi) in _INT_BOUNDS.items():
+        v = row[i]
+        if v is not None and not (isinstance(v, int) and lo <= v <= hi):
+            return f"{REQUEST_SCHEMA.field(i).name} = {v!r:.60} does not fit its column"
+    for i in _FLOAT_COLUMNS:
+        v = row[i]
+        if v is not None and not (isinstance(v, int | float) and math.isfinite(v)):
+            return f"{REQUEST_SCHEMA.field(i).name} = {v!r:.60} is not a finite number"
+    for i in _STRING_COLUMNS:
+        v = row[i]
+        if v is None:
+            continue
+        try:
+            str(v).encode("utf-8")
+        except UnicodeError:
+            return f"{REQUEST_SCHEMA.field(i).name} is not valid UTF-8 text"
+    return None
+
+
+def _usable_rows(rows: list[Row], res: NormalizeResult) -> list[Row]:
+    """The rows that fit their columns; each other one is rejected (``out_of_range``) by
+    itself. Runs only when building the whole export's table failed: the fast path checks
+    nothing per row."""
+    good = []
+    for row in rows:
+        problem = _row_problem(row)
+        if problem is None:
+            good.append(row)
+            continue
+        res.rejected["out_of_range"] += 1
+        res.first_error = res.first_error or f"request span {row[4]}: {problem}"
+    return good
 
 
 class _ExportContext:
@@ -222,13 +290,17 @@ class _ExportContext:
         start, end = span.start_time_unix_nano, span.end_time_unix_nano
         if start <= 0 or end < start:
             raise Rejected("bad_time", f"span {span.name!r} has start {start} and end {end}")
+        if end > INT64_MAX:
+            raise Rejected(
+                "out_of_range", f"span {span.name!r} ends at {end} ns, after the year 2262"
+            )
         if model is None:
             model = resource.get(ATTR_MODEL)
         if model is None or model == "":
             raise Rejected("missing_model", f"span {span.name!r} names no model")
         model = as_str(model) or ""
         host = as_str(resource.get("host.name")) or ""
-        pid = as_int(resource, "process.pid")
+        pid = as_int(resource, "process.pid", 0, INT64_MAX)
         if pid is not None:
             self._resolver.note_model(host, pid, model)
         if span_gpu is None:

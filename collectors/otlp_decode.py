@@ -70,6 +70,8 @@ def decode(body: bytes, mtype: str) -> ExportTraceServiceRequest:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise DecodeError("body is not valid OTLP JSON: nested too deeply") from exc
     if not isinstance(doc, dict):
         raise DecodeError("OTLP JSON body must be an object with 'resourceSpans'")
     try:
@@ -79,6 +81,8 @@ def decode(body: bytes, mtype: str) -> ExportTraceServiceRequest:
         raise DecodeError(
             f"body is not a valid OTLP JSON ExportTraceServiceRequest: {exc}"
         ) from exc
+    except RecursionError as exc:  # attribute values (kvlist in kvlist …) nested past the stack
+        raise DecodeError("body is not valid OTLP JSON: nested too deeply") from exc
     return msg
 
 

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
@@ -23,6 +24,7 @@ from store.errors import (
     QueryError,
     Unauthorized,
 )
+from store.http_json import SafeJSONResponse
 from store.queries import MAX_LIMIT, TimeRange, requests_rows
 from store.timespec import parse_time_ns
 
@@ -95,6 +97,23 @@ def http_status(exc: CotenantError) -> int:
     return 500
 
 
+def validation_error(exc: RequestValidationError) -> dict[str, Any]:
+    """FastAPI's 422 body without the client's input echoed back (it may hold NaN or lone
+    surrogates, which FastAPI's own handler cannot serialise), plus ``error`` naming the
+    first field, like every other error of the API."""
+    detail = [
+        {
+            "loc": [str(x) for x in e.get("loc", ())],
+            "msg": str(e.get("msg", "")),
+            "type": e.get("type"),
+        }
+        for e in exc.errors()
+    ]
+    first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
+    where = ".".join(first["loc"]) or "request"
+    return {"error": f"{where}: {first['msg']}", "detail": detail}
+
+
 def create_api(
     store: Store,
     registry: CollectorRegistry,
@@ -110,10 +129,14 @@ def create_api(
     )
 
     @app.exception_handler(CotenantError)
-    async def _cotenant_error(_: Request, exc: CotenantError) -> JSONResponse:
+    async def _cotenant_error(_: Request, exc: CotenantError) -> SafeJSONResponse:
         status = http_status(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
+        return SafeJSONResponse({"error": str(exc)}, status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        return SafeJSONResponse(validation_error(exc), status_code=422)
 
     @app.get("/healthz", summary="Liveness: the process answers")
     def healthz() -> dict[str, str]:
@@ -127,8 +150,8 @@ def create_api(
     def readyz() -> Response:
         reason = readiness()
         if reason is None:
-            return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "not ready", "error": reason}, status_code=503)
+            return SafeJSONResponse({"status": "ready"})
+        return SafeJSONResponse({"status": "not ready", "error": reason}, status_code=503)
 
     @app.get("/metrics", summary="Prometheus exposition", response_class=Response)
     def metrics() -> Response:
@@ -145,13 +168,13 @@ def create_api(
         since: str | None = Query(None, description="'now', '15m' (ago), ISO 8601 or Unix s"),
         until: str | None = Query(None, description="same forms as since"),
         limit: int = Query(1000, description=f"1..{MAX_LIMIT}"),
-    ) -> JSONResponse:
+    ) -> SafeJSONResponse:
         rng = TimeRange(
             None if since is None else parse_time_ns(since, "since"),
             None if until is None else parse_time_ns(until, "until"),
         )
         rows: list[dict[str, Any]] = requests_rows(store, rng, model=model, gpu=gpu, limit=limit)
-        return JSONResponse({"count": len(rows), "requests": rows})
+        return SafeJSONResponse({"count": len(rows), "requests": rows})
 
     if analyzer is not None:
         _analysis_routes(app, analyzer, AlertBook(store))
@@ -165,12 +188,12 @@ def _analysis_routes(app: FastAPI, analyzer: Analyzer, alerts: AlertBook) -> Non
     }
 
     @app.post("/api/v1/diagnose", summary="Diagnose a model over a time range", responses=errors)
-    def diagnose(body: DiagnoseRequest) -> JSONResponse:
+    def diagnose(body: DiagnoseRequest) -> SafeJSONResponse:
         start = parse_time_ns(body.start, "start")
         end = parse_time_ns(body.end, "end")
         if end <= start:
             raise QueryError("end must be after start")
-        return JSONResponse(analyzer.diagnose(body.model, start, end))
+        return SafeJSONResponse(analyzer.diagnose(body.model, start, end))
 
     @app.get("/api/v1/incidents", summary="Incidents, newest first", responses=errors)
     def incidents(
@@ -178,15 +201,15 @@ def _analysis_routes(app: FastAPI, analyzer: Analyzer, alerts: AlertBook) -> Non
         model: str | None = Query(None, description="only this victim model"),
         state: str | None = Query(None, description="open or resolved"),
         limit: int = Query(500, description="1..10000"),
-    ) -> JSONResponse:
+    ) -> SafeJSONResponse:
         since_ns = None if since is None else parse_time_ns(since, "since")
         rows = analyzer.incidents(since_ns=since_ns, model=model, state=state, limit=limit)
-        return JSONResponse({"count": len(rows), "incidents": rows})
+        return SafeJSONResponse({"count": len(rows), "incidents": rows})
 
     @app.get(
         "/api/v1/incidents/{incident_id}", summary="One incident with its causes", responses=errors
     )
-    def incident(incident_id: str) -> JSONResponse:
+    def incident(incident_id: str) -> SafeJSONResponse:
         out = analyzer.incident(incident_id)
         out["alerts"] = alerts.find(incident_id=incident_id)  # Alertmanager alerts linked to it
-        return JSONResponse(out)
+        return SafeJSONResponse(out)

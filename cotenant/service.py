@@ -51,6 +51,7 @@ from reports.schedule import ReportScheduler, parse_schedule
 from reports.writer import parse_formats
 from store.db import Store
 from store.errors import NvmlUnavailable
+from store.http_json import SafeJSONResponse
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
 from store.source import StoreSource
@@ -306,6 +307,11 @@ class Service:
         return None
 
     async def _dispatch(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and ".." in str(scope.get("path", "")).split("/"):
+            # no route takes a parent segment; the dashboard's asset routes would 500 on one
+            refusal = SafeJSONResponse({"error": "path: '..' segments are not allowed"}, 400)
+            await refusal(scope, receive, send)
+            return
         server = scope.get("server")
         if server is not None and self._otlp_port is not None and server[1] == self._otlp_port:
             await self.otlp_http.app(scope, receive, send)

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from reports.compute import ReportBuilder
+from store.http_json import SafeJSONResponse
 from reports.isoweek import parse_week
 from store.errors import QueryError, ReportError
 
@@ -17,11 +18,12 @@ def reports_router(builder: ReportBuilder) -> APIRouter:
     router = APIRouter()
 
     @router.get("/api/v1/reports/{week}/summary", summary="A week's contention-report numbers")
-    def week_summary(week: str) -> dict[str, Any]:
+    def week_summary(week: str) -> SafeJSONResponse:
         try:
             w = parse_week(week)
         except ReportError as exc:
             raise QueryError(str(exc)) from exc
-        return builder.build(w).to_dict()
+        summary: dict[str, Any] = builder.build(w).to_dict()
+        return SafeJSONResponse(summary)
 
     return router

@@ -54,7 +54,9 @@ def parse_week(text: str) -> IsoWeek:
     if m is None:
         raise ReportError(f"week {text!r} is not an ISO week like 2026-W48 (YYYY-Www)")
     year, week = int(m.group(1)), int(m.group(2))
+    if not 1970 <= year <= 2261:  # year 0 is no date; past 2261 is past int64 nanoseconds
+        raise ReportError(f"week {text!r} is out of range: years 1970 to 2261")
     weeks = dt.date(year, 12, 28).isocalendar()[1]  # 28 December is always in the last week
-    if not 1 <= week <= weeks or year < 1970:
+    if not 1 <= week <= weeks:
         raise ReportError(f"week {text!r} does not exist: {year} has weeks W01 to W{weeks:02d}")
     return IsoWeek(year, week)

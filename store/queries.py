@@ -80,13 +80,15 @@ def requests_rows(
     gpu: str | None = None,
     limit: int = 1000,
 ) -> list[dict[str, Any]]:
-    """Like :func:`requests_table`, as JSON-ready dicts (NaN becomes None)."""
+    """Like :func:`requests_table`, as JSON-ready dicts: a non-finite float (NaN, or an
+    infinity a store written before ingest refused them may hold) becomes None, so the
+    answer always serialises."""
     rows: list[dict[str, Any]] = requests_table(
         store, rng, model=model, gpu=gpu, limit=limit
     ).to_pylist()
     for r in rows:
         for k, v in r.items():
-            if isinstance(v, float) and math.isnan(v):
+            if isinstance(v, float) and not math.isfinite(v):
                 r[k] = None
     return rows
 

@@ -2,10 +2,13 @@
 
 The casts raise :class:`collectors.shapes.base.Rejected` (reason ``bad_attribute``) naming the
 key and the value, so one malformed attribute rejects its request instead of storing garbage.
+Every cast is range-checked against the column it feeds: integers within ``INTEGER`` (32-bit)
+unless the caller widens the bounds, durations finite and under :data:`MAX_SECONDS`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,41 +29,64 @@ def attributes(kvs: Iterable[Any]) -> Attrs:
     return out
 
 
-def as_int(attrs: Attrs, key: str) -> int | None:
-    """``attrs[key]`` as an int (whole floats and numeric strings accepted); None if absent."""
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+MAX_SECONDS = 1e9
+"""Longest duration attribute accepted (about 31 years): anything longer is a broken timer,
+and refusing it keeps every phase column finite."""
+
+
+def as_int(attrs: Attrs, key: str, lo: int = -INT32_MAX - 1, hi: int = INT32_MAX) -> int | None:
+    """``attrs[key]`` as an int in ``lo..hi`` (whole floats and numeric strings accepted);
+    None if absent. The default bounds are those of an ``INTEGER`` column."""
     v = attrs.get(key)
     if v is None:
         return None
+    n: int | None = None
     if isinstance(v, bool):
-        raise Rejected("bad_attribute", f"attribute {key} must be an integer, got {v!r}")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str):
+        pass
+    elif isinstance(v, int):
+        n = v
+    elif isinstance(v, float) and v.is_integer():
+        n = int(v)
+    elif isinstance(v, str) and len(v) <= 20:  # int() of a long digit string is quadratic
         try:
-            return int(v)
+            n = int(v)
         except ValueError:
             pass
-    raise Rejected("bad_attribute", f"attribute {key} must be an integer, got {v!r}")
+    if n is None:
+        raise Rejected("bad_attribute", f"attribute {key} must be an integer, got {_short(v)}")
+    if not lo <= n <= hi:
+        raise Rejected("out_of_range", f"attribute {key} = {n} is outside {lo}..{hi}")
+    return n
 
 
 def as_seconds_ms(attrs: Attrs, key: str) -> float | None:
-    """``attrs[key]``, a duration in seconds >= 0 (number or numeric string), in ms; None if
-    absent."""
+    """``attrs[key]``, a duration in seconds in ``0..MAX_SECONDS`` (number or numeric string),
+    in ms; None if absent. NaN and infinities are refused."""
     v = attrs.get(key)
     if v is None:
         return None
-    if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
-        return float(v) * 1000.0
-    if isinstance(v, str):
+    f = math.nan
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        f = float(v)
+    elif isinstance(v, str) and len(v) <= 64:
         try:
             f = float(v)
         except ValueError:
-            f = -1.0
-        if f >= 0:
-            return f * 1000.0
-    raise Rejected("bad_attribute", f"attribute {key} must be seconds >= 0, got {v!r}")
+            pass
+    if 0 <= f <= MAX_SECONDS:  # False for NaN
+        return f * 1000.0
+    reason = "out_of_range" if f == f else "bad_attribute"
+    raise Rejected(
+        reason, f"attribute {key} must be finite seconds in 0..{MAX_SECONDS:g}, got {_short(v)}"
+    )
+
+
+def _short(v: Any) -> str:
+    """``repr(v)``, cut to 80 characters: it goes back to the client and into logs."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def as_str(v: Any) -> str | None:

@@ -1,0 +1,50 @@
+"""Fixtures of the reliability suite: a whole ``cotenant serve`` service in this process (on
+free loopback ports, a fresh store, NVML off), shared by a module's tests to spare the CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cotenant.config import load_config
+from cotenant.service import Service
+
+
+def service(store: Path, env: dict[str, str] | None = None) -> Service:
+    cfg = load_config(
+        env={
+            "COTENANT_SERVER_PORT": "0",
+            "COTENANT_OTLP_HTTP_PORT": "0",
+            "COTENANT_OTLP_GRPC_PORT": "0",
+            "COTENANT_NVML_ENABLED": "false",
+            **(env or {}),
+        }
+    )
+    return Service(dataclasses.replace(cfg, store=dataclasses.replace(cfg.store, path=str(store))))
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A running service (dashboard included) with its endpoints resolved."""
+    svc = service(tmp_path_factory.mktemp("live") / "store.duckdb")
+    t = threading.Thread(target=svc.run, kwargs={"banner": None}, daemon=True)
+    t.start()
+    assert svc.started.wait(60)
+    yield svc
+    svc.stop()
+    t.join(60)
+
+
+def healthy(svc: Service) -> bool:
+    """The service answers its liveness and readiness probes."""
+    assert svc.endpoints is not None
+    api = svc.endpoints.api
+    return (
+        httpx.get(f"{api}/healthz", timeout=10).status_code == 200
+        and httpx.get(f"{api}/readyz", timeout=10).status_code == 200
+    )
