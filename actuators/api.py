@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Body, Header, Query
-from store.http_json import SafeJSONResponse
 from pydantic import BaseModel, Field
 
 from actuators.contract import ActionControl
+from store.http_json import SafeJSONResponse
 from store.timespec import parse_time_ns
 
 

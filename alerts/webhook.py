@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from store.http_json import SafeJSONResponse
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
@@ -26,6 +25,7 @@ from analysis.analyzer import Analyzer
 from store.db import Store
 from store.errors import AlertPayloadError, NotFoundError
 from store.http_body import read_body
+from store.http_json import SafeJSONResponse
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Largest webhook body accepted (Alertmanager groups rarely pass a few hundred KiB)."""

@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter
 
 from reports.compute import ReportBuilder
-from store.http_json import SafeJSONResponse
 from reports.isoweek import parse_week
 from store.errors import QueryError, ReportError
+from store.http_json import SafeJSONResponse
 
 
 def reports_router(builder: ReportBuilder) -> APIRouter:

@@ -8,6 +8,7 @@ unless the caller widens the bounds, durations finite and under :data:`MAX_SECON
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -50,10 +51,8 @@ def as_int(attrs: Attrs, key: str, lo: int = -INT32_MAX - 1, hi: int = INT32_MAX
     elif isinstance(v, float) and v.is_integer():
         n = int(v)
     elif isinstance(v, str) and len(v) <= 20:  # int() of a long digit string is quadratic
-        try:
+        with contextlib.suppress(ValueError):
             n = int(v)
-        except ValueError:
-            pass
     if n is None:
         raise Rejected("bad_attribute", f"attribute {key} must be an integer, got {_short(v)}")
     if not lo <= n <= hi:
@@ -71,10 +70,8 @@ def as_seconds_ms(attrs: Attrs, key: str) -> float | None:
     if isinstance(v, int | float) and not isinstance(v, bool):
         f = float(v)
     elif isinstance(v, str) and len(v) <= 64:
-        try:
+        with contextlib.suppress(ValueError):
             f = float(v)
-        except ValueError:
-            pass
     if 0 <= f <= MAX_SECONDS:  # False for NaN
         return f * 1000.0
     reason = "out_of_range" if f == f else "bad_attribute"

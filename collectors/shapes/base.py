@@ -81,7 +81,8 @@ class Rejected(Exception):
     """A request-shaped span that cannot be used; ``reason`` is the counter label
     (``bad_ids``, ``bad_time``, ``missing_model``, ``bad_attribute``, ``out_of_range`` (a
     value its column cannot hold: an integer past 32 or 64 bits, a time past 2262, a duration
-    that is not finite), or a shape's own, e.g. ``triton_incomplete``). The message goes back to the client as an OTLP partial success."""
+    that is not finite), or a shape's own, e.g. ``triton_incomplete``). The message goes back
+    to the client as an OTLP partial success."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

@@ -142,11 +142,18 @@ def test_deeply_nested_json_is_a_400_on_otlp_and_alerts(live: Service) -> None:
     value = '{"kvlistValue":{"values":[{"key":"k","value":' * n + '{"stringValue":"x"}'
     value += "}]}}" * n
     body = (
-        '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"' + "ab" * 16 + '","spanId":"'
-        + "cd" * 8 + '","name":"x","attributes":[{"key":"deep","value":' + value + "}]}]}]}]}"
+        '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"'
+        + "ab" * 16
+        + '","spanId":"'
+        + "cd" * 8
+        + '","name":"x","attributes":[{"key":"deep","value":'
+        + value
+        + "}]}]}]}]}"
     )
     r = httpx.post(
-        live.endpoints.otlp_http, content=body.encode(), headers={"Content-Type": "application/json"}
+        live.endpoints.otlp_http,
+        content=body.encode(),
+        headers={"Content-Type": "application/json"},
     )
     assert r.status_code == 400, r.text
     assert healthy(live)
@@ -184,9 +191,7 @@ def test_diagnose_with_a_date_out_of_range_is_a_400(live: Service) -> None:
 
 
 @pytest.mark.parametrize("year", ["9999", "0001", "1677", "2262"])
-def test_an_alert_starting_out_of_range_is_a_400_naming_the_field(
-    live: Service, year: str
-) -> None:
+def test_an_alert_starting_out_of_range_is_a_400_naming_the_field(live: Service, year: str) -> None:
     body = {
         "version": "4",
         "alerts": [
