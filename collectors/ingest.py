@@ -1,5 +1,6 @@
 """The ingest pipeline shared by the OTLP/HTTP and OTLP/gRPC receivers:
-normalize -> queue for the store -> count. Thread-safe."""
+normalize -> queue for the store -> (under ``store.ack = "durable"``) wait for the commit ->
+count. Thread-safe; concurrent exports share one commit (:mod:`store.writer`, group commit)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 
 from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer, NormalizeResult
-from store.errors import Overloaded
-from store.writer import Writer
+from store.errors import Overloaded, StoreError, UsageError
+from store.settings import StoreSettings
+from store.writer import Receipt, Writer
+
+ACKS = ("durable", "queued")
 
 
 @dataclass(frozen=True)
@@ -25,10 +29,26 @@ class ExportOutcome:
 
 
 class IngestPipeline:
-    def __init__(self, normalizer: Normalizer, writer: Writer, metrics: IngestMetrics) -> None:
+    """``ack``: ``"durable"`` (:meth:`export` returns once the rows are committed to the
+    store file) or ``"queued"`` (once they are in the writer's queue); ``ack_timeout_s``: the
+    longest a durable export waits for its commit."""
+
+    def __init__(
+        self,
+        normalizer: Normalizer,
+        writer: Writer,
+        metrics: IngestMetrics,
+        *,
+        ack: str = StoreSettings.ack,
+        ack_timeout_s: float = StoreSettings.ack_timeout_s,
+    ) -> None:
+        if ack not in ACKS:
+            raise UsageError(f"ack must be one of {', '.join(ACKS)}, got {ack!r}")
         self._normalizer = normalizer
         self._writer = writer
         self._metrics = metrics
+        self._durable = ack == "durable"
+        self._ack_timeout_s = ack_timeout_s
         self._lock = threading.Lock()
         self._expired_seen: Counter[str] = Counter()
 
@@ -37,10 +57,13 @@ class IngestPipeline:
         return self._normalizer
 
     def export(self, request: Any, protocol: str, fmt: str) -> ExportOutcome:
-        """Normalize and queue one ``ExportTraceServiceRequest``.
+        """Normalize and queue one ``ExportTraceServiceRequest``; under durable ack, wait until
+        its rows are committed.
 
-        Raises :class:`Overloaded` (nothing kept, the client should retry) when the writer
-        queue cannot take the export. Once this returns, the requests are acknowledged.
+        Raises :class:`Overloaded` (the client should retry) when the writer queue cannot take
+        the export (nothing kept), or, under durable ack, when the commit failed (nothing
+        kept) or did not happen within ``ack_timeout_s`` (the rows may still be written).
+        Once this returns, the requests are acknowledged.
         """
         with self._lock:
             spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
@@ -53,13 +76,28 @@ class IngestPipeline:
                 )
             res = self._normalizer.normalize(request)
             try:
-                self._writer.submit("requests", res.requests)
+                receipt = self._writer.submit("requests", res.requests, durable=self._durable)
             except Overloaded:
                 self._metrics.exports.labels(protocol, "overloaded").inc()
                 raise
             self._count_expired()
+        if self._durable:  # outside the lock: concurrent exports queue up for one commit
+            self._await_commit(receipt, protocol)
         self._count(res, protocol, fmt)
         return ExportOutcome(res.spans, res.requests.num_rows, res.rejected_count, _message(res))
+
+    def _await_commit(self, receipt: Receipt, protocol: str) -> None:
+        try:
+            committed = receipt.wait(self._ack_timeout_s)
+        except StoreError as exc:
+            self._metrics.exports.labels(protocol, "not_committed").inc()
+            raise Overloaded(f"{exc}; retry", self._writer.retry_after_s) from exc
+        if not committed:
+            self._metrics.exports.labels(protocol, "not_committed").inc()
+            raise Overloaded(
+                f"rows not committed within {self._ack_timeout_s:g} s (store busy); retry",
+                self._writer.retry_after_s,
+            )
 
     def _count_expired(self) -> None:
         for reason, n in self._normalizer.expired.items():

@@ -142,8 +142,10 @@ class Service:
         self.writer = Writer(
             self.store,
             max_rows=sc.queue_max_rows,
+            max_bytes=sc.queue_max_bytes,
             batch_rows=sc.batch_rows,
             flush_interval_s=sc.flush_interval_s,
+            group_commit_s=sc.group_commit_s,
             retry_after_s=config.otlp.retry_after_s,
             maintenance=self.maintenance,
             observer=self.metrics,
@@ -153,7 +155,9 @@ class Service:
         restored = self.normalizer.import_pending(pending_spans(self.store))
         if restored:
             log.info("restored %d child spans waiting for their root", restored)
-        self.pipeline = IngestPipeline(self.normalizer, self.writer, self.metrics)
+        self.pipeline = IngestPipeline(
+            self.normalizer, self.writer, self.metrics, ack=sc.ack, ack_timeout_s=sc.ack_timeout_s
+        )
         self.metrics.bind_queue(
             lambda: self.writer.queued_rows,
             sc.queue_max_rows,
@@ -302,7 +306,7 @@ class Service:
             return "shutting down"
         if not self.writer.alive:
             return "store writer is not running"
-        if self.writer.queued_rows >= self.writer.max_rows:
+        if self.writer.full:
             return "writer queue is full"
         return None
 

@@ -14,7 +14,32 @@ class StoreSettings:
 
     path: str = key("./.cotenant/cotenant.duckdb", "the embedded DuckDB file")
     queue_max_rows: int = key(
-        500_000, "rows the writer queue holds before ingest answers 429", min=1
+        500_000, "rows the writer queue holds before ingest answers 503", min=1
+    )
+    queue_max_bytes: int = key(
+        64 * 1024 * 1024,
+        "Arrow bytes the writer queue holds before ingest answers 503 (bounds its memory)",
+        min=1024,
+    )
+    ack: str = key(
+        "durable",
+        "when an export is acknowledged: 'durable' once its rows are committed to the store "
+        "file (survives kill -9), 'queued' once they are in the writer's memory queue (faster; "
+        "rows of the last flush_interval_s are lost if the process is killed)",
+        choices=("durable", "queued"),
+    )
+    group_commit_s: float = key(
+        0.002,
+        "under ack = durable, how long the writer gathers concurrent exports into one commit",
+        min=0.0,
+        max=1.0,
+    )
+    ack_timeout_s: float = key(
+        10.0,
+        "under ack = durable, longest an export waits for its commit before it answers 503 "
+        "(its rows may still be written: the exporter's retry can store them twice)",
+        min=0.1,
+        max=600.0,
     )
     batch_rows: int = key(50_000, "rows the writer appends in one Arrow batch", min=1)
     flush_interval_s: float = key(0.5, "longest time a row waits in the queue", min=0.01)

@@ -1,11 +1,19 @@
 """The writer thread: a bounded queue of Arrow batches appended to the store.
 
 Producers (the OTLP receivers, the NVML poller) call :meth:`Writer.submit` with an Arrow table;
-the queue is bounded by rows, and a full queue raises :class:`Overloaded` at once so the
-receiver can answer 503/UNAVAILABLE with a retry hint instead of blocking. One thread drains
-the queue, concatenates batches per table and appends each with one ``INSERT … SELECT`` over
-Arrow. The same thread refreshes rollups and applies retention (:mod:`store.maintenance`), so
-only one thread ever writes. :meth:`close` drains everything still queued before it returns.
+the queue is bounded by rows and by bytes (Arrow buffers), and a full queue raises
+:class:`Overloaded` at once so the receiver can answer 503/UNAVAILABLE with a retry hint
+instead of blocking. One thread drains the queue, concatenates batches per table and appends
+each with one ``INSERT … SELECT`` over Arrow: one transaction, in DuckDB's write-ahead log
+when it returns, so a ``kill -9`` after it loses nothing. The same thread refreshes rollups
+and applies retention (:mod:`store.maintenance`), so only one thread ever writes.
+:meth:`close` drains everything still queued before it returns.
+
+**Group commit.** :meth:`submit` returns a :class:`Receipt`; a producer that must not answer
+before its rows are committed (``store.ack = "durable"``) passes ``durable=True`` and waits on
+it. The writer then stops waiting for a full batch: it gathers what concurrent producers
+submit for ``group_commit_s`` (a few ms), commits it all in one append per table, and settles
+every receipt of that append at once, so many exports share one commit.
 """
 
 from __future__ import annotations
@@ -39,6 +47,43 @@ class WriteObserver(Protocol):
     def write_failed(self, table: str, rows: int) -> None: ...
 
 
+class Receipt:
+    """What became of one submitted batch: :meth:`wait` for its commit."""
+
+    __slots__ = ("_done", "_error")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: str | None = None
+
+    def settle(self, error: str | None = None) -> None:
+        """Called by the writer: committed (``error`` None), or the append failed."""
+        self._error = error
+        self._done.set()
+
+    @property
+    def settled(self) -> bool:
+        """Whether the append is over (committed or failed)."""
+        return self._done.is_set()
+
+    @property
+    def committed(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the rows are committed; False if that did not happen within
+        ``timeout_s`` (they may still be). Raises :class:`StoreError` (with the append's error)
+        when the append failed: the rows are not stored."""
+        if not self._done.wait(timeout_s):
+            return False
+        if self._error is not None:
+            raise StoreError(self._error)
+        return True
+
+
+_Item = tuple[str, pa.Table, Receipt]
+
+
 class Writer:
     """Owns all writes to ``store``. Thread-safe :meth:`submit`; one background thread."""
 
@@ -47,8 +92,10 @@ class Writer:
         store: Store,
         *,
         max_rows: int = StoreSettings.queue_max_rows,
+        max_bytes: int = StoreSettings.queue_max_bytes,
         batch_rows: int = StoreSettings.batch_rows,
         flush_interval_s: float = StoreSettings.flush_interval_s,
+        group_commit_s: float = StoreSettings.group_commit_s,
         retry_after_s: float = 1.0,
         maintenance: Maintenance | None = None,
         observer: WriteObserver | None = None,
@@ -56,15 +103,20 @@ class Writer:
     ) -> None:
         self._store = store
         self._max_rows = max_rows
+        self._max_bytes = max_bytes
         self._batch_rows = batch_rows
         self._flush_interval_s = flush_interval_s
+        self._group_commit_s = group_commit_s
         self._retry_after_s = retry_after_s
         self._maintenance = maintenance
         self._observer = observer
         self._clock = clock
-        self._queue: deque[tuple[str, pa.Table]] = deque()
+        self._queue: deque[_Item] = deque()
         self._queued_rows = 0
         self._in_flight = 0
+        self._queued_bytes = 0
+        self._in_flight_bytes = 0
+        self._durable_since: float | None = None  # first waiting submit since the last take
         self._cond = threading.Condition()
         self._closing = False
         self._flushers = 0
@@ -78,8 +130,22 @@ class Writer:
         return self._queued_rows + self._in_flight
 
     @property
+    def queued_bytes(self) -> int:
+        """Arrow bytes accepted but not yet written."""
+        return self._queued_bytes + self._in_flight_bytes
+
+    @property
     def max_rows(self) -> int:
         return self._max_rows
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
+    @property
+    def full(self) -> bool:
+        """Whether the queue is at either of its bounds (rows or bytes)."""
+        return self.queued_rows >= self._max_rows or self.queued_bytes >= self._max_bytes
 
     @property
     def retry_after_s(self) -> float:
@@ -90,43 +156,61 @@ class Writer:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closing
 
-    def has_room(self, rows: int) -> bool:
-        """Whether ``rows`` more rows fit now. An empty queue takes a batch of any size, so
-        one export larger than the whole queue is slow, never refused for ever."""
+    def has_room(self, rows: int, nbytes: int = 0) -> bool:
+        """Whether ``rows`` more rows (of ``nbytes`` Arrow bytes) fit now. An empty queue takes
+        a batch of any size, so one export larger than the whole queue is slow, never refused
+        for ever."""
         with self._cond:
-            return self._has_room(rows)
+            return self._has_room(rows, nbytes)
 
-    def _has_room(self, rows: int) -> bool:
+    def _has_room(self, rows: int, nbytes: int) -> bool:
         queued = self._queued_rows + self._in_flight
-        return queued == 0 or queued + rows <= self._max_rows
+        return queued == 0 or (
+            queued + rows <= self._max_rows
+            and self._queued_bytes + self._in_flight_bytes + nbytes <= self._max_bytes
+        )
 
-    def submit(self, table: str, batch: pa.Table) -> None:
+    def _full_message(self) -> str:
+        return (
+            f"writer queue full ({self.queued_rows} of {self._max_rows} rows, "
+            f"{self.queued_bytes >> 20} of {self._max_bytes >> 20} MiB queued)"
+        )
+
+    def submit(self, table: str, batch: pa.Table, *, durable: bool = False) -> Receipt:
         """Queue ``batch`` for ``table``; raise :class:`Overloaded` if the queue is full.
 
-        Once this returns, the rows are acknowledged: they are written before :meth:`close`
-        returns. ``batch`` must carry the table's columns (extra ones are an error), with
-        values castable to the table's types; otherwise :class:`StoreError` is raised here.
+        Once this returns, the rows are queued: they are written before :meth:`close` returns,
+        and the :class:`Receipt` tells when they are committed. ``durable``: the caller will
+        wait on the receipt, so the writer commits within ``group_commit_s`` instead of
+        waiting for a full batch. ``batch`` must carry the table's columns (extra ones are an
+        error), with values castable to the table's types; otherwise :class:`StoreError` is
+        raised here.
         """
+        receipt = Receipt()
         if table not in self._schemas:
             raise StoreError(f"table {table} does not take appends")
         n = batch.num_rows
         if n == 0:
-            return
+            receipt.settle()
+            return receipt
         # Conform here, on the caller's thread: a malformed batch found only by the writer
         # would make it drop every acknowledged batch written together with it.
         batch = _conform(table, batch, self._schemas[table])
+        nbytes = batch.nbytes
         with self._cond:
             if self._closing:
                 raise Overloaded("store is shutting down", self._retry_after_s)
-            if not self._has_room(n):
-                raise Overloaded(
-                    f"writer queue full ({self.queued_rows} of {self._max_rows} rows queued)",
-                    self._retry_after_s,
-                )
-            self._queue.append((table, batch))
+            if not self._has_room(n, nbytes):
+                raise Overloaded(self._full_message(), self._retry_after_s)
+            self._queue.append((table, batch, receipt))
             self._queued_rows += n
+            self._queued_bytes += nbytes
             if self._queued_rows >= self._batch_rows:
                 self._cond.notify()
+            elif durable and self._durable_since is None:
+                self._durable_since = self._clock()
+                self._cond.notify()
+        return receipt
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is written; True if it was in time."""
@@ -157,10 +241,12 @@ class Writer:
                 self.queued_rows,
             )
 
-    def _take(self) -> list[tuple[str, pa.Table]]:
+    def _take(self) -> list[_Item]:
         with self._cond:
             deadline = self._clock() + self._flush_interval_s
             while not self._closing and not self._flushers and self._queued_rows < self._batch_rows:
+                if self._durable_since is not None:  # someone waits: commit within the window
+                    deadline = min(deadline, self._durable_since + self._group_commit_s)
                 left = deadline - self._clock()
                 if left <= 0:
                     break
@@ -168,16 +254,25 @@ class Writer:
             items = list(self._queue)
             self._queue.clear()
             self._in_flight = self._queued_rows
+            self._in_flight_bytes = self._queued_bytes
             self._queued_rows = 0
+            self._queued_bytes = 0
+            self._durable_since = None
             return items
 
     def _run(self) -> None:
         while True:
             items = self._take()
             if items:
-                self._write(items)
+                try:
+                    self._write(items)
+                finally:  # no waiter is left hanging, whatever happened
+                    for _, _, receipt in items:
+                        if not receipt.settled:
+                            receipt.settle("the writer stopped before writing these rows")
             with self._cond:
                 self._in_flight = 0
+                self._in_flight_bytes = 0
                 self._cond.notify_all()
                 done = self._closing and not self._queue
             if self._maintenance is not None:
@@ -185,21 +280,25 @@ class Writer:
             if done:
                 return
 
-    def _write(self, items: list[tuple[str, pa.Table]]) -> None:
-        by_table: dict[str, list[pa.Table]] = {}
-        for table, batch in items:
-            by_table.setdefault(table, []).append(batch)
-        for table, batches in by_table.items():
-            rows = sum(b.num_rows for b in batches)
+    def _write(self, items: list[_Item]) -> None:
+        by_table: dict[str, list[tuple[pa.Table, Receipt]]] = {}
+        for table, batch, receipt in items:
+            by_table.setdefault(table, []).append((batch, receipt))
+        for table, entries in by_table.items():
+            rows = sum(b.num_rows for b, _ in entries)
             t0 = time.perf_counter()
             try:
-                combined = pa.concat_tables(batches)
+                combined = pa.concat_tables([b for b, _ in entries])
                 self._append(table, combined)
             except Exception as exc:  # the data path must not kill the writer thread
                 log.exception("writing %d rows to %s failed: %s", rows, table, exc)
                 if self._observer is not None:
                     self._observer.write_failed(table, rows)
+                for _, receipt in entries:
+                    receipt.settle(f"writing {rows} rows to {table} failed: {exc}")
                 continue
+            for _, receipt in entries:
+                receipt.settle()
             if self._observer is not None:
                 self._observer.rows_written(table, rows, time.perf_counter() - t0)
             if self._maintenance is not None:

@@ -51,6 +51,8 @@ def stalled(tmp_path: Path) -> Iterator[tuple[Service, GatedStore]]:
             "COTENANT_STORE_QUEUE_MAX_ROWS": "100",
             "COTENANT_STORE_FLUSH_INTERVAL_S": "0.05",
             "COTENANT_OTLP_RETRY_AFTER_S": "1",
+            # the queue filling up is what is tested: acknowledge once queued
+            "COTENANT_STORE_ACK": "queued",
         }
     )
     store = GatedStore(tmp_path / "s.duckdb")

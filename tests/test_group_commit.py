@@ -1,0 +1,191 @@
+"""Durable acknowledgement: the writer's receipts and group commit, and the ingest pipeline
+that answers only once its rows are committed (``store.ack = "durable"``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+from spans import SpanFactory
+from test_store import RecordingObserver, count, frozen_monotonic, make_requests
+
+from collectors.gpu_resolve import GpuResolver
+from collectors.ingest import IngestPipeline
+from collectors.ingest_metrics import IngestMetrics
+from collectors.normalize import Normalizer
+from store.db import Store
+from store.errors import Overloaded, StoreError, UsageError
+from store.writer import Writer
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = Store(tmp_path / "store.duckdb")
+    yield s
+    s.close()
+
+
+def test_a_durable_submit_is_committed_without_waiting_for_the_flush_timer(store: Store) -> None:
+    # an hour-long flush interval: only the durable submit can make the writer write now
+    w = Writer(store, batch_rows=100_000, flush_interval_s=3600, group_commit_s=0.001)
+    receipt = w.submit("requests", make_requests(np.random.default_rng(1), 40), durable=True)
+    assert receipt.wait(30)
+    assert receipt.committed
+    assert count(store, "requests") == 40
+    queued = w.submit("requests", make_requests(np.random.default_rng(2), 5))
+    assert not queued.wait(0.2)  # a plain submit still waits for a batch or the timer
+    w.close()
+    assert queued.committed and count(store, "requests") == 45
+
+
+def test_concurrent_durable_submits_share_commits(store: Store) -> None:
+    observer = RecordingObserver()
+    w = Writer(
+        store, batch_rows=100_000, flush_interval_s=3600, group_commit_s=0.05, observer=observer
+    )
+    receipts = []
+    lock = threading.Lock()
+
+    def producer(seed: int) -> None:
+        for k in range(5):
+            r = w.submit(
+                "requests", make_requests(np.random.default_rng(seed * 10 + k), 10), durable=True
+            )
+            with lock:
+                receipts.append(r)
+            assert r.wait(30)
+
+    threads = [threading.Thread(target=producer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(receipts) == 40 and all(r.committed for r in receipts)
+    assert count(store, "requests") == 400
+    assert len(observer.written) < 40  # fewer appends than exports: they were grouped
+    w.close()
+
+
+class BrokenStore(Store):
+    """A real store whose appends fail while ``broken`` is set (a full disk, on demand)."""
+
+    broken = False
+
+    def cursor(self) -> Any:
+        if self.broken:
+            raise OSError("No space left on device")
+        return super().cursor()
+
+
+def test_a_failed_append_fails_its_receipts_and_the_writer_goes_on(tmp_path: Path) -> None:
+    store = BrokenStore(tmp_path / "s.duckdb")
+    w = Writer(store, flush_interval_s=3600, group_commit_s=0.001)
+    store.broken = True
+    receipt = w.submit("requests", make_requests(np.random.default_rng(3), 7), durable=True)
+    with pytest.raises(StoreError, match="No space left"):
+        receipt.wait(30)
+    store.broken = False
+    again = w.submit("requests", make_requests(np.random.default_rng(4), 7), durable=True)
+    assert again.wait(30)
+    w.close()
+    assert count(store, "requests") == 7
+    store.close()
+
+
+def test_the_queue_is_bounded_in_bytes_too(store: Store) -> None:
+    rng = np.random.default_rng(5)
+    one = make_requests(rng, 100)
+    w = Writer(
+        store,
+        max_rows=1_000_000,
+        max_bytes=one.nbytes * 2 + 1,
+        batch_rows=1_000_000,
+        flush_interval_s=3600,
+        clock=frozen_monotonic,
+    )
+    w.submit("requests", one)
+    w.submit("requests", make_requests(rng, 100))
+    assert w.full or not w.has_room(100, one.nbytes)
+    with pytest.raises(Overloaded, match="MiB"):
+        w.submit("requests", make_requests(rng, 100))
+    w.close()
+    assert count(store, "requests") == 200  # the refused batch was never acknowledged
+
+
+def _pipeline(w: Writer, ack: str, timeout_s: float = 10.0) -> IngestPipeline:
+    return IngestPipeline(
+        Normalizer(GpuResolver()),
+        w,
+        IngestMetrics(CollectorRegistry()),
+        ack=ack,
+        ack_timeout_s=timeout_s,
+    )
+
+
+def _export() -> Any:
+    f = SpanFactory()
+    t0 = time.time_ns() - 10**9
+    for i in range(20):
+        f.ours("m", t0 + i, 3.0)
+    return f.otlp()
+
+
+def test_a_durable_export_returns_with_its_rows_in_the_store(store: Store) -> None:
+    w = Writer(store, flush_interval_s=3600)
+    out = _pipeline(w, "durable").export(_export(), "http", "protobuf")
+    assert out.requests == 20
+    assert count(store, "requests") == 20  # no flush: already committed
+    w.close()
+
+
+def test_a_queued_export_returns_before_the_commit(store: Store) -> None:
+    w = Writer(store, flush_interval_s=3600, clock=frozen_monotonic)
+    _pipeline(w, "queued").export(_export(), "http", "protobuf")
+    assert count(store, "requests") == 0 and w.queued_rows == 20
+    w.close()
+    assert count(store, "requests") == 20
+
+
+def test_a_durable_export_whose_commit_fails_is_refused_for_a_retry(tmp_path: Path) -> None:
+    store = BrokenStore(tmp_path / "s.duckdb")
+    w = Writer(store, flush_interval_s=3600, retry_after_s=2.0)
+    store.broken = True
+    with pytest.raises(Overloaded, match="retry") as err:
+        _pipeline(w, "durable").export(_export(), "grpc", "protobuf")
+    assert err.value.retry_after_s == 2.0
+    store.broken = False
+    w.close()
+    assert count(store, "requests") == 0
+    store.close()
+
+
+def test_a_durable_export_on_a_stalled_store_is_refused_after_the_timeout(
+    tmp_path: Path,
+) -> None:
+    gate = threading.Event()
+
+    class Stalled(Store):
+        def cursor(self) -> Any:
+            gate.wait(30)
+            return super().cursor()
+
+    store = Stalled(tmp_path / "s.duckdb")
+    w = Writer(store, flush_interval_s=3600)
+    with pytest.raises(Overloaded, match="not committed"):
+        _pipeline(w, "durable", timeout_s=0.2).export(_export(), "http", "protobuf")
+    gate.set()
+    w.close()
+    assert count(store, "requests") == 20  # written late: the client's retry may add a copy
+    store.close()
+
+
+def test_an_unknown_ack_mode_is_a_usage_error(store: Store) -> None:
+    w = Writer(store)
+    with pytest.raises(UsageError, match="ack"):
+        _pipeline(w, "eventually")
+    w.close()
