@@ -6,8 +6,13 @@ Run ``.venv/bin/python bench/ingest.py`` (``--help`` for sizes). Three measureme
   payloads: the ceiling any ingest path in this process can reach.
 * **end to end** — per payload :func:`collectors.otlp_decode.decode` then
   :meth:`collectors.ingest.IngestPipeline.export`, then :meth:`store.writer.Writer.flush`: the
-  clock stops when every row is committed to the DuckDB file on disk. One store runs through
-  an untimed warm-up and all repeats, as a server's does (rollups, retention, checkpoints).
+  clock stops when every row is committed to the DuckDB file on disk. One store per
+  ``store.ack`` mode (``--acks``, both by default) runs through an untimed warm-up and all
+  repeats, as a server's does (rollups, retention, checkpoints); the modes take turns within
+  each repeat, so both see the same machine. Under ``durable`` each export returns only once
+  its rows are committed: with ``--senders 1`` (the default) every export is its own commit,
+  the worst case of group commit; ``--senders N`` sends from N threads, as a server's
+  concurrent exporters do.
 * **RSS** — a child process ingests until ``--requests`` requests are stored in one store and
   reports its resident set then (``VmRSS``) and at its peak (``ru_maxrss``).
 
@@ -336,15 +341,23 @@ class Ingest:
     """The receiver's pipeline over a fresh store at ``path``, wired as ``cotenant serve``
     wires it (defaults of ``[store]``), with DuckDB on one thread."""
 
-    def __init__(self, path: Path, memory_limit: str = StoreSettings.memory_limit) -> None:
+    def __init__(
+        self,
+        path: Path,
+        memory_limit: str = StoreSettings.memory_limit,
+        ack: str = StoreSettings.ack,
+    ) -> None:
         for stale in (path, path.with_name(path.name + ".wal")):
             stale.unlink(missing_ok=True)
         self.store = Store(path, threads=1, memory_limit=memory_limit)
         self.metrics = IngestMetrics(CollectorRegistry())
         self.writer = Writer(self.store, maintenance=Maintenance(self.store), observer=self.metrics)
-        self.pipeline = IngestPipeline(Normalizer(GpuResolver()), self.writer, self.metrics)
+        self.pipeline = IngestPipeline(
+            Normalizer(GpuResolver()), self.writer, self.metrics, ack=ack
+        )
         self.retries = 0
         self.rejected = 0
+        self._lock = threading.Lock()
 
     def export(self, msg: ExportTraceServiceRequest) -> None:
         while True:
@@ -353,11 +366,20 @@ class Ingest:
             except Overloaded:
                 # a client backs off for Retry-After; waiting for the drain is the shortest
                 # back-off that is still honest about the writer being the bottleneck
-                self.retries += 1
+                with self._lock:
+                    self.retries += 1
                 self.writer.flush()
                 continue
-            self.rejected += out.rejected
+            with self._lock:
+                self.rejected += out.rejected
             return
+
+    def commits(self) -> int:
+        """Appends of ``requests`` rows so far (one transaction each)."""
+        v = self.metrics.registry.get_sample_value(
+            "cotenant_store_write_seconds_count", {"table": "requests"}
+        )
+        return int(v or 0)
 
     def write_seconds(self) -> float:
         v = self.metrics.registry.get_sample_value(
@@ -386,20 +408,42 @@ class Ingest:
         self.store.close()
 
 
-def segment(ing: Ingest, bodies: list[bytes]) -> dict[str, float]:
-    """Send ``bodies`` through the pipeline and wait until the writer has committed every row;
-    seconds by part (``writer_append_s`` ran on the writer thread, inside ``total_s``)."""
-    decode_s = export_s = 0.0
+def segment(ing: Ingest, bodies: list[bytes], senders: int = 1) -> dict[str, float]:
+    """Send ``bodies`` through the pipeline (from ``senders`` threads, taking turns over the
+    list) and wait until the writer has committed every row; seconds by part
+    (``writer_append_s`` ran on the writer thread, inside ``total_s``; with several senders,
+    ``decode_s`` and ``export_s`` add up their threads' time)."""
+    parts = [0.0, 0.0]  # decode, export
+    lock = threading.Lock()
     w0 = ing.write_seconds()
+    c0 = ing.commits()
+
+    def send(mine: list[bytes]) -> None:
+        d = e = 0.0
+        for body in mine:
+            a = time.perf_counter()
+            msg = decode(body, PROTOBUF)
+            b = time.perf_counter()
+            ing.export(msg)
+            d += b - a
+            e += time.perf_counter() - b
+        with lock:
+            parts[0] += d
+            parts[1] += e
+
     cpu0 = time.process_time()
     t0 = time.perf_counter()
-    for body in bodies:
-        a = time.perf_counter()
-        msg = decode(body, PROTOBUF)
-        b = time.perf_counter()
-        ing.export(msg)
-        decode_s += b - a
-        export_s += time.perf_counter() - b
+    if senders == 1:
+        send(bodies)
+    else:
+        threads = [
+            threading.Thread(target=send, args=(bodies[i::senders],)) for i in range(senders)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    decode_s, export_s = parts
     t_sent = time.perf_counter()
     if not ing.writer.flush(timeout_s=600):
         raise RuntimeError("the writer did not drain within 600 s")
@@ -412,6 +456,7 @@ def segment(ing: Ingest, bodies: list[bytes]) -> dict[str, float]:
         "export_s": export_s,
         "drain_s": t_end - t_sent,
         "writer_append_s": ing.write_seconds() - w0,
+        "commits": ing.commits() - c0,
     }
 
 
@@ -456,46 +501,65 @@ def _top(prof: cProfile.Profile, n: int) -> list[dict[str, Any]]:
 
 
 def throughput(args: argparse.Namespace, store_dir: Path, res: dict[str, Any]) -> None:
-    """Decode-only and end-to-end rates, interleaved per repeat over the same payloads, into
-    one store that keeps running (as a server does) after an untimed warm-up segment."""
+    """Decode-only and end-to-end rates per ``store.ack`` mode, interleaved per repeat over the
+    same payloads, each mode into its own store that keeps running (as a server's does) after
+    an untimed warm-up segment."""
     _progress(f"building payloads of {REQUESTS_PER_PAYLOAD} requests")
     stream = PayloadStream.build()
     stream.save(store_dir / TEMPLATES_FILE)
     n = args.payloads
-    ing = Ingest(store_dir / "throughput.duckdb", args.memory_limit)
-    segment(ing, [stream.payload(k) for k in range(n)])
-    _progress(f"warm-up done: {n} payloads")
-    dec, wall, cpu, parts = [], [], [], []
+    modes = args.acks.split(",")
+    ings = {m: Ingest(store_dir / f"throughput-{m}.duckdb", args.memory_limit, m) for m in modes}
+    for m, ing in ings.items():
+        segment(ing, [stream.payload(k) for k in range(n)], args.senders)
+        _progress(f"warm-up done ({m}): {n} payloads")
+    dec: list[float] = []
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    parts: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for r in range(1, args.repeats + 1):
         ks = range(r * n, (r + 1) * n)  # distinct payloads in every repeat
         bodies = [stream.payload(k) for k in ks]
         spans = sum(stream.spans(k) for k in ks)
         dec.append(spans / decode_only(bodies))
-        parts.append(segment(ing, bodies))
-        wall.append(spans / parts[-1]["total_s"])
-        cpu.append(spans / parts[-1]["cpu_s"])
+        order = modes if r % 2 else modes[::-1]  # neither mode always runs first
+        for m in order:
+            parts[m].append(segment(ings[m], bodies, args.senders))
+            wall[m].append(spans / parts[m][-1]["total_s"])
+            cpu[m].append(spans / parts[m][-1]["cpu_s"])
         _progress(
-            f"repeat {r}/{args.repeats}: decode only {dec[-1]:,.0f} spans/s, "
-            f"end to end {wall[-1]:,.0f} spans/s ({cpu[-1]:,.0f} per CPU second)"
+            f"repeat {r}/{args.repeats}: decode only {dec[-1]:,.0f} spans/s; "
+            + "; ".join(
+                f"{m} end to end {wall[m][-1]:,.0f} spans/s ({cpu[m][-1]:,.0f} per CPU second)"
+                for m in modes
+            )
         )
-    stored, expected = ing.stored(), (args.repeats + 1) * n * REQUESTS_PER_PAYLOAD
-    ing.close()
-    if stored != expected or ing.rejected:
-        raise RuntimeError(f"stored {stored} requests of {expected} ({ing.rejected} rejected)")
+    expected = (args.repeats + 1) * n * REQUESTS_PER_PAYLOAD
+    for m, ing in ings.items():
+        stored = ing.stored()
+        ing.close()
+        if stored != expected or ing.rejected:
+            raise RuntimeError(
+                f"{m}: stored {stored} requests of {expected} ({ing.rejected} rejected)"
+            )
     res["payloads"] = {
         "count": n,
         "requests_each": REQUESTS_PER_PAYLOAD,
         "spans_each": spans / n,
         "bytes_each": statistics.mean(len(b) for b in bodies),
+        "senders": args.senders,
     }
     res["decode_only"] = _summary(dec)
-    res["end_to_end"] = _summary(wall)
-    res["end_to_end_per_cpu_second"] = _summary(cpu)
-    res["end_to_end"]["median_seconds"] = {
-        k: statistics.median(p[k] for p in parts) for k in parts[0]
-    }
-    res["end_to_end"]["overload_retries"] = ing.retries
-    res["ratio_end_to_end_to_decode"] = res["end_to_end"]["median"] / res["decode_only"]["median"]
+    res["modes"] = {}
+    for m in modes:
+        e2e = _summary(wall[m])
+        e2e["median_seconds"] = {k: statistics.median(p[k] for p in parts[m]) for k in parts[m][0]}
+        e2e["overload_retries"] = ings[m].retries
+        res["modes"][m] = {
+            "end_to_end": e2e,
+            "end_to_end_per_cpu_second": _summary(cpu[m]),
+            "ratio_end_to_end_to_decode": e2e["median"] / res["decode_only"]["median"],
+        }
     res["peak_rss_mb_throughput_process"] = peak_rss_mb()
     if args.profile:
         _progress("profiling one end-to-end segment")
@@ -605,31 +669,37 @@ def report(res: dict[str, Any]) -> str:
         f"DuckDB {env['duckdb']} threads=1, protobuf {env['protobuf']} "
         f"({env['protobuf_backend']}), Python {env['python']}, at {env['revision']}"
     )
-    if "end_to_end" in res:
-        p, e, d = res["payloads"], res["end_to_end"], res["decode_only"]
+    if "modes" in res:
+        p, d = res["payloads"], res["decode_only"]
         lines.append(
             f"{p['count']} payloads x {p['requests_each']} requests "
-            f"({p['spans_each']:,.0f} spans, {p['bytes_each'] / 1024:.0f} KiB each), "
-            f"medians of {len(e['runs'])} repeats after a warm-up, into one running store"
+            f"({p['spans_each']:,.0f} spans, {p['bytes_each'] / 1024:.0f} KiB each) from "
+            f"{p['senders']} sending thread(s), medians of {len(d['runs'])} repeats after a "
+            "warm-up, each store.ack mode into its own running store, taking turns"
         )
-        lines.append(f"{'':34}{'median':>12}{'min':>12}{'max':>12}")
-        rows = (
-            ("decode only spans/s", d),
-            ("end to end spans/s (wall clock)", e),
-            ("end to end spans per CPU second", res["end_to_end_per_cpu_second"]),
-        )
-        for name, s in rows:
-            lines.append(f"{name:34}{s['median']:>12,.0f}{s['min']:>12,.0f}{s['max']:>12,.0f}")
-        ok = "met" if e["median"] >= GOAL_SPANS_PER_S else "NOT met"
-        lines.append(f"{'end to end / decode only':34}{res['ratio_end_to_end_to_decode']:>12.1%}")
-        lines.append(f"{'goal >= 100,000 spans/s per core':34}{ok:>12}")
-        m = e["median_seconds"]
+        lines.append(f"{'':44}{'median':>12}{'min':>12}{'max':>12}")
         lines.append(
-            f"end to end seconds (median): total {m['total_s']:.2f} = decode "
-            f"{m['decode_s']:.2f} + export (normalize, queue, count) {m['export_s']:.2f} + "
-            f"drain {m['drain_s']:.2f}; DuckDB appends on the writer thread "
-            f"{m['writer_append_s']:.2f}; {e['overload_retries']} overload retries"
+            f"{'decode only spans/s':44}{d['median']:>12,.0f}{d['min']:>12,.0f}{d['max']:>12,.0f}"
         )
+        for mode, mr in res["modes"].items():
+            e = mr["end_to_end"]
+            for name, x in (
+                (f"{mode}: end to end spans/s (wall clock)", e),
+                (f"{mode}: end to end spans per CPU second", mr["end_to_end_per_cpu_second"]),
+            ):
+                lines.append(f"{name:44}{x['median']:>12,.0f}{x['min']:>12,.0f}{x['max']:>12,.0f}")
+            per_cpu = mr["end_to_end_per_cpu_second"]["median"]
+            ok = "met" if per_cpu >= GOAL_SPANS_PER_S else "NOT met"
+            lines.append(f"{mode + ': goal >= 100,000 spans per CPU second':44}{ok:>12}")
+            m = e["median_seconds"]
+            lines.append(
+                f"  {mode} seconds (median): total {m['total_s']:.2f} = decode "
+                f"{m['decode_s']:.2f} + export (normalize, queue, count"
+                f"{', wait for commit' if mode == 'durable' else ''}) {m['export_s']:.2f} + "
+                f"drain {m['drain_s']:.2f}; DuckDB appends on the writer thread "
+                f"{m['writer_append_s']:.2f} in {m['commits']:.0f} commits; "
+                f"{e['overload_retries']} overload retries"
+            )
         lines.append(f"peak RSS of this process: {res['peak_rss_mb_throughput_process']:.0f} MiB")
     if "rss" in res:
         r = res["rss"]
@@ -694,6 +764,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"DuckDB memory_limit of the store, as [store] memory_limit (default "
         f"{StoreSettings.memory_limit})",
     )
+    ap.add_argument(
+        "--acks",
+        default="durable,queued",
+        help="store.ack modes measured side by side (default durable,queued)",
+    )
+    ap.add_argument(
+        "--senders",
+        type=int,
+        default=1,
+        help="threads sending exports concurrently (default 1: every durable export is its "
+        "own commit)",
+    )
     ap.add_argument("--phase", choices=("all", "throughput", "rss"), default="all")
     ap.add_argument(
         "--profile",
@@ -705,7 +787,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--templates", type=Path, help=argparse.SUPPRESS)  # parent -> RSS child
     args = ap.parse_args(argv)
-    for key in ("payloads", "repeats", "requests"):
+    for mode in args.acks.split(","):
+        if mode not in ("durable", "queued"):
+            ap.error(f"--acks: {mode!r} is not durable or queued")
+    for key in ("payloads", "repeats", "requests", "senders"):
         if getattr(args, key) < 1:
             ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
     return args

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.admission import InflightBytes
 from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer, NormalizeResult
 from store.errors import Overloaded, StoreError, UsageError
@@ -31,7 +34,8 @@ class ExportOutcome:
 class IngestPipeline:
     """``ack``: ``"durable"`` (:meth:`export` returns once the rows are committed to the
     store file) or ``"queued"`` (once they are in the writer's queue); ``ack_timeout_s``: the
-    longest a durable export waits for its commit."""
+    longest a durable export waits for its commit; ``inflight``: the receivers' shared budget
+    of bytes in flight (:meth:`admit`; None: unbounded)."""
 
     def __init__(
         self,
@@ -41,6 +45,7 @@ class IngestPipeline:
         *,
         ack: str = StoreSettings.ack,
         ack_timeout_s: float = StoreSettings.ack_timeout_s,
+        inflight: InflightBytes | None = None,
     ) -> None:
         if ack not in ACKS:
             raise UsageError(f"ack must be one of {', '.join(ACKS)}, got {ack!r}")
@@ -49,12 +54,35 @@ class IngestPipeline:
         self._metrics = metrics
         self._durable = ack == "durable"
         self._ack_timeout_s = ack_timeout_s
+        self._inflight = inflight
         self._lock = threading.Lock()
         self._expired_seen: Counter[str] = Counter()
 
     @property
     def normalizer(self) -> Normalizer:
         return self._normalizer
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of exports the receivers are working on now (0 when unbounded)."""
+        return 0 if self._inflight is None else self._inflight.held
+
+    @contextmanager
+    def admit(self, nbytes: int, protocol: str) -> Iterator[None]:
+        """Hold ``nbytes`` of the in-flight budget while one export is read and ingested;
+        raises :class:`Overloaded` (counted as ``overloaded``) at once when they do not fit."""
+        if self._inflight is None:
+            yield
+            return
+        try:
+            self._inflight.acquire(nbytes)
+        except Overloaded:
+            self._metrics.exports.labels(protocol, "overloaded").inc()
+            raise
+        try:
+            yield
+        finally:
+            self._inflight.release(nbytes)
 
     def export(self, request: Any, protocol: str, fmt: str) -> ExportOutcome:
         """Normalize and queue one ``ExportTraceServiceRequest``; under durable ack, wait until

@@ -89,7 +89,7 @@ class NvmlCollector:
         self,
         nvml: NvmlApi[Any],
         *,
-        sink: Callable[[str, pa.Table], None],
+        sink: Callable[[str, pa.Table], object],
         resolver: GpuResolver,
         host: str,
         metrics: NvmlMetrics | None = None,

@@ -63,7 +63,10 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         self, request: ExportTraceServiceRequest, context: grpc.ServicerContext
     ) -> ExportTraceServiceResponse:
         try:
-            outcome = self._pipeline.export(request, "grpc", "protobuf")
+            # the message is already read: holding its size still bounds what the workers
+            # decode and normalize at once, and refuses the next ones while they do
+            with self._pipeline.admit(request.ByteSize(), "grpc"):
+                outcome = self._pipeline.export(request, "grpc", "protobuf")
         except Overloaded as exc:
             context.abort_with_status(overloaded_status(str(exc), exc.retry_after_s))
             raise  # abort_with_status raises; this line is not reached

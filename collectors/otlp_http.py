@@ -5,7 +5,10 @@ Answers (OTLP/HTTP specification):
 * 400 ``google.rpc.Status`` for a body that does not decode;
 * 413 when the body, or its gzip inflation, exceeds the limit;
 * 415 for another content type or encoding;
-* 503 with ``Retry-After`` when the writer queue is full (retried by OTLP exporters).
+* 503 with ``Retry-After`` (whole seconds, at least 1) when the receivers already hold their
+  budget of in-flight bytes (:mod:`collectors.admission`; refused before the body is read),
+  when the writer queue is full, or when a durable acknowledgement could not be given
+  (retried by OTLP exporters).
 Responses use the request's encoding (protobuf or JSON).
 """
 
@@ -56,7 +59,10 @@ def _status(
 
 
 class OtlpHttpReceiver:
-    """Builds the ASGI app; ``max_body_bytes`` bounds both the raw and the inflated body."""
+    """Builds the ASGI app; ``max_body_bytes`` bounds both the raw and the inflated body.
+    Each export holds its declared Content-Length (``max_body_bytes`` when it declares none)
+    of the pipeline's in-flight budget (:meth:`IngestPipeline.admit`) from before its body is
+    read until it is answered."""
 
     def __init__(self, pipeline: IngestPipeline, *, max_body_bytes: int) -> None:
         self._pipeline = pipeline
@@ -67,9 +73,10 @@ class OtlpHttpReceiver:
         mtype = PROTOBUF
         try:
             mtype = media_type(request.headers.get("content-type"))
-            body = await read_body(request, self._limit, PayloadTooLarge, "; send smaller batches")
-            encoding = request.headers.get("content-encoding")
-            outcome = await run_in_threadpool(self._ingest, body, encoding, mtype)
+            declared = request.headers.get("content-length", "")
+            size = int(declared) if declared.isdigit() else self._limit
+            with self._pipeline.admit(min(size, self._limit), "http"):
+                outcome = await self._read_and_ingest(request, mtype)
         except UnsupportedMediaType as exc:
             self._pipeline.count_refused("http", "unsupported_media_type")
             return _status(code_pb2.INVALID_ARGUMENT, str(exc), 415, mtype)
@@ -92,6 +99,11 @@ class OtlpHttpReceiver:
                 )
             )
         return Response(_encode(resp, mtype), status_code=200, media_type=mtype)
+
+    async def _read_and_ingest(self, request: Request, mtype: str) -> ExportOutcome:
+        body = await read_body(request, self._limit, PayloadTooLarge, "; send smaller batches")
+        encoding = request.headers.get("content-encoding")
+        return await run_in_threadpool(self._ingest, body, encoding, mtype)
 
     def _ingest(self, body: bytes, encoding: str | None, mtype: str) -> ExportOutcome:
         raw = inflate(body, encoding, self._limit)

@@ -21,8 +21,18 @@ class OtlpSettings:
     max_body_bytes: int = key(
         16 * 1024 * 1024, "largest accepted body, after gzip inflation", min=1024
     )
+    max_inflight_bytes: int = key(
+        32 * 1024 * 1024,
+        "bytes of export bodies both receivers work on at once; more answers 503 before the "
+        "body is read (bounds memory under a flood)",
+        min=1024,
+    )
     retry_after_s: float = key(
-        1.0, "Retry-After given to clients when the writer queue is full", min=0.0, max=300.0
+        1.0,
+        "Retry-After given to clients when ingest is overloaded (HTTP sends whole seconds, "
+        "at least 1)",
+        min=0.0,
+        max=300.0,
     )
     pending_ttl_s: float = key(30.0, "how long child spans wait for their root span", min=0.1)
     grpc_workers: int = key(4, "threads serving OTLP/gRPC calls", min=1, max=64)

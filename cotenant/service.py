@@ -33,6 +33,7 @@ from alerts.webhook import AlertReceiver, alerts_router
 from analysis.analyzer import Analyzer
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop, OnIncident
+from collectors.admission import InflightBytes
 from collectors.gpu_resolve import GpuResolver
 from collectors.ingest import IngestPipeline
 from collectors.ingest_metrics import IngestMetrics
@@ -156,7 +157,12 @@ class Service:
         if restored:
             log.info("restored %d child spans waiting for their root", restored)
         self.pipeline = IngestPipeline(
-            self.normalizer, self.writer, self.metrics, ack=sc.ack, ack_timeout_s=sc.ack_timeout_s
+            self.normalizer,
+            self.writer,
+            self.metrics,
+            ack=sc.ack,
+            ack_timeout_s=sc.ack_timeout_s,
+            inflight=InflightBytes(config.otlp.max_inflight_bytes, config.otlp.retry_after_s),
         )
         self.metrics.bind_queue(
             lambda: self.writer.queued_rows,

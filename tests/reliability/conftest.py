@@ -13,9 +13,11 @@ import pytest
 
 from cotenant.config import load_config
 from cotenant.service import Service
+from store.db import Store
 
 
-def service(store: Path, env: dict[str, str] | None = None) -> Service:
+def service(path: Path, env: dict[str, str] | None = None, store: Store | None = None) -> Service:
+    """A service (not started) on a store file at ``path``, or on ``store`` when given."""
     cfg = load_config(
         env={
             "COTENANT_SERVER_PORT": "0",
@@ -25,7 +27,8 @@ def service(store: Path, env: dict[str, str] | None = None) -> Service:
             **(env or {}),
         }
     )
-    return Service(dataclasses.replace(cfg, store=dataclasses.replace(cfg.store, path=str(store))))
+    cfg = dataclasses.replace(cfg, store=dataclasses.replace(cfg.store, path=str(path)))
+    return Service(cfg, store=store)
 
 
 @pytest.fixture(scope="module")
