@@ -4,16 +4,31 @@ free loopback ports, a fresh store, NVML off), shared by a module's tests to spa
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, settings
 
 from cotenant.config import load_config
 from cotenant.service import Service
 from store.db import Store
+
+# Property-based fuzzing (hypothesis): a small, fixed budget in `make test` (CI), a large one
+# in `make reliability` (COTENANT_FUZZ_EXAMPLES per fuzz test). Derandomized in CI so a run
+# is reproducible; no example database is written into the repository.
+settings.register_profile(
+    "ci",
+    max_examples=int(os.environ.get("COTENANT_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    database=None,
+    derandomize=os.environ.get("COTENANT_FUZZ_RANDOM", "") == "",
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("ci")
 
 
 def service(path: Path, env: dict[str, str] | None = None, store: Store | None = None) -> Service:
