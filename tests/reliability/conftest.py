@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,8 +32,14 @@ settings.register_profile(
 settings.load_profile("ci")
 
 
-def service(path: Path, env: dict[str, str] | None = None, store: Store | None = None) -> Service:
-    """A service (not started) on a store file at ``path``, or on ``store`` when given."""
+def service(
+    path: Path,
+    env: dict[str, str] | None = None,
+    store: Store | None = None,
+    nvml: Any | None = None,
+) -> Service:
+    """A service (not started) on a store file at ``path``, or on ``store`` when given;
+    ``nvml``: the NVML double to poll (set ``COTENANT_NVML_ENABLED`` too)."""
     cfg = load_config(
         env={
             "COTENANT_SERVER_PORT": "0",
@@ -43,7 +50,7 @@ def service(path: Path, env: dict[str, str] | None = None, store: Store | None =
         }
     )
     cfg = dataclasses.replace(cfg, store=dataclasses.replace(cfg.store, path=str(path)))
-    return Service(cfg, store=store)
+    return Service(cfg, store=store, nvml=nvml)
 
 
 @pytest.fixture(scope="module")
