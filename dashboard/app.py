@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import dash
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash.exceptions import DependencyException
 
 from dashboard import plotlyjs
 from dashboard.context import ActionLog, PageContext
@@ -81,7 +82,14 @@ def create_app(
         page.register(app, pc)
     app.layout = _shell(refresh_s, default_range)
     _shell_callbacks(app, default_range)
+    app.server.register_error_handler(DependencyException, _no_such_asset)
     return app
+
+
+def _no_such_asset(exc: DependencyException) -> tuple[dict[str, str], int]:
+    """A script path Dash does not serve (``/_dash-component-suites/<unknown>/…``) is a 404
+    for the client, not a server error."""
+    return {"error": f"path: no such dashboard asset ({exc})"}, 404
 
 
 def _on_error(exc: Exception) -> None:

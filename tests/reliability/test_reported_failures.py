@@ -226,7 +226,12 @@ def test_an_alert_label_with_a_lone_surrogate_is_a_400(live: Service) -> None:
     ],
 )
 def test_a_dashboard_asset_path_with_dot_dot_is_a_400(live: Service, path: str) -> None:
-    # raw socket: HTTP clients normalise '..' away before sending
+    status, body = _raw_get(live, path)
+    assert status == 400 and "path" in json.loads(body)["error"]
+
+
+def _raw_get(live: Service, path: str) -> tuple[int, bytes]:
+    """GET ``path`` as written (HTTP clients normalise '.' and '..' away before sending)."""
     host, port = _api(live).removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
@@ -234,8 +239,21 @@ def test_a_dashboard_asset_path_with_dot_dot_is_a_400(live: Service, path: str) 
         while chunk := s.recv(65536):
             data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 400"), head
-    assert "path" in json.loads(body)["error"]
+    return int(head.split(b" ", 2)[1]), body
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/_dash-component-suites/./.",
+        "/_dash-component-suites/nope/x.js",
+        "/_dash-component-suites/dash/x",
+    ],
+)
+def test_an_unknown_dashboard_script_is_a_404(live: Service, path: str) -> None:
+    # found by the fuzzer: Dash raised DependencyException, answered 500
+    status, body = _raw_get(live, path)
+    assert status == 404 and "asset" in json.loads(body)["error"]
 
 
 def test_otlp_json_partial_success_names_the_reason(live: Service) -> None:
