@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PLOTLY := $(VENV)/.plotly-stamp
 
-.PHONY: demo test install system-deps lint typecheck unit bench clean
+.PHONY: demo test install system-deps lint typecheck unit bench reliability clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,17 @@ unit: install
 
 bench: install
 	$(BIN)/python bench/ingest.py
+
+## reliability: the reliability suite at full strength (docs/reliability.md): fuzzing with
+## FUZZ_EXAMPLES random inputs per fuzz test (9 tests), the kill -9 sequence KILL9_ROUNDS
+## times, overload, faults. `make test` runs the same files with a small fixed budget.
+FUZZ_EXAMPLES ?= 2000
+KILL9_ROUNDS  ?= 10
+reliability: install
+	COTENANT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) COTENANT_FUZZ_RANDOM=1 \
+	COTENANT_KILL9_ROUNDS=$(KILL9_ROUNDS) \
+	$(BIN)/python -m pytest -q -p no:logging --timeout 7200 tests/reliability \
+		tests/test_group_commit.py tests/e2e/test_backpressure.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache tests/artifacts

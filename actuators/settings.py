@@ -21,7 +21,9 @@ class ActuatorSettings:
         choices=("off", "dry-run", "manual", "auto"),
     )
     token: str = key(
-        "", "bearer token the mutating actions API requires ('' = mutating calls refused)"
+        "",
+        "bearer token the mutating actions API requires ('' = mutating calls refused)",
+        secret=True,
     )
     token_file: str = key("", "file holding the bearer token (used when token is '')")
     policy: str = key(
@@ -35,7 +37,7 @@ class ActuatorSettings:
     backend_url: str = key(
         "", "base URL of the backend (gateway control API, Ray, Triton, webhook)"
     )
-    webhook_secret: str = key("", "HMAC-SHA256 key signing webhook bodies")
+    webhook_secret: str = key("", "HMAC-SHA256 key signing webhook bodies", secret=True)
     backend_token_file: str = key(
         "",
         "file holding the bearer token of the backend's control API (gateway; '' = "

@@ -71,14 +71,18 @@ class Config:
         return {s.name: dataclasses.asdict(getattr(self, s.name)) for s in dataclasses.fields(self)}
 
     def to_toml(self) -> str:
-        """The effective configuration as TOML, with each key's help as a comment."""
+        """The effective configuration as TOML, with each key's help as a comment; a secret
+        that is set (a token, a signing key) is printed as ``"<hidden>"``, never in clear."""
         lines: list[str] = []
         for section in dataclasses.fields(self):
             lines.append(f"[{section.name}]")
             sub = getattr(self, section.name)
             for f in dataclasses.fields(sub):
                 lines.append(f"# {f.metadata['help']}")
-                lines.append(f"{f.name} = {_toml_value(getattr(sub, f.name))}")
+                value = getattr(sub, f.name)
+                if f.metadata.get("secret") and value:
+                    value = "<hidden>"
+                lines.append(f"{f.name} = {_toml_value(value)}")
             lines.append("")
         return "\n".join(lines)
 

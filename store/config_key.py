@@ -5,7 +5,8 @@ Each package declares the ``cotenant.toml`` keys it reads as a frozen dataclass 
 by :func:`key`. ``cotenant/config.py`` composes those dataclasses into the configuration (one
 TOML section each), reads the file and the ``COTENANT_…`` environment, and checks every value
 against the metadata written here: ``help`` (one line, shown by ``cotenant config show``),
-``min`` / ``max`` (inclusive bounds of a number) and ``choices`` (the accepted strings).
+``min`` / ``max`` (inclusive bounds of a number), ``choices`` (the accepted strings) and
+``secret`` (a token or key: ``cotenant config show`` prints it as ``"<hidden>"``).
 
 The default given to :func:`key` is the key's only default: components that take the same
 value as a keyword read it from the dataclass (``StoreSettings.memory_limit``) rather than
@@ -26,6 +27,7 @@ def key(
     min: float | None = None,
     max: float | None = None,
     choices: tuple[str, ...] | None = None,
+    secret: bool = False,
 ) -> Any:
     """A dataclass field for a config key: its default, a one-line help and its bounds.
 
@@ -34,7 +36,7 @@ def key(
     ``from __future__ import annotations``): the loader casts by that name. A ``dict`` default
     becomes a ``default_factory`` (a copy per instance), so no two configurations share one
     map."""
-    meta = {"help": help, "min": min, "max": max, "choices": choices}
+    meta = {"help": help, "min": min, "max": max, "choices": choices, "secret": secret}
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)

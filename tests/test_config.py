@@ -304,6 +304,8 @@ def test_awkward_strings_round_trip(tmp_path: Path) -> None:
 def _random_value(rnd: random.Random, f: dataclasses.Field[Any]) -> Any:
     typ = str(f.type)
     lo, hi, choices = f.metadata["min"], f.metadata["max"], f.metadata["choices"]
+    if f.metadata["secret"]:
+        return ""  # a secret that is set is printed hidden: see the test below
     if choices:
         return rnd.choice(choices)
     if typ == "bool":
@@ -341,6 +343,17 @@ def test_random_configs_round_trip_through_toml(tmp_path: Path) -> None:
         cfg = Config(**sections)
         back = load_config(write(tmp_path, cfg.to_toml(), f"c{i}.toml"), {})
         assert back == cfg, cfg
+
+
+def test_secrets_are_never_printed_in_clear() -> None:
+    cfg = load_config(
+        None,
+        {"COTENANT_ACTUATORS_TOKEN": "tok-123456", "COTENANT_ACTUATORS_WEBHOOK_SECRET": "hmac-k"},
+    )
+    text = cfg.to_toml()
+    assert "tok-123456" not in text and "hmac-k" not in text
+    assert 'token = "<hidden>"' in text and 'webhook_secret = "<hidden>"' in text
+    assert 'token_file = ""' in text  # not a secret: a path
 
 
 # --- command line ---------------------------------------------------------------------------

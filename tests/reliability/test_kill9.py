@@ -5,6 +5,7 @@ whose export got a 2xx must be in the store."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -25,14 +26,20 @@ ENV = {
 }
 
 
-@pytest.mark.timeout(300)
-def test_every_acknowledged_request_survives_kill_9(tmp_path: Path) -> None:
+ROUNDS = int(os.environ.get("COTENANT_KILL9_ROUNDS", "1"))
+"""Rounds of the whole sequence, each on a fresh store (``make reliability`` runs 10)."""
+
+
+@pytest.mark.timeout(300 * ROUNDS)
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_every_acknowledged_request_survives_kill_9(tmp_path: Path, round_: int) -> None:
     store = tmp_path / "store.duckdb"
     acked: list[str] = []
     for life, kill_after in enumerate(KILL_AFTER_ACKS):
         served = start_serve(tmp_path, store, ENV)
         try:
-            run = stream_until_kill(served.otlp_http, served.proc.pid, kill_after, seed=life)
+            seed = round_ * 10 + life
+            run = stream_until_kill(served.otlp_http, served.proc.pid, kill_after, seed=seed)
             assert run.killed, f"life {life}: the server was never killed"
             assert served.proc.wait(30) == -signal.SIGKILL
         finally:
