@@ -22,9 +22,10 @@ class OtlpSettings:
         16 * 1024 * 1024, "largest accepted body, after gzip inflation", min=1024
     )
     max_inflight_bytes: int = key(
-        32 * 1024 * 1024,
+        4 * 1024 * 1024,
         "bytes of export bodies both receivers work on at once; more answers 503 before the "
-        "body is read (bounds memory under a flood)",
+        "body is read (one export of any size is taken when none is in flight); 4 MiB keeps "
+        "the service under 400 MB under a flood, see docs/performance.md",
         min=1024,
     )
     retry_after_s: float = key(
