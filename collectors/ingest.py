@@ -93,7 +93,9 @@ class IngestPipeline:
         kept) or did not happen within ``ack_timeout_s`` (the rows may still be written).
         Once this returns, the requests are acknowledged.
         """
-        with self._lock:
+        # producing(): while this export waits for the lock and normalizes, a group commit
+        # of the exports before it waits for its rows too
+        with self._writer.producing(), self._lock:
             spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             if not self._writer.has_room(spans):
                 self._metrics.exports.labels(protocol, "overloaded").inc()

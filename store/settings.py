@@ -29,8 +29,9 @@ class StoreSettings:
         choices=("durable", "queued"),
     )
     group_commit_s: float = key(
-        0.002,
-        "under ack = durable, how long the writer gathers concurrent exports into one commit",
+        0.025,
+        "under ack = durable, longest the writer waits for concurrent exports still being "
+        "decoded to share one commit (a lone export is committed at once)",
         min=0.0,
         max=1.0,
     )

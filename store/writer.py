@@ -11,9 +11,11 @@ and applies retention (:mod:`store.maintenance`), so only one thread ever writes
 
 **Group commit.** :meth:`submit` returns a :class:`Receipt`; a producer that must not answer
 before its rows are committed (``store.ack = "durable"``) passes ``durable=True`` and waits on
-it. The writer then stops waiting for a full batch: it gathers what concurrent producers
-submit for ``group_commit_s`` (a few ms), commits it all in one append per table, and settles
-every receipt of that append at once, so many exports share one commit.
+it. The writer then stops waiting for a full batch: while other producers are still at work
+(:meth:`producing`: they will submit in a moment) it gathers what they submit, for at most
+``group_commit_s``; as soon as none is, it commits everything in one append per table and
+settles every receipt of that append at once. A lone exporter is committed at once; concurrent
+ones share commits (an append costs DuckDB a few ms of CPU whatever its size).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import numpy as np
@@ -117,6 +120,7 @@ class Writer:
         self._queued_bytes = 0
         self._in_flight_bytes = 0
         self._durable_since: float | None = None  # first waiting submit since the last take
+        self._producers = 0  # callers inside producing(): about to submit
         self._cond = threading.Condition()
         self._closing = False
         self._flushers = 0
@@ -175,6 +179,21 @@ class Writer:
             f"writer queue full ({self.queued_rows} of {self._max_rows} rows, "
             f"{self.queued_bytes >> 20} of {self._max_bytes >> 20} MiB queued)"
         )
+
+    @contextmanager
+    def producing(self) -> Iterator[None]:
+        """Wrap the work that ends in a durable :meth:`submit` (waiting for a lock included):
+        while any caller is inside, a group commit waits for its rows (up to
+        ``group_commit_s``) instead of committing without them."""
+        with self._cond:
+            self._producers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._producers -= 1
+                if self._durable_since is not None:
+                    self._cond.notify()
 
     def submit(self, table: str, batch: pa.Table, *, durable: bool = False) -> Receipt:
         """Queue ``batch`` for ``table``; raise :class:`Overloaded` if the queue is full.
@@ -245,7 +264,9 @@ class Writer:
         with self._cond:
             deadline = self._clock() + self._flush_interval_s
             while not self._closing and not self._flushers and self._queued_rows < self._batch_rows:
-                if self._durable_since is not None:  # someone waits: commit within the window
+                if self._durable_since is not None:  # someone waits for this commit
+                    if not self._producers:
+                        break  # and nobody else is about to submit: commit now
                     deadline = min(deadline, self._durable_since + self._group_commit_s)
                 left = deadline - self._clock()
                 if left <= 0:

@@ -45,29 +45,37 @@ def test_a_durable_submit_is_committed_without_waiting_for_the_flush_timer(store
 
 def test_concurrent_durable_submits_share_commits(store: Store) -> None:
     observer = RecordingObserver()
+    # a long window: the commit waits for every producer still at work, then goes at once
     w = Writer(
-        store, batch_rows=100_000, flush_interval_s=3600, group_commit_s=0.05, observer=observer
+        store, batch_rows=100_000, flush_interval_s=3600, group_commit_s=30, observer=observer
     )
     receipts = []
     lock = threading.Lock()
+    all_in = threading.Barrier(8)
 
     def producer(seed: int) -> None:
-        for k in range(5):
-            r = w.submit(
-                "requests", make_requests(np.random.default_rng(seed * 10 + k), 10), durable=True
-            )
-            with lock:
-                receipts.append(r)
-            assert r.wait(30)
+        with w.producing():
+            all_in.wait(30)  # eight exports at work at once
+            r = w.submit("requests", make_requests(np.random.default_rng(seed), 10), durable=True)
+        with lock:
+            receipts.append(r)
+        assert r.wait(30)
 
     threads = [threading.Thread(target=producer, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert len(receipts) == 40 and all(r.committed for r in receipts)
-    assert count(store, "requests") == 400
-    assert len(observer.written) < 40  # fewer appends than exports: they were grouped
+    assert len(receipts) == 8 and all(r.committed for r in receipts)
+    assert count(store, "requests") == 80
+    assert len(observer.written) == 1  # one commit for the eight of them
+    w.close()
+
+
+def test_a_lone_durable_submit_does_not_wait_for_the_window(store: Store) -> None:
+    w = Writer(store, flush_interval_s=3600, group_commit_s=600)
+    r = w.submit("requests", make_requests(np.random.default_rng(9), 3), durable=True)
+    assert r.wait(30)  # nobody else at work: committed at once, not after 600 s
     w.close()
 
 
