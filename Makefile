@@ -55,7 +55,7 @@ KILL9_ROUNDS  ?= 10
 reliability: install
 	COTENANT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) COTENANT_FUZZ_RANDOM=1 \
 	COTENANT_KILL9_ROUNDS=$(KILL9_ROUNDS) \
-	$(BIN)/python -m pytest -q -p no:logging --timeout 7200 tests/reliability \
+	$(BIN)/python -m pytest -q --timeout 7200 tests/reliability \
 		tests/test_group_commit.py tests/e2e/test_backpressure.py
 
 clean:

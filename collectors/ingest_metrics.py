@@ -162,6 +162,16 @@ class IngestMetrics:
             "Rows the writer queue holds before ingest answers 503",
             registry=registry,
         )
+        self.queue_bytes = Gauge(
+            "cotenant_store_queue_bytes",
+            "Arrow bytes accepted but not yet written",
+            registry=registry,
+        )
+        self.inflight_bytes = Gauge(
+            "cotenant_otlp_inflight_bytes",
+            "Bytes of exports the OTLP receivers are working on (otlp.max_inflight_bytes)",
+            registry=registry,
+        )
         self.pending_spans = Gauge(
             "cotenant_otlp_pending_child_spans",
             "Child spans waiting for their root span",
@@ -176,6 +186,11 @@ class IngestMetrics:
         self.queue_rows.set_function(depth)
         self.queue_capacity.set(capacity)
         self.pending_spans.set_function(pending)
+
+    def bind_memory(self, queue_bytes: Callable[[], float], inflight: Callable[[], float]) -> None:
+        """What bounds ingest's memory: the writer queue's bytes and the receivers'."""
+        self.queue_bytes.set_function(queue_bytes)
+        self.inflight_bytes.set_function(inflight)
 
     # WriteObserver
     def rows_written(self, table: str, rows: int, seconds: float) -> None:

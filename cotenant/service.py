@@ -169,6 +169,9 @@ class Service:
             sc.queue_max_rows,
             lambda: self.normalizer.pending_spans,
         )
+        self.metrics.bind_memory(
+            lambda: self.writer.queued_bytes, lambda: self.pipeline.inflight_bytes
+        )
         self.nvml = self._open_nvml(nvml) if config.nvml.enabled else None
         self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
         ac = config.analysis

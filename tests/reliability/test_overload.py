@@ -117,6 +117,9 @@ def test_a_flood_on_a_stalled_store_gets_503s_then_everything_acked_is_stored(
         assert acked[0] == 2400  # every export was acknowledged in the end
         assert request_count(store, model="flood") == 2400
         assert healthy(svc)
+        text = httpx.get(f"{svc.endpoints.api}/metrics", timeout=10).text
+        assert "cotenant_otlp_inflight_bytes 0.0" in text  # every hold released
+        assert "cotenant_store_queue_bytes 0.0" in text
     finally:
         svc.stop()
         t.join(60)
