@@ -8,7 +8,9 @@ before it is read, instead of growing the process. Both receivers share one budg
 (``otlp.max_inflight_bytes``).
 
 An export larger than the whole budget is admitted when nothing else is in flight (slow,
-never refused for ever), as the writer queue does.
+never refused for ever), as the writer queue does. An export of undeclared length (chunked)
+takes its share chunk by chunk (:meth:`Reservation.grow`), and is refused as soon as its
+next chunk does not fit.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ class InflightBytes:
     def max_bytes(self) -> int:
         return self._max
 
-    def acquire(self, nbytes: int) -> None:
+    def acquire(self, nbytes: int, mine: int = 0) -> None:
         """Reserve ``nbytes``, or raise :class:`Overloaded` at once (nothing reserved) when
-        they do not fit; :meth:`release` them when the export is answered."""
+        they do not fit; :meth:`release` them when the export is answered. ``mine``: bytes
+        the same export already holds (an export alone is never refused)."""
         with self._lock:
-            if self._held and self._held + nbytes > self._max:
+            if self._held > mine and self._held + nbytes > self._max:
                 raise Overloaded(
                     f"receivers hold {self._held >> 20} MiB of exports (limit "
                     f"{self._max >> 20} MiB); retry later",
@@ -55,10 +58,25 @@ class InflightBytes:
             self._held -= nbytes
 
     @contextmanager
-    def hold(self, nbytes: int) -> Iterator[None]:
-        """:meth:`acquire` ``nbytes`` for the ``with`` block."""
+    def hold(self, nbytes: int) -> Iterator[Reservation]:
+        """:meth:`acquire` ``nbytes`` for the ``with`` block; the :class:`Reservation` can
+        grow inside it, and all of it is released at the end."""
         self.acquire(nbytes)
+        r = Reservation(self, nbytes)
         try:
-            yield
+            yield r
         finally:
-            self.release(nbytes)
+            self.release(r.nbytes)
+
+
+class Reservation:
+    """The bytes one export holds of an :class:`InflightBytes`."""
+
+    def __init__(self, budget: InflightBytes, nbytes: int) -> None:
+        self._budget = budget
+        self.nbytes = nbytes
+
+    def grow(self, nbytes: int) -> None:
+        """Hold ``nbytes`` more, or raise :class:`Overloaded` (the export should be refused)."""
+        self._budget.acquire(nbytes, mine=self.nbytes)
+        self.nbytes += nbytes

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.admission import InflightBytes
+from collectors.admission import InflightBytes, Reservation
 from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer, NormalizeResult
 from store.errors import Overloaded, StoreError, UsageError
@@ -68,21 +68,33 @@ class IngestPipeline:
         return 0 if self._inflight is None else self._inflight.held
 
     @contextmanager
-    def admit(self, nbytes: int, protocol: str) -> Iterator[None]:
+    def admit(self, nbytes: int, protocol: str) -> Iterator[Callable[[int], None]]:
         """Hold ``nbytes`` of the in-flight budget while one export is read and ingested;
-        raises :class:`Overloaded` (counted as ``overloaded``) at once when they do not fit."""
+        raises :class:`Overloaded` (counted as ``overloaded``) at once when they do not fit.
+        Yields ``grow(n)``: hold ``n`` bytes more (a body of undeclared length, chunk by
+        chunk), raising :class:`Overloaded` when they do not fit."""
         if self._inflight is None:
-            yield
+            yield _no_limit
             return
+        metric = self._metrics.exports.labels(protocol, "overloaded")
         try:
             self._inflight.acquire(nbytes)
         except Overloaded:
-            self._metrics.exports.labels(protocol, "overloaded").inc()
+            metric.inc()
             raise
+        reservation = Reservation(self._inflight, nbytes)
+
+        def grow(n: int) -> None:
+            try:
+                reservation.grow(n)
+            except Overloaded:
+                metric.inc()
+                raise
+
         try:
-            yield
+            yield grow
         finally:
-            self._inflight.release(nbytes)
+            self._inflight.release(reservation.nbytes)
 
     def export(self, request: Any, protocol: str, fmt: str) -> ExportOutcome:
         """Normalize and queue one ``ExportTraceServiceRequest``; under durable ack, wait until
@@ -152,6 +164,10 @@ class IngestPipeline:
     def count_refused(self, protocol: str, reason: str) -> None:
         """Count a whole export refused before decoding (bad body, too large, …)."""
         self._metrics.exports.labels(protocol, reason).inc()
+
+
+def _no_limit(_: int) -> None:
+    """``grow`` of an unbounded budget."""
 
 
 def _message(res: NormalizeResult) -> str:

@@ -40,7 +40,7 @@ from store.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from store.http_body import read_body
+from store.http_body import declared_length, read_body
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ def _status(
 
 class OtlpHttpReceiver:
     """Builds the ASGI app; ``max_body_bytes`` bounds both the raw and the inflated body.
-    Each export holds its declared Content-Length (``max_body_bytes`` when it declares none)
-    of the pipeline's in-flight budget (:meth:`IngestPipeline.admit`) from before its body is
-    read until it is answered."""
+    Each export holds its declared Content-Length of the pipeline's in-flight budget
+    (:meth:`IngestPipeline.admit`) from before its body is read until it is answered; one of
+    undeclared length (chunked) takes its share chunk by chunk as it is read."""
 
     def __init__(self, pipeline: IngestPipeline, *, max_body_bytes: int) -> None:
         self._pipeline = pipeline
@@ -73,10 +73,18 @@ class OtlpHttpReceiver:
         mtype = PROTOBUF
         try:
             mtype = media_type(request.headers.get("content-type"))
-            declared = request.headers.get("content-length", "")
-            size = int(declared) if declared.isdigit() else self._limit
-            with self._pipeline.admit(min(size, self._limit), "http"):
-                outcome = await self._read_and_ingest(request, mtype)
+            declared = declared_length(request.headers)
+            known = declared is not None
+            with self._pipeline.admit(min(declared or 0, self._limit), "http") as grow:
+                body = await read_body(
+                    request,
+                    self._limit,
+                    PayloadTooLarge,
+                    "; send smaller batches",
+                    on_chunk=None if known else grow,
+                )
+                encoding = request.headers.get("content-encoding")
+                outcome = await run_in_threadpool(self._ingest, body, encoding, mtype)
         except UnsupportedMediaType as exc:
             self._pipeline.count_refused("http", "unsupported_media_type")
             return _status(code_pb2.INVALID_ARGUMENT, str(exc), 415, mtype)
@@ -99,11 +107,6 @@ class OtlpHttpReceiver:
                 )
             )
         return Response(_encode(resp, mtype), status_code=200, media_type=mtype)
-
-    async def _read_and_ingest(self, request: Request, mtype: str) -> ExportOutcome:
-        body = await read_body(request, self._limit, PayloadTooLarge, "; send smaller batches")
-        encoding = request.headers.get("content-encoding")
-        return await run_in_threadpool(self._ingest, body, encoding, mtype)
 
     def _ingest(self, body: bytes, encoding: str | None, mtype: str) -> ExportOutcome:
         raw = inflate(body, encoding, self._limit)

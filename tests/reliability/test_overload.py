@@ -4,8 +4,10 @@ once the store catches up every acknowledged request is there and the service is
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from spans import SpanFactory
 
 from collectors.admission import InflightBytes
+from cotenant.service import Service
 from store.db import Store
 from store.errors import Overloaded
 from store.queries import request_count
@@ -47,6 +50,52 @@ def test_the_inflight_budget_admits_one_export_of_any_size_and_refuses_past_it()
         with pytest.raises(Overloaded):
             budget.acquire(1)
     assert budget.held == 0
+
+
+def test_an_export_of_undeclared_length_takes_its_share_chunk_by_chunk() -> None:
+    budget = InflightBytes(1000, retry_after_s=1.0)
+    with budget.hold(0) as alone:
+        alone.grow(5000)  # alone: never refused
+    with budget.hold(600), budget.hold(0) as chunked:
+        chunked.grow(300)
+        with pytest.raises(Overloaded):
+            chunked.grow(200)
+        assert budget.held == 900
+    assert budget.held == 0
+
+
+def test_a_chunked_otlp_export_is_stored(live: Service) -> None:
+    f = SpanFactory()
+    for i in range(30):
+        f.ours("chunked", time.time_ns() - 10**9 + i, 2.0)
+    body = f.otlp().SerializeToString()
+    assert live.endpoints is not None and live.endpoints.otlp_http
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(body), 100):
+            yield body[i : i + 100]
+
+    r = httpx.post(live.endpoints.otlp_http, content=chunks(), headers=PB)
+    assert r.status_code == 200
+    live.writer.flush()
+    assert request_count(live.store, model="chunked") == 30
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "9" * 5000, "-1", "1e3", "12abc"])
+def test_an_odd_content_length_is_never_a_500(live: Service, length: str) -> None:
+    assert live.endpoints is not None and live.endpoints.otlp_http
+    host, port = live.endpoints.otlp_http.removeprefix("http://").split("/")[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        head = (
+            f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+        )
+        s.sendall(head.encode("latin-1"))
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 4") or data == b"", data[:200]
+    assert healthy(live)
 
 
 @pytest.mark.timeout(180)
