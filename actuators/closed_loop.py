@@ -26,7 +26,7 @@ import pyarrow as pa
 from actuators.backends.simulator import BackendEvent, SimulatorBackend
 from actuators.controller import ActionController, Settings
 from actuators.policy import Policy, load_policy
-from analysis.incidents import Incident, IncidentBook
+from analysis.incidents import IncidentBook, IncidentEvent
 from analysis.loop import AnalysisLoop
 from simulator.engine import Simulation
 from simulator.output import requests_table, samples_tables
@@ -107,8 +107,9 @@ def run_closed_loop(
 
     detections: list[Detection] = []
 
-    def on_incident(inc: Incident, new: bool) -> None:
-        if new:
+    def on_incident(e: IncidentEvent) -> None:
+        if e.kind == "opened":  # published with its cause (not while diagnosing)
+            inc = e.incident
             top = inc.top or {}
             detections.append(
                 Detection(

@@ -61,5 +61,6 @@ def backfill_incidents(
                 continue
             slo = (slo_ms or {}).get(model)
             diags = diagnose_windows(source, w, model, first, slo_ms=slo, params=p)
-            written += book.update(diags, model, gpu, since_ns, until_ns)
+            events = book.update(diags, model, gpu, since_ns, until_ns)
+            written += list({e.incident.id: e.incident for e in events}.values())
     return written
