@@ -156,7 +156,7 @@ class IncidentBook:
         store: Store,
         gap_ns: int = 10_000_000_000,
         *,
-        cooldown_ns: int = 60_000_000_000,
+        cooldown_ns: int = 30_000_000_000,
         publish_windows: int = 5,
     ) -> None:
         self._store = store

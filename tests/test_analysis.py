@@ -160,6 +160,14 @@ def demo_store() -> Store:
     return load_outputs(run(s, start_ns=0))
 
 
+@pytest.fixture
+def fresh_book(demo_store: Store) -> IncidentBook:
+    """An incident book on the shared demo store with no incidents from other tests."""
+    with demo_store.cursor() as cur:
+        cur.execute("DELETE FROM incidents")
+    return IncidentBook(demo_store)
+
+
 def test_diagnose_the_demo_names_each_fault(demo_store: Store) -> None:
     src = StoreSource(demo_store)
     diags = diagnose(src, "tts", TimeRange(0, 900_000_000_000), slo_ms=100.0)
@@ -173,41 +181,44 @@ def test_diagnose_the_demo_names_each_fault(demo_store: Store) -> None:
     assert first(595, 650) == ("throttle", "gpu0")
 
 
-def test_incident_book_keeps_one_incident_while_it_grows(demo_store: Store) -> None:
+def test_incident_book_keeps_one_incident_while_it_grows(
+    demo_store: Store, fresh_book: IncidentBook
+) -> None:
     src = StoreSource(demo_store)
-    book = IncidentBook(demo_store)
+    book = fresh_book
     ids = set()
     for now_s in (320, 340, 380, 420):
         now = now_s * 10**9
         rng = TimeRange(now - 300 * 10**9, now)
         diags = [d for d in diagnose(src, "tts", rng, slo_ms=100.0) if d.gpu == "gpu0"]
-        for inc in book.update(diags, "tts", "gpu0", rng.since_ns or 0, now):
-            if 300e9 <= inc.start_ns < 320e9:
+        for e in book.update(diags, "tts", "gpu0", rng.since_ns or 0, now):
+            inc = e.incident
+            if 280e9 <= inc.start_ns < 320e9:
                 ids.add(inc.id)
     assert len(ids) == 1
     [inc] = [i for i in book.find(model="tts") if i.id in ids]
     assert inc.state == "resolved" and inc.top is not None and inc.top["culprit"] == "sdxl"
 
 
-def test_loop_publishes_incident_metrics(demo_store: Store) -> None:
+def test_loop_publishes_incident_metrics(demo_store: Store, fresh_book: IncidentBook) -> None:
     reg = CollectorRegistry()
     seen = []
     loop = AnalysisLoop(
         StoreSource(demo_store),
-        IncidentBook(demo_store),
+        fresh_book,
         slo_ms={"tts": 100},
         horizon_s=120,
         registry=reg,
         clock_ns=lambda: 330 * 10**9,
-        on_incident=lambda inc, new: seen.append((inc.model, new)),
+        on_incident=lambda e: seen.append((e.incident.model, e.kind)),
     )
     loop.run_once()
     text = generate_latest(reg).decode()
     assert (
-        'cotenant_incident_active{cause="cotenant",culprit="sdxl",gpu="gpu0",victim="tts"} 1.0'
-        in text
+        'cotenant_incident_active{cause="cotenant",culprit="sdxl",gpu="gpu0",'
+        'severity="breach",victim="tts"} 1.0' in text
     )
-    assert ("tts", True) in seen
+    assert ("tts", "opened") in seen
 
 
 class _Lagging:
@@ -228,10 +239,12 @@ class _Lagging:
         return clipped
 
 
-def test_rows_still_in_flight_do_not_resolve_an_open_incident(demo_store: Store) -> None:
+def test_rows_still_in_flight_do_not_resolve_an_open_incident(
+    demo_store: Store, fresh_book: IncidentBook
+) -> None:
     # the loop's clock is at 330 s but rows have landed only up to 322 s (ingest lag): the
     # sdxl burst is still going on, so the incident stays open instead of flapping resolved
-    book = IncidentBook(demo_store)
+    book = fresh_book
     loop = AnalysisLoop(
         _Lagging(StoreSource(demo_store), 322 * 10**9),  # type: ignore[arg-type]
         book,
