@@ -119,10 +119,14 @@ def track(
         opened = _first_opening(v, learn, valid, base, sigma, slo_ms, p, pos, n_eval)
         if opened is None:
             break
-        start, at = opened
+        start, at, degraded = opened
         b0 = float(base[start]) if np.isfinite(base[start]) else float(np.nanmedian(learn[:start]))
         s0 = float(np.nan_to_num(sigma[start]))
-        thr = b0 + max(p.k_mad_slo * s0, p.rel_margin * b0, p.abs_margin_ms)
+        # it stays open while over the frozen baseline by the margin that opened it
+        if degraded:
+            thr = max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms)
+        else:
+            thr = b0 + max(p.k_mad_slo * s0, p.rel_margin * b0, p.abs_margin_ms)
         end, is_open, crossed = _extend(v, valid, slo_ms, p, start, b0, thr, n_eval)
         if not crossed and end < at:
             # it fired on a median that lagged a slowdown already over: not sustained
@@ -178,10 +182,11 @@ def _first_opening(
     p: SpikeParams,
     pos: int,
     n_eval: int,
-) -> tuple[int, int] | None:
-    """(start, opening window) of the first episode opening at or after ``pos``, or None."""
+) -> tuple[int, int, bool] | None:
+    """(start, opening window, opened as a degradation) of the first episode opening at or
+    after ``pos``, or None."""
     n = len(v)
-    best: tuple[int, int] | None = None
+    best: tuple[int, int, bool] | None = None
     if slo_ms is not None:
         spikes = _spikes(v, valid, base, sigma, slo_ms, p)
         w = p.open_windows + 1
@@ -194,7 +199,7 @@ def _first_opening(
             at = int(hit[0])
             lo = max(pos, at - w + 1)
             start = lo + int(np.argmax(spikes[lo : at + 1]))
-            best = (start, at)
+            best = (start, at, False)
     d = p.degrade_windows
     if d > 0:
         level = pd.Series(v).rolling(d, min_periods=max(1, d // 2)).median().to_numpy()
@@ -219,7 +224,7 @@ def _first_opening(
             with np.errstate(invalid="ignore"):
                 bad = valid[lo : at + 1] & (v[lo : at + 1] > need[at])
             start = lo + (int(np.argmax(bad)) if bad.any() else 0)
-            best = (start, at)
+            best = (start, at, True)
     return best
 
 
@@ -241,12 +246,18 @@ def _extend(
     bad |= over
     bad[start] = True  # the window that opened it
     seg = bad[start:n_eval]
-    clean = ~seg
     c = p.close_windows
-    run = np.convolve(clean.astype(np.int64), np.ones(c, dtype=np.int64))[: len(seg)]
-    closed = np.flatnonzero(run >= c)
+    run = np.convolve((~seg).astype(np.int64), np.ones(c, dtype=np.int64))[: len(seg)]
+    # ... and the median of the last 3 x close_windows windows is back under the threshold
+    # too, so a noisy slowdown that dips for a few windows is not called over
+    level = pd.Series(v[start:n_eval]).rolling(3 * c, min_periods=1).median().to_numpy()
+    limit = threshold_ms if slo_ms is None else min(threshold_ms, slo_ms)
+    with np.errstate(invalid="ignore"):
+        calm = ~(level > limit)
+    closed = np.flatnonzero((run >= c) & calm)
     if len(closed):
-        end = start + int(closed[0]) - c
+        last_bad = np.flatnonzero(seg[: int(closed[0]) + 1])
+        end = start + (int(last_bad[-1]) if len(last_bad) else 0)
         is_open = False
     else:
         last_bad = np.flatnonzero(seg)
