@@ -1,7 +1,9 @@
-"""The contract the dashboard and the HTTP API use to read and drive actions.
+"""The contract the HTTP API uses to read and drive actions.
 
-``actuators`` implements it (the control loop over the ``actions`` and ``audit`` tables); the
-dashboard's Actions page and ``/api/v1/actions`` depend only on this protocol.
+``actuators`` implements it (the control loop over the ``actions`` and ``audit`` tables);
+``/api/v1/actions`` depends only on this protocol. The dashboard, which must not import
+``actuators``, states the same methods as its own protocol (``dashboard.context.ActionLog``);
+the composition root hands it the controller.
 """
 
 from __future__ import annotations

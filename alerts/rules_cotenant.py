@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.rules import Alert, Record, RuleSettings, group, number, slo_alert_expr, slo_expr
+from alerts.rule_blocks import Alert, Record, RuleSettings, group, number, slo_alert_expr, slo_expr
 
 HIST = "cotenant_request_duration_seconds"
 COLLECTOR_JOB_RE = "cotenant.*"

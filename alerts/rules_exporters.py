@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.rules import Alert, Record, RuleSettings, group, number, slo_alert_expr, slo_expr
+from alerts.rule_blocks import Alert, Record, RuleSettings, group, number, slo_alert_expr, slo_expr
 
 GPU_BY = "Hostname, UUID, gpu"
 REASONS = "(DCGM_FI_DEV_CLOCKS_EVENT_REASONS or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)"

@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.bench import load_outputs
 from analysis.diagnose import diagnose
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop
+from evaluation.accuracy import load_outputs
 from simulator import output
 from simulator.scenario import (
     GPU_TYPES,

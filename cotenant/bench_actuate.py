@@ -1,4 +1,4 @@
-"""``cotenant bench --actuate``: the closed-loop benchmark (:mod:`actuators.closed_loop`)."""
+"""``cotenant bench --actuate``: the closed-loop benchmark (:mod:`evaluation.closed_loop`)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def bench_actuate(names: list[str], json_out: Path | None, *, policy: Path | Non
     met (the figures are the result). ``policy``: the actuation policy file (default: the
     bundled one). Raises UsageError for a scenario that is not found or has no fault and victim
     to act on, ConfigError for a bad policy."""
-    from actuators.closed_loop import START_NS, run_closed_loop
-    from actuators.closed_loop_score import minimum_limit, roles, score
     from actuators.policy import load_policy
+    from evaluation.actuation_score import minimum_limit, roles, score
+    from evaluation.closed_loop import START_NS, run_closed_loop
     from simulator.output import run as simulate
     from simulator.scenario_load import SCENARIOS_DIR, find_scenario, load_scenario
 

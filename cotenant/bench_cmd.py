@@ -79,14 +79,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.policy is not None:
         raise UsageError("--policy applies only to --actuate")
     if args.tabular is not None:
-        from analysis.tabular_bench import bench_tabular, render_tabular
+        from evaluation.tabular_cases import bench_tabular, render_tabular
 
         tab = bench_tabular(args.tabular, baselines=rankers(args.baselines))
         print(render_tabular(tab))
         if args.json:
             args.json.write_text(json.dumps(tab, indent=2, default=str))
         return 0
-    from analysis.bench import run_suite, summarize
+    from evaluation.accuracy import run_suite, summarize
 
     paths = sorted(args.suite.glob("*.yaml")) if args.suite.is_dir() else [args.suite]
     if not paths:

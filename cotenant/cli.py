@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_nvml(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _configure_logging(cfg.log.level)
-    from collectors.nvml import load_pynvml
+    from collectors.nvml_api import load_pynvml
     from store.errors import NvmlUnavailable
 
     try:

@@ -6,7 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from alerts.rules import RuleSettings, write_rules
+from alerts.rule_blocks import RuleSettings
+from alerts.rules import write_rules
 from cotenant.config import Config, load_config
 
 

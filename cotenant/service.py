@@ -37,7 +37,8 @@ from collectors.gpu_resolve import GpuResolver
 from collectors.ingest import IngestPipeline
 from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer
-from collectors.nvml import NvmlCollector, load_pynvml
+from collectors.nvml import NvmlCollector
+from collectors.nvml_api import load_pynvml
 from collectors.nvml_metrics import NvmlMetrics
 from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver

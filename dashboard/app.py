@@ -16,9 +16,8 @@ from urllib.parse import parse_qsl, urlencode
 import dash
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
-from actuators.contract import ActionControl
 from dashboard import plotlyjs
-from dashboard.context import PageContext
+from dashboard.context import ActionLog, PageContext
 from dashboard.data import DashboardData
 from dashboard.pages import actions, gpus, incident, overview, reports
 from dashboard.timerange import PRESETS, parse_range
@@ -41,7 +40,7 @@ _CHART_PATHS = ("/", "/incident", "/gpus")  # pages that always draw charts: fet
 def create_app(
     data: DashboardData,
     *,
-    actions_control: ActionControl | None = None,
+    actions_control: ActionLog | None = None,
     report_dir: str | Path = "./.cotenant/reports",
     refresh_s: float = 5.0,
     default_range: str = "1h",

@@ -11,6 +11,7 @@ import csv
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -115,6 +116,37 @@ def model_arrivals(s: Scenario, index: int) -> Arrays:
         np.concatenate([p[1] for p in parts])[order],
         np.concatenate([p[2] for p in parts])[order],
         np.concatenate([p[3] for p in parts])[order],
+    )
+
+
+class MergedArrivals(NamedTuple):
+    """Every model's open-loop arrivals in one time order (ties keep the lower model index
+    first), as lists for the engine's loop: virtual time (s), model index, kernel work scale,
+    prompt and output tokens (-1 when unknown)."""
+
+    t: list[float]
+    model: list[int]
+    scale: list[float]
+    ctx: list[int]
+    gen: list[int]
+
+
+def merged_arrivals(s: Scenario) -> MergedArrivals:
+    """The open-loop arrivals of all of ``s``'s models (:func:`model_arrivals`), merged."""
+    parts = [model_arrivals(s, i) for i in range(len(s.models))]
+    times = np.concatenate([p[0] for p in parts]) if parts else np.empty(0)
+    which = (
+        np.concatenate([np.full(len(p[0]), i) for i, p in enumerate(parts)])
+        if parts
+        else np.empty(0, dtype=np.int64)
+    )
+    order = np.argsort(times, kind="stable")
+    return MergedArrivals(
+        times[order].tolist(),
+        which[order].astype(np.int64).tolist(),
+        np.concatenate([p[1] for p in parts])[order].tolist() if parts else [],
+        np.concatenate([p[2] for p in parts])[order].tolist() if parts else [],
+        np.concatenate([p[3] for p in parts])[order].tolist() if parts else [],
     )
 
 

@@ -14,11 +14,11 @@ from analysis_frames import FAULT, N, _refresh, masks, slow_compute, windows
 from prometheus_client import CollectorRegistry, generate_latest
 
 from analysis.attribution import attribute
-from analysis.bench import load_outputs
 from analysis.diagnose import diagnose
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop
 from analysis.spikes import SpikeParams, merge, spike_mask
+from evaluation.accuracy import load_outputs
 from simulator.output import run
 from simulator.scenario_load import find_scenario, load_scenario
 from store.db import Store

@@ -9,7 +9,9 @@ import threading
 import pynvml
 import pytest
 
-from collectors.fake_nvml import FEATURES, FakeNvml
+from collectors.fake_nvml import FakeNvml
+from collectors.fake_nvml_model import FEATURES
+from collectors.nvml_api import NvmlApi
 
 T0 = 1_764_000_000_000_000_000
 GIB = 1 << 30
@@ -41,6 +43,26 @@ def test_constants_and_errors_are_pynvmls_own() -> None:
     assert fake.nvmlClocksEventReasonSwPowerCap == pynvml.nvmlClocksEventReasonSwPowerCap
     for name in ("NVMLError", "NVMLError_GpuIsLost", "NVMLError_NotSupported"):
         assert getattr(fake, name) is getattr(pynvml, name)
+
+
+def api_members() -> list[str]:
+    declared = set(NvmlApi.__annotations__) | set(vars(NvmlApi))
+    return sorted(n for n in declared if n.startswith(("nvml", "NVML")))
+
+
+@pytest.mark.parametrize("name", api_members())
+def test_the_nvml_api_is_pynvmls_and_the_fake_has_it(name: str) -> None:
+    """mypy checks that both have every member with a usable type; here, at run time, that
+    the Protocol spells pynvml's parameter names and the fake holds pynvml's constants."""
+    real, fake = getattr(pynvml, name), getattr(FakeNvml(), name)
+    if name.startswith("nvml"):
+        declared = list(inspect.signature(getattr(NvmlApi, name)).parameters)[1:]  # no self
+        assert list(inspect.signature(real).parameters)[: len(declared)] == declared
+        assert callable(fake)
+    elif name == "NVMLError":
+        assert fake is real
+    else:
+        assert isinstance(real, int) and fake == real
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from analysis.tabular import (
     rank_entities,
     rca_table,
 )
-from analysis.tabular_bench import bench_tabular, render_tabular
+from evaluation.tabular_cases import bench_tabular, render_tabular
 from store.errors import CotenantError, TabularError
 
 ROOT = Path(__file__).resolve().parent.parent

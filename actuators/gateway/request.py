@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from actuators.gateway.admission import Admission, Rejected, Ticket
 from actuators.gateway.http1 import HOP_BY_HOP, ChunkedReader, Head
@@ -28,14 +28,47 @@ from actuators.gateway.identify import (
 from actuators.gateway.telemetry import GatewayMetrics, SpanEmitter
 from actuators.gateway.upstream import UpstreamConnection, UpstreamFailure, UpstreamPool
 
-if TYPE_CHECKING:
-    from actuators.gateway.proxy import ClientConnection
-
 log = logging.getLogger(__name__)
 
 _SKIP_REQUEST_HEADERS = HOP_BY_HOP | {b"content-length", b"expect"}
 CLIENT_GONE = 499
 """Status recorded for a request whose client went away before its answer ended (nginx's)."""
+
+
+class Client(Protocol):
+    """What a request needs of its client connection
+    (:class:`actuators.gateway.proxy.ClientConnection`, which imports this module: stating it
+    here keeps the two modules free of an import cycle)."""
+
+    core: ProxyCore
+    loop: asyncio.AbstractEventLoop
+    keep_alive: bool
+    """False: close the connection once the current answer is sent."""
+    http10: bool
+    """The request came as HTTP/1.0 (no chunked answers)."""
+
+    @property
+    def busy(self) -> bool:
+        """True while a request on this connection is in progress."""
+        ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def respond_error(self, status: int, message: str, headers: bytes = b"") -> None:
+        """Answer with ``{"error": message}``."""
+        ...
+
+    def request_done(self) -> None:
+        """The current request's answer is complete (or abandoned)."""
+        ...
+
+    def close(self) -> None:
+        """Close after what was written is sent."""
+        ...
+
+    def abort(self) -> None:
+        """Drop the connection now (shutdown)."""
+        ...
 
 
 @dataclass
@@ -52,7 +85,7 @@ class ProxyCore:
     max_body_bytes: int
     idle_timeout_s: float = 75.0
     """A client connection with no request in progress is closed after this long."""
-    connections: set[ClientConnection] = field(default_factory=set)
+    connections: set[Client] = field(default_factory=set)
     """The open client connections (closed by the gateway's ``stop``)."""
 
 
@@ -87,7 +120,7 @@ class ProxiedRequest:
         "ticket",
     )
 
-    def __init__(self, client: ClientConnection, head: Head, body: bytes) -> None:
+    def __init__(self, client: Client, head: Head, body: bytes) -> None:
         self.client = client
         self.core = core = client.core
         self.head = head

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.rules import RULE_FILES, RuleSettings, render_rules, write_rules
+from alerts.rule_blocks import RuleSettings
+from alerts.rules import RULE_FILES, render_rules, write_rules
 from cotenant.config import Config, load_config
 from cotenant.rules_cmd import settings_from
 

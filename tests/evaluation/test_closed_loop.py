@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from actuators.backend import Backend, Change
-from actuators.backends.simulator import SimulatorBackend
-from actuators.closed_loop import START_NS, run_closed_loop
-from actuators.closed_loop_score import rolling_p99, score
+from evaluation.actuation_score import rolling_p99, score
+from evaluation.closed_loop import START_NS, run_closed_loop
+from evaluation.sim_backend import SimulatorBackend
 from simulator.admission import TokenBucket
 from simulator.engine import Simulation
 from simulator.output import requests_table

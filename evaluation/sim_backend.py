@@ -1,7 +1,7 @@
 """The simulator backend: applies actions to a running :class:`simulator.engine.Simulation`.
 
 Changes take effect at the simulation's current virtual time, so the control loop can be run
-and benchmarked in virtual time (:mod:`actuators.closed_loop`):
+and benchmarked in virtual time (:mod:`evaluation.closed_loop`):
 
 * ``rate_limit`` (``rate_rps`` > 0, ``burst`` >= 1, optional ``max_wait_s`` >= 0): the model's
   requests pass a token bucket; those finding no token wait up to ``max_wait_s`` or are

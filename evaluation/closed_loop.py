@@ -5,11 +5,11 @@ are written to an in-memory store, as the collectors would write them. On the si
 clock the real :class:`analysis.loop.AnalysisLoop` diagnoses and writes incidents every
 ``analysis_interval_s``, and the real :class:`actuators.controller.ActionController` steps
 every ``[actuators] interval_s`` — proposing, applying (through
-:class:`actuators.backends.simulator.SimulatorBackend`, so a change acts on the running
+:class:`evaluation.sim_backend.SimulatorBackend`, so a change acts on the running
 simulation from that virtual instant), verifying, rolling back and expiring actions.
 
 :func:`run_closed_loop` returns everything the benchmark scores
-(:mod:`actuators.closed_loop_score`): the requests served, the changes the backend made, the
+(:mod:`evaluation.actuation_score`): the requests served, the changes the backend made, the
 actions, the incidents' detection times and the admission counts.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from actuators.backends.simulator import BackendEvent, SimulatorBackend
 from actuators.controller import ActionController, Settings
 from actuators.policy import Policy, load_policy
 from analysis.incidents import IncidentBook, IncidentEvent
 from analysis.loop import AnalysisLoop
+from evaluation.sim_backend import BackendEvent, SimulatorBackend
 from simulator.engine import Simulation
 from simulator.output import requests_table, samples_tables
 from simulator.scenario import Scenario
@@ -35,7 +35,7 @@ from store.db import Store
 from store.source import StoreSource
 
 START_NS = 1_767_225_600_000_000_000
-"""Wall-clock nanoseconds of virtual time 0 (as :mod:`analysis.bench` uses)."""
+"""Wall-clock nanoseconds of virtual time 0 (as :mod:`evaluation.accuracy` uses)."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from actuators.closed_loop import START_NS, ClosedLoopRun
+from evaluation.closed_loop import START_NS, ClosedLoopRun
 from simulator.engine import Simulation
 from simulator.output import requests_table
 from simulator.scenario import Scenario

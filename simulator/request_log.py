@@ -1,0 +1,131 @@
+"""Per-request timings while requests are in flight, and the columns of completed requests.
+
+Request ids are indices into parallel lists (one entry per admitted request, in admission
+order): lists of floats keep the engine's hot path cheap. When a batch completes, its requests
+become rows in column buffers (:data:`REQUEST_COLUMNS`, the ``requests`` table's columns that
+the simulator fills; :mod:`simulator.output` adds the rest) that :meth:`RequestLog.take` drains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.state import Batch, SimModel
+
+REQUEST_COLUMNS = (
+    "ts_start_ns",
+    "ts_end_ns",
+    "latency_ms",
+    "model",
+    "tenant",
+    "pid",
+    "gpu",
+    "priority",
+    "batch_size",
+    "prompt_tokens",
+    "output_tokens",
+    "queue_ms",
+    "lock_wait_ms",
+    "preprocess_ms",
+    "h2d_ms",
+    "compute_ms",
+    "d2h_ms",
+    "postprocess_ms",
+    "lock_name",
+    "lock_holder",
+    "rid",
+)
+
+
+class RequestLog:
+    """Requests of one run. ``start_ns`` maps virtual time 0 onto wall-clock nanoseconds.
+
+    In flight, per request id (seconds of virtual time): ``model`` (index), ``arrived``,
+    ``gate_wait`` (waiting for an admission token), ``preprocess`` (on a core or holding
+    locks), ``lock_wait``, ``lock_name`` / ``lock_holder`` (the lock it waited longest for and
+    who held it; None when it never waited), ``ready`` (when it may join the batch queue),
+    ``scale`` (kernel work multiplier) and ``tokens`` (prompt, output; -1 when unknown)."""
+
+    def __init__(self, start_ns: int) -> None:
+        self._start_ns = start_ns
+        self.model: list[int] = []
+        self.arrived: list[float] = []
+        self.preprocess: list[float] = []
+        self.lock_wait: list[float] = []
+        self.lock_name: list[str | None] = []
+        self.lock_holder: list[str | None] = []
+        self.ready: list[float] = []
+        self.gate_wait: list[float] = []
+        self.scale: list[float] = []
+        self.tokens: list[tuple[int, int]] = []
+        self._out: dict[str, list[Any]] = {k: [] for k in REQUEST_COLUMNS}
+
+    def admit(
+        self,
+        model: int,
+        t: float,
+        arrived: float,
+        scale: float,
+        ctx: int,
+        gen: int,
+        ready: float,
+    ) -> int:
+        """A request of model index ``model`` that arrived at ``arrived`` enters at ``t`` and
+        is preprocessed by ``ready``; returns its id."""
+        rid = len(self.model)
+        self.model.append(model)
+        self.arrived.append(arrived)
+        self.gate_wait.append(t - arrived)
+        self.scale.append(scale)
+        self.tokens.append((ctx, gen))
+        self.preprocess.append(ready - t)
+        self.lock_wait.append(0.0)
+        self.lock_name.append(None)
+        self.lock_holder.append(None)
+        self.ready.append(ready)
+        return rid
+
+    def complete(self, t: float, batch: Batch, ms: SimModel, gpu_id: str) -> None:
+        """``batch`` of model ``ms`` on GPU ``gpu_id`` finishes postprocessing at ``t``: one
+        row per request, its phases in milliseconds."""
+        launch, h2d_end, k_end, d2h_end = (
+            batch.launch,
+            batch.h2d_end,
+            batch.kernel_end,
+            batch.d2h_end,
+        )
+        m = ms.m
+        o = self._out
+        rids = batch.rids
+        n = len(rids)
+        base = self._start_ns
+        for r in rids:
+            arr = self.arrived[r]
+            o["ts_start_ns"].append(base + int(arr * 1e9))
+            o["ts_end_ns"].append(base + int(t * 1e9))
+            o["latency_ms"].append((t - arr) * 1000.0)
+            o["model"].append(m.name)
+            o["tenant"].append(m.tenant or None)
+            o["pid"].append(ms.pid)
+            o["gpu"].append(gpu_id)
+            o["priority"].append(ms.priority)
+            o["batch_size"].append(n)
+            ctx, gen = self.tokens[r]
+            o["prompt_tokens"].append(ctx if ctx >= 0 else None)
+            o["output_tokens"].append(gen if gen >= 0 else None)
+            o["queue_ms"].append((launch - self.ready[r] + self.gate_wait[r]) * 1000.0)
+            o["lock_wait_ms"].append(self.lock_wait[r] * 1000.0)
+            o["preprocess_ms"].append(self.preprocess[r] * 1000.0)
+            o["h2d_ms"].append((h2d_end - launch) * 1000.0)
+            o["compute_ms"].append((k_end - h2d_end) * 1000.0)
+            o["d2h_ms"].append((d2h_end - k_end) * 1000.0)
+            o["postprocess_ms"].append((t - d2h_end) * 1000.0)
+            o["lock_name"].append(self.lock_name[r])
+            o["lock_holder"].append(self.lock_holder[r])
+            o["rid"].append(r)
+
+    def take(self) -> dict[str, list[Any]]:
+        """Completed requests since the last call, as columns (:data:`REQUEST_COLUMNS`)."""
+        out = self._out
+        self._out = {k: [] for k in REQUEST_COLUMNS}
+        return out
