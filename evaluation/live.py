@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from analysis.bench import load_outputs
 from analysis.incidents import IncidentBook, IncidentEvent
 from analysis.loop import AnalysisLoop
 from analysis.windows import gpu_windows
+from evaluation.accuracy import load_outputs
 from simulator import output
 from simulator.scenario import Scenario
 from simulator.scenario_load import load_scenario
@@ -258,3 +258,42 @@ def run_suite(
     paths: Sequence[Path], progress: Callable[[str], None] = lambda _: None
 ) -> list[LiveResult]:
     return [run_scenario(load_scenario(p), progress) for p in paths]
+
+
+def _f(x: float | None, fmt: str = ".2f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def render(results: Sequence[LiveResult], summary: dict[str, Any]) -> str:
+    """The per-victim table and the summary, as ``cotenant bench --live`` prints them."""
+    lines = [
+        f"{'scenario':48s} {'victim':10s} {'truth':24s} {'kind':6s} inc  cov  prem "
+        f"{'first':24s} {'final':24s} to-cause"
+    ]
+    for r in results:
+        for v in r.victims:
+            lines.append(
+                f"{r.name[:48]:48s} {v.victim[:10]:10s} {v.truth[:24]:24s} "
+                f"{'slo' if v.slo_victim else 'within':6s} {v.incidents:3d} "
+                f"{_f(v.coverage):>4s} {v.premature:4d} {(v.first_cause or 'none')[:24]:24s} "
+                f"{(v.final_cause or 'none')[:24]:24s} {_f(v.time_to_cause_s, '.0f'):>5s} s"
+            )
+        if not r.victims:
+            lines.append(
+                f"{r.name[:48]:48s} (no fault victims)  false incidents: {r.false_incidents}"
+            )
+    s = summary
+    lines += [
+        "",
+        f"SLO victims {s['slo_victims']}: exactly one incident {_f(s['one_incident'])}, "
+        f"coverage of breach windows {_f(s['coverage'])}, premature resolutions "
+        f"{s['premature_resolutions']}, first-published AC@1 {_f(s['first_ac1'])}, "
+        f"final AC@1 {_f(s['final_ac1'])}, median time to the right cause "
+        f"{_f(s['median_time_to_cause_s'], '.0f')} s",
+        f"within-SLO victims {s['within_slo_victims']}: found {_f(s['within_found'])}, "
+        f"attributed {_f(s['within_attributed'])}",
+        f"false incidents per simulated hour: {_f(s['false_per_hour'])} overall, "
+        f"{_f(s['false_per_hour_controls'])} on fault-free controls",
+        f"live loop: {_f(s['cpu_ms_per_pass'], '.0f')} ms of CPU per pass",
+    ]
+    return "\n".join(lines)
