@@ -34,6 +34,7 @@ from evaluation.accuracy import load_outputs
 from simulator import output
 from simulator.scenario import Scenario
 from simulator.scenario_load import load_scenario
+from store.db import Store
 from store.queries import TimeRange
 from store.source import StoreSource
 
@@ -98,11 +99,12 @@ def _cause(c: dict[str, Any] | None) -> str | None:
 
 
 def replay(
-    s: Scenario, *, interval_s: float = 5.0, horizon_s: float = 600.0
-) -> tuple[list[Seen], Any, Any, float, int]:
-    """Run the live loop over a simulation of ``s``; (events, truth, store, cpu_s, passes)."""
+    s: Scenario, *, interval_s: float = 5.0, horizon_s: float = 600.0, with_truth: bool = True
+) -> tuple[list[Seen], list[dict[str, Any]], Store, float, int]:
+    """Run the live loop over a simulation of ``s``: (events as published, the faults' truth
+    (empty without ``with_truth``), the store, CPU seconds of the loop, passes)."""
     sim = output.run(s, start_ns=START_NS)
-    truth = output.truth(s, sim, start_ns=START_NS)
+    truth = output.truth(s, sim, start_ns=START_NS) if with_truth else []
     store = load_outputs(sim)
     now = [START_NS]
     book = IncidentBook(store)
