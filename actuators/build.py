@@ -10,9 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from actuators.backend import Backend, Change
 from actuators.backends.factory import make_backend, read_secret
-from actuators.controller import ActionController, Notifier, Settings
+from actuators.controller import ActionController, Notifier
 from actuators.policy import load_policy
 from actuators.proposals import IncidentSource
+from actuators.settings import ActuatorSettings
+from analysis.settings import AnalysisSettings
 from store.db import Store
 from store.errors import BackendError
 from store.source import MetricSource
@@ -41,7 +43,7 @@ class UnconfiguredBackend:
 
 
 def build_controller(
-    cfg: Any,
+    cfg: ActuatorSettings,
     *,
     store: Store,
     incidents: IncidentSource,
@@ -49,9 +51,9 @@ def build_controller(
     registry: CollectorRegistry | None,
     clock_ns: Callable[[], int] = time.time_ns,
     slo_ms: Mapping[str, float] | None = None,
-    step_s: float = 1.0,
+    step_s: float = AnalysisSettings.step_s,
 ) -> ActionController | None:
-    """The controller for ``cfg`` (the ``[actuators]`` section), or None when the mode is
+    """The controller for the ``[actuators]`` keys ``cfg``, or None when the mode is
     ``off``. The policy, the token file and the backend are read and checked here, at start:
     a problem raises ConfigError naming the key or the policy file."""
     if cfg.mode == "off":
@@ -65,7 +67,7 @@ def build_controller(
         backend = UnconfiguredBackend(cfg.backend)
     notifier: Notifier | None = backend if hasattr(backend, "notify") else None  # type: ignore[assignment]
     return ActionController(
-        settings=Settings.from_config(cfg),
+        settings=cfg,
         policy=policy,
         incidents=incidents,
         source=source,

@@ -29,7 +29,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -40,8 +39,10 @@ from actuators.metrics import ActionMetrics
 from actuators.policy import Policy
 from actuators.proposals import IncidentSource, propose
 from actuators.records import IN_EFFECT, OPEN_STATES, ActionLog, ActionRecord, moved
+from actuators.settings import ActuatorSettings
 from actuators.verify import verify
 from analysis.incidents import Incident
+from analysis.settings import AnalysisSettings
 from store.db import Store
 from store.errors import ActionError, BackendError, CotenantError, Forbidden, Unauthorized
 from store.periodic import Periodic
@@ -59,34 +60,13 @@ class Notifier(Protocol):
     def notify(self, payload: dict[str, Any]) -> None: ...
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The control loop's knobs (the ``[actuators]`` config keys of the same names)."""
-
-    mode: str = "dry-run"
-    interval_s: float = 5.0
-    settle_s: float = 30.0
-    ttl_s: float = 1800.0
-    max_actions_per_hour: int = 10
-    max_actions_per_target_per_hour: int = 3
-    cooldown_s: float = 300.0
-    min_rate_rps: float = 1.0
-    horizon_s: float = 3600.0
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> Settings:
-        """From an object with the ``[actuators]`` keys as attributes (``Config.actuators``)."""
-        names = [f for f in cls.__dataclass_fields__ if hasattr(cfg, f)]
-        return cls(**{n: getattr(cfg, n) for n in names})
-
-
 class ActionController:
     """Proposes, applies, verifies and reverts actions. Thread-safe."""
 
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: ActuatorSettings,
         policy: Policy,
         incidents: IncidentSource,
         source: MetricSource,
@@ -96,11 +76,14 @@ class ActionController:
         registry: CollectorRegistry | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         slo_ms: Mapping[str, float] | None = None,
-        step_s: float = 1.0,
+        step_s: float = AnalysisSettings.step_s,
         notifier: Notifier | None = None,
+        horizon_s: float = 3600.0,
     ) -> None:
-        """``token``: the bearer token mutating API calls need ('' refuses them all).
-        ``slo_ms``: p99 SLO per model, used to judge whether a change hurt its target."""
+        """``settings``: the ``[actuators]`` keys (the mode, ``interval_s``, the guardrails,
+        ``settle_s``, ``ttl_s``). ``token``: the bearer token mutating API calls need ('' refuses
+        them all). ``slo_ms``: p99 SLO per model, used to judge whether a change hurt its
+        target. ``horizon_s``: how far back each pass reads incidents."""
         self.settings = settings
         self.policy = policy
         self._incidents = incidents
@@ -112,6 +95,7 @@ class ActionController:
         self._slo = dict(slo_ms or {})
         self._step_s = step_s
         self._notifier = notifier
+        self._horizon_s = horizon_s
         self.metrics = ActionMetrics(registry)
         self.guardrails = Guardrails(
             self.log,
@@ -207,7 +191,7 @@ class ActionController:
     def step(self, now_ns: int) -> None:
         """One pass at ``now_ns``: propose, approve (auto), apply, verify, revert, expire."""
         with self._lock:
-            since = now_ns - int(self.settings.horizon_s * 1e9)
+            since = now_ns - int(self._horizon_s * 1e9)
             incidents = {i.id: i for i in self._incidents.find(since_ns=since, limit=1000)}
             if self.mode != "off":
                 # breaches only: a degradation within the SLO is listed, not acted on

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from alerts.payload import ReceivedAlert
 from alerts.records import AlertBook
+from alerts.settings import AlertSettings
 from analysis.analyzer import Analyzer
 from store.errors import CotenantError
 
@@ -36,8 +37,8 @@ class AlertDiagnoser:
         book: AlertBook,
         analyzer: Analyzer,
         *,
-        lookback_s: float = 600.0,
-        lookahead_s: float = 120.0,
+        lookback_s: float = AlertSettings.lookback_s,
+        lookahead_s: float = AlertSettings.lookahead_s,
         clock_ns: Callable[[], int] = time.time_ns,
         max_queue: int = 1000,
         registry: CollectorRegistry | None = None,

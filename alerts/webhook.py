@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from alerts.diagnosis import AlertDiagnoser, find_incident
 from alerts.payload import ReceivedAlert, parse_payload
 from alerts.records import AlertBook
+from alerts.settings import AlertSettings
 from analysis.analyzer import Analyzer
 from store.db import Store
 from store.errors import AlertPayloadError, NotFoundError
@@ -38,8 +39,8 @@ class AlertReceiver:
         store: Store,
         analyzer: Analyzer,
         *,
-        lookback_s: float = 600.0,
-        lookahead_s: float = 120.0,
+        lookback_s: float = AlertSettings.lookback_s,
+        lookahead_s: float = AlertSettings.lookahead_s,
         clock_ns: Callable[[], int] = time.time_ns,
         registry: CollectorRegistry | None = None,
     ) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from analysis.diagnose import diagnose
 from analysis.incidents import IncidentBook
+from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import gpus_of
 from store.errors import NotFoundError, QueryError
@@ -30,8 +31,8 @@ class Analyzer:
         book: IncidentBook,
         *,
         slo_ms: Mapping[str, float] | None = None,
-        step_s: float = 1.0,
-        max_range_s: float = 24 * 3600.0,
+        step_s: float = AnalysisSettings.step_s,
+        max_range_s: float = AnalysisSettings.max_range_h * 3600,
         season_s: float = 0.0,
     ) -> None:
         """``season_s``: the latency cycle (e.g. a day) the seasonal baseline learns where

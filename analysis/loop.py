@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from analysis.diagnose import diagnose_windows, history_range
 from analysis.episodes import Carry
 from analysis.incidents import Incident, IncidentBook, IncidentEvent
+from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import WindowCache, gpus_of
 from store.errors import CotenantError
@@ -39,13 +40,13 @@ class AnalysisLoop:
         book: IncidentBook,
         *,
         slo_ms: Mapping[str, float] | None = None,
-        interval_s: float = 5.0,
-        horizon_s: float = 600.0,
-        step_s: float = 1.0,
+        interval_s: float = AnalysisSettings.interval_s,
+        horizon_s: float = AnalysisSettings.horizon_s,
+        step_s: float = AnalysisSettings.step_s,
         registry: CollectorRegistry | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         on_incident: OnIncident | None = None,
-        reread_s: float = 30.0,
+        reread_s: float = AnalysisSettings.reread_s,
         params: SpikeParams | None = None,
     ) -> None:
         """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),

@@ -63,10 +63,10 @@ from collectors.ingest import IngestPipeline  # noqa: E402
 from collectors.ingest_metrics import IngestMetrics  # noqa: E402
 from collectors.normalize import Normalizer  # noqa: E402
 from collectors.otlp_decode import PROTOBUF, decode  # noqa: E402
-from cotenant.config import StoreConfig  # noqa: E402
 from store.db import Store  # noqa: E402
 from store.errors import Overloaded  # noqa: E402
 from store.maintenance import Maintenance  # noqa: E402
+from store.settings import StoreSettings  # noqa: E402
 from store.writer import Writer  # noqa: E402
 
 REQUESTS_PER_PAYLOAD = 512
@@ -336,7 +336,7 @@ class Ingest:
     """The receiver's pipeline over a fresh store at ``path``, wired as ``cotenant serve``
     wires it (defaults of ``[store]``), with DuckDB on one thread."""
 
-    def __init__(self, path: Path, memory_limit: str = StoreConfig.memory_limit) -> None:
+    def __init__(self, path: Path, memory_limit: str = StoreSettings.memory_limit) -> None:
         for stale in (path, path.with_name(path.name + ".wal")):
             stale.unlink(missing_ok=True)
         self.store = Store(path, threads=1, memory_limit=memory_limit)
@@ -690,9 +690,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--memory-limit",
-        default=StoreConfig.memory_limit,
+        default=StoreSettings.memory_limit,
         help=f"DuckDB memory_limit of the store, as [store] memory_limit (default "
-        f"{StoreConfig.memory_limit})",
+        f"{StoreSettings.memory_limit})",
     )
     ap.add_argument("--phase", choices=("all", "throughput", "rss"), default="all")
     ap.add_argument(

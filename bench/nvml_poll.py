@@ -45,7 +45,7 @@ from collectors.fake_nvml import FakeNvml  # noqa: E402
 from collectors.gpu_resolve import GpuResolver  # noqa: E402
 from collectors.nvml import NvmlCollector  # noqa: E402
 from collectors.nvml_metrics import NvmlMetrics  # noqa: E402
-from cotenant.config import NvmlConfig  # noqa: E402
+from collectors.settings import NvmlSettings  # noqa: E402
 
 SEED = 20240611
 T0 = 1_764_000_000_000_000_000
@@ -185,7 +185,7 @@ def main() -> None:
     ap.add_argument(
         "--process-interval",
         type=float,
-        default=NvmlConfig.process_interval_s,
+        default=NvmlSettings.process_interval_s,
         help="seconds between reads of the per-process samples (nvml.process_interval_s; "
         "0 = every poll)",
     )

@@ -15,6 +15,13 @@ Uses only the OpenTelemetry API: configure a ``TracerProvider`` with an OTLP exp
 
 ``req.phase`` parents the phase on the request span explicitly, so it also works from another
 thread. Module-level :func:`phase` and :func:`lock_wait` parent on the *current* span instead.
+
+A wrong call (an unknown phase name, no model, a phase ending before it starts) raises
+``ValueError`` at once, so a typo never silently disappears.
+
+This module is imported into serving processes: it imports the OpenTelemetry API and the
+standard library only, nothing else of cotenant (``tests/test_instrument.py`` checks),
+hence plain ``ValueError`` rather than a class of ``store.errors``.
 """
 
 from __future__ import annotations
@@ -25,8 +32,6 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
-
-from store.errors import UsageError
 
 PHASE_NAMES = ("queue", "preprocess", "transfer.h2d", "compute", "transfer.d2h", "postprocess")
 """Phase span names besides ``lock.wait`` (use :meth:`RequestSpan.lock_wait` for that)."""
@@ -40,7 +45,7 @@ def _tracer(tracer: Tracer | None) -> Tracer:
 
 def _check_phase(name: str) -> None:
     if name not in PHASE_NAMES:
-        raise UsageError(
+        raise ValueError(
             f"unknown phase {name!r}: use one of {', '.join(PHASE_NAMES)} "
             "(or lock_wait for lock.wait)"
         )
@@ -77,7 +82,7 @@ class RequestSpan:
         if name != "lock.wait":
             _check_phase(name)
         if end_ns < start_ns:
-            raise UsageError(f"phase {name!r} ends ({end_ns}) before it starts ({start_ns})")
+            raise ValueError(f"phase {name!r} ends ({end_ns}) before it starts ({start_ns})")
         s = self._tracer.start_span(name, context=self._ctx, start_time=start_ns)
         s.end(end_time=end_ns)
 
@@ -105,7 +110,7 @@ def request(
     An exception leaving the block marks the request as an error and is re-raised.
     """
     if not model:
-        raise UsageError("request() needs a model name")
+        raise ValueError("request() needs a model name")
     attrs: dict[str, Any] = {"cotenant.model": model}
     for key, val in (
         ("tenant", tenant),

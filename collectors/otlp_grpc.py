@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from collectors.ingest import IngestPipeline
+from collectors.settings import OtlpSettings
 from store.errors import Overloaded
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class OtlpGrpcServer:
         host: str,
         port: int,
         max_message_bytes: int,
-        workers: int = 4,
+        workers: int = OtlpSettings.grpc_workers,
     ) -> None:
         self._server: Any = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),

@@ -3,7 +3,8 @@
 It reads exporter series from Prometheus or anything that speaks its HTTP API (Thanos, Mimir,
 VictoriaMetrics) through ``prometheus-api-client`` and returns the frames of
 :mod:`store.frames`, so the analysis runs on a cluster that has these exporters and no spans.
-The query texts are in :mod:`collectors.promql`.
+The query texts are in :mod:`collectors.promql`, the HTTP calls in
+:mod:`collectors.promql_client`, the layout of windows as rows in :mod:`collectors.promql_frames`.
 
 **Windows.** Window ``[ts_ns, ts_ns + step)`` starts at a multiple of ``step`` (as in
 ``StoreSource``) and holds the range query evaluated at ``ts_ns + step``. Gauges are
@@ -53,24 +54,19 @@ weighted by request rate (an approximation, as for ``StoreSource``'s rollups).
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
-from functools import partial
-from typing import Any, NoReturn, Protocol
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import requests
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from prometheus_api_client.prometheus_connect import PrometheusConnect
-from urllib3.util.retry import Retry
 
 from collectors import promql
-from collectors.promql import FIELD, GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
-from store.errors import SourceError, UsageError
+from collectors.promql import GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
+from collectors.promql_client import Fields, PromClient, PromQLClient, Series
+from collectors.promql_frames import div, merge, table, windows_with_data
+from collectors.settings import PrometheusSettings
+from store.errors import UsageError
 from store.frames import (
     GPU_WINDOWS,
     LOCK_WAITS,
@@ -81,27 +77,6 @@ from store.frames import (
 from store.queries import TimeRange
 from store.schema import PHASES
 from store.source import check_range
-
-Series = tuple[dict[str, str], np.ndarray, np.ndarray]
-"""``(labels, ts_ns int64[n], values float64[n])``."""
-Fields = dict[str, np.ndarray]
-"""Column -> float64[n windows], NaN where unknown."""
-
-
-class PromClient(Protocol):
-    """What the source needs of ``prometheus_api_client.PrometheusConnect``: the parsed
-    ``data.result`` of ``/api/v1/query`` and ``/api/v1/query_range``."""
-
-    def custom_query(self, query: str, params: dict[str, Any]) -> Any: ...
-
-    def custom_query_range(
-        self,
-        query: str,
-        start_time: datetime,
-        end_time: datetime,
-        step: str,
-        params: dict[str, Any],
-    ) -> Any: ...
 
 
 class PrometheusSource:
@@ -118,10 +93,10 @@ class PrometheusSource:
     def __init__(
         self,
         url: str,
-        timeout_s: float = 10.0,
+        timeout_s: float = PrometheusSettings.timeout_s,
         *,
         client: PromClient | None = None,
-        scrape_interval_s: float = 15.0,
+        scrape_interval_s: float = PrometheusSettings.scrape_interval_s,
         model_gpu: Mapping[str, str] | None = None,
         default_gpu: str = "",
     ) -> None:
@@ -129,25 +104,17 @@ class PrometheusSource:
             raise UsageError("PrometheusSource needs the URL of a Prometheus ([prometheus] url)")
         if not timeout_s > 0 or not scrape_interval_s > 0:
             raise UsageError(f"timeout_s {timeout_s} and scrape_interval_s must be > 0")
-        self.url = url.rstrip("/")
+        self._api = PromQLClient(url, timeout_s, client)
+        self.url = self._api.url
         self.timeout_s = timeout_s
         self._scrape_ns = int(scrape_interval_s * 1e9)
         self._model_gpu = dict(model_gpu or {})
         self._default_gpu = default_gpu
         self._has_spans: bool | None = None
-        self._owned: PrometheusConnect | None = None
-        if client is None:
-            # No retries: a down server fails within the timeout, not after backoffs; read=False
-            # keeps a read timeout a requests.Timeout. The timeout is seconds, float allowed.
-            no_retry = Retry(total=0, read=False)
-            self._owned = PrometheusConnect(self.url, retry=no_retry, timeout=timeout_s)  # type: ignore[arg-type]
-            client = self._owned
-        self._client: PromClient = client
 
     def close(self) -> None:
         """Release the HTTP connections of the client built here (not an injected one)."""
-        if self._owned is not None:
-            self._owned.close()
+        self._api.close()
 
     def __enter__(self) -> PrometheusSource:
         return self
@@ -155,94 +122,15 @@ class PrometheusSource:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- queries -----------------------------------------------------------------------------
-
     def instant(self, query: str, at_ns: int | None = None) -> list[tuple[dict[str, str], float]]:
         """An instant query at ``at_ns`` (default now): one ``(labels, value)`` per series
         (the last sample of each series of a range-vector query)."""
-        return [(labels, float(v[-1])) for labels, _, v in self._at(query, at_ns) if v.size]
+        return self._api.instant(query, at_ns)
 
     def range(self, query: str, rng: TimeRange, step_s: float) -> list[Series]:
         """``query`` evaluated at the end of each window of ``step_s`` that starts in ``rng``;
         each series' ``ts_ns`` are window starts. Long ranges go in chunks of 10,000 points."""
-        return self._range(query, promql.grid(rng, step_s))
-
-    def _fail(self, query: str, what: str, remedy: str, exc: BaseException) -> NoReturn:
-        q = query if len(query) <= 240 else query[:240] + "…"
-        raise SourceError(
-            f"Prometheus at {self.url} {what} (query: {q}); {remedy}", url=self.url, query=query
-        ) from exc
-
-    def _call(self, query: str, fn: Callable[[], Any]) -> list[Series]:
-        """Run one HTTP call; translate every failure into SourceError."""
-        try:
-            return promql.parse_result(fn())
-        except requests.Timeout as exc:
-            self._fail(
-                query,
-                f"did not answer within {self.timeout_s:g} s",
-                "raise [prometheus] timeout_s, or query a shorter range or a larger step",
-                exc,
-            )
-        except (requests.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
-            self._fail(
-                query,
-                f"answered something that is not the Prometheus HTTP API ({exc!s:.200})",
-                "check that [prometheus] url is the API root (e.g. http://host:9090)",
-                exc,
-            )
-        except PrometheusApiClientException as exc:
-            self._fail(
-                query,
-                f"refused the query: {promql.complaint(str(exc))}",
-                "check the query, the URL and the server's limits",
-                exc,
-            )
-        except OSError as exc:  # requests' ConnectionError and the rest of its family
-            m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
-            self._fail(
-                query,
-                f"cannot be reached ({m.group(1) if m else type(exc).__name__})",
-                "check that it is running and that [prometheus] url points at it",
-                exc,
-            )
-
-    def _at(self, query: str, at_ns: int | None) -> list[Series]:
-        params = {"timeout": f"{self.timeout_s:g}"}
-        if at_ns is not None:
-            params["time"] = promql.seconds(at_ns)
-        return self._call(query, partial(self._client.custom_query, query, params=params))
-
-    def _range(self, query: str, g: Grid) -> list[Series]:
-        parts: dict[tuple[tuple[str, str], ...], list[Series]] = defaultdict(list)
-        for c in range(0, g.n, MAX_POINTS):
-            first = g.w0 + (c + 1) * g.step
-            last = g.w0 + min(g.n, c + MAX_POINTS) * g.step
-            params = {
-                "start": promql.seconds(first),  # exact; the client rounds its own to seconds
-                "end": promql.seconds(last),
-                "timeout": f"{self.timeout_s:g}",
-            }
-            t0, t1 = (datetime.fromtimestamp(t / 1e9, UTC) for t in (first, last))
-            step = promql.seconds(g.step)
-            call = partial(self._client.custom_query_range, query, t0, t1, step, params=params)
-            for labels, ts, vals in self._call(query, call):
-                parts[tuple(sorted(labels.items()))].append((labels, ts - g.step, vals))
-        return [
-            (p[0][0], np.concatenate([s[1] for s in p]), np.concatenate([s[2] for s in p]))
-            for p in parts.values()
-        ]
-
-    def _blocks(self, query: str, g: Grid, by: tuple[str, ...]) -> dict[tuple[str, ...], Fields]:
-        """A union query's series as dense columns: identity (``by`` labels) -> field -> values
-        per window."""
-        out: dict[tuple[str, ...], Fields] = {}
-        for labels, ts, vals in self._range(query, g):
-            fields = out.setdefault(tuple(labels.get(b, "") for b in by), {})
-            arr = fields.setdefault(labels.get(FIELD, ""), np.full(g.n, np.nan))
-            k, ok = g.index(ts)
-            arr[k[ok]] = vals[ok]
-        return out
+        return self._api.range(query, rng, step_s)
 
     # -- MetricSource ------------------------------------------------------------------------
 
@@ -258,15 +146,17 @@ class PrometheusSource:
         if g.n == 0:
             return GPU_WINDOWS.empty_table()
         window = promql.duration(max(g.step, self._scrape_ns))
-        blocks = self._blocks(promql.dcgm_query(promql.GPU_FIELDS, GPU_BY, "", window), g, GPU_BY)
+        blocks = self._api.blocks(
+            promql.dcgm_query(promql.GPU_FIELDS, GPU_BY, "", window), g, GPU_BY
+        )
         reasons = self._clock_reasons(g)
         out = []
         for ident, f in blocks.items():
             key = (promql.host_of(ident), promql.gpu_of(ident))
             if gpu is None or key[1] == gpu:
                 f["clock_event_reasons"] = reasons.get(key, np.full(g.n, np.nan))
-                out.append((key, f, _any(f)))
-        return _table(GPU_WINDOWS, g, ("host", "gpu"), out)
+                out.append((key, f, windows_with_data(f)))
+        return table(GPU_WINDOWS, g, ("host", "gpu"), out)
 
     def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
         g = promql.grid(rng, step_s)
@@ -275,7 +165,7 @@ class PrometheusSource:
         window = promql.duration(max(g.step, self._scrape_ns))
         by = GPU_BY + POD_BY
         query = promql.dcgm_query(promql.PROCESS_FIELDS, by, 'pod!=""', window)
-        blocks = self._blocks(query, g, by)
+        blocks = self._api.blocks(query, g, by)
         models = self._pod_models(g) if blocks else {}
         out = []
         for ident, f in blocks.items():
@@ -285,8 +175,8 @@ class PrometheusSource:
             ns, pod, container = ident[len(GPU_BY) :]
             name = "/".join(p for p in (ns, pod, container) if p)
             key = (promql.host_of(ident), dev, None, name, models.get((ns, pod)))
-            out.append((key, f, _any(f)))
-        return _table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
+            out.append((key, f, windows_with_data(f)))
+        return table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
     def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
         """(model, gpu) pairs, from one window spanning the whole range."""
@@ -309,7 +199,7 @@ class PrometheusSource:
         keyed: list[tuple[tuple[str, ...], Fields]] = []
         for fam in promql.FAMILIES:
             m = f"{fam.model_label}={promql.quote(model)}" if model is not None else ""
-            blocks = self._blocks(fam.query(m, window), g, fam.by)
+            blocks = self._api.blocks(fam.query(m, window), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
             for ident, f in blocks.items():
                 if ident[0] in mine:
@@ -320,23 +210,23 @@ class PrometheusSource:
         nan = np.full(g.n, np.nan)
         out = []
         for key, fs in self._place(keyed, g).items():
-            f = _merge(fs, means=())
+            f = merge(fs, means=())
             rate = f.get("rate", nan)
             cols = {
                 "count": rate * step_s,
                 "rate_rps": rate,
                 "arrival_rps": rate,  # exporters count completions only
                 "errors": f.get("errors", nan) * step_s,
-                "mean_ms": 1e3 * _div(f.get("sum", nan), rate),
-                "batch_size_mean": _div(f.get("items", nan), f.get("execs", nan)),
+                "mean_ms": 1e3 * div(f.get("sum", nan), rate),
+                "batch_size_mean": div(f.get("items", nan), f.get("execs", nan)),
             }
             for name, _ in QUANTILES:
                 cols[f"{name}_ms"] = 1e3 * f.get(name, nan)
             for p in PHASES:
                 if f"{p}_sum" in f:
-                    cols[f"{p}_ms"] = 1e3 * _div(f[f"{p}_sum"], f.get(f"{p}_n", rate))
+                    cols[f"{p}_ms"] = 1e3 * div(f[f"{p}_sum"], f.get(f"{p}_n", rate))
             out.append((key, cols, rate > 0))
-        return _table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
+        return table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
         """Exporters carry no lock detail: always empty (lock causes need spans)."""
@@ -351,12 +241,12 @@ class PrometheusSource:
         gauge_w = promql.duration(max(g.step, self._scrape_ns))
         rate_w = promql.duration(max(g.step, 4 * self._scrape_ns))
         by = ("model_name", "", "namespace", "pod")
-        blocks = self._blocks(promql.serving_query(m, gauge_w, rate_w), g, by)
+        blocks = self._api.blocks(promql.serving_query(m, gauge_w, rate_w), g, by)
         out = []
         for key, fs in self._place(blocks.items(), g).items():
-            f = _merge(fs, means=("kv_cache_usage",))
-            out.append((key, f, _any(f)))
-        return _table(SERVING_WINDOWS, g, ("model", "gpu"), out)
+            f = merge(fs, means=("kv_cache_usage",))
+            out.append((key, f, windows_with_data(f)))
+        return table(SERVING_WINDOWS, g, ("model", "gpu"), out)
 
     # -- joins -------------------------------------------------------------------------------
 
@@ -367,7 +257,7 @@ class PrometheusSource:
         seen: dict[tuple[str, str], np.ndarray] = {}
         for c in range(0, g.n, MAX_POINTS):
             lo, hi = g.w0 + c * g.step, g.w0 + min(g.n, c + MAX_POINTS) * g.step
-            for labels, ts, vals in self._at(
+            for labels, ts, vals in self._api.at(
                 promql.clock_reasons_query(promql.duration(hi - lo)), hi
             ):
                 ident = tuple(labels.get(b, "") for b in GPU_BY)
@@ -409,76 +299,3 @@ class PrometheusSource:
             dev = own or pods.get((ns, pod)) or self._model_gpu.get(mdl, self._default_gpu)
             out[(mdl, dev)].append(f)
         return out
-
-
-def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a / b where b > 0, else NaN (no warnings)."""
-    out = np.full(np.broadcast(a, b).shape, np.nan)
-    np.divide(a, b, out=out, where=(b > 0) & ~np.isnan(a))
-    return out
-
-
-def _any(f: Fields) -> np.ndarray:
-    """Windows where any field has a value."""
-    arrays = list(f.values())
-    out = np.zeros(arrays[0].shape, bool)
-    for a in arrays:
-        out |= ~np.isnan(a)
-    return out
-
-
-def _merge(fs: list[Fields], *, means: tuple[str, ...]) -> Fields:
-    """Series landing on one key: fields add up, except ``means`` (averaged) and quantiles
-    (averaged weighted by ``rate``). Names go through :data:`promql.ALIASES` first."""
-    fs = [{promql.ALIASES.get(k, k): v for k, v in f.items()} for f in fs]
-    if len(fs) == 1:
-        return fs[0]
-    n = next(iter(fs[0].values())).shape[0]
-    out: Fields = {}
-    for name in {k for f in fs for k in f}:
-        x = np.vstack([f.get(name, np.full(n, np.nan)) for f in fs])
-        have = ~np.isnan(x)
-        x0 = np.where(have, x, 0.0)
-        if name in dict(QUANTILES):
-            w = np.vstack([f.get("rate", np.full(n, np.nan)) for f in fs])
-            w = np.where(have & ~np.isnan(w), w, 0.0)
-            out[name] = _div((x0 * w).sum(axis=0), w.sum(axis=0))
-        elif name in means:
-            out[name] = _div(x0.sum(axis=0), have.sum(axis=0).astype(np.float64))
-        else:
-            out[name] = np.where(have.any(axis=0), x0.sum(axis=0), np.nan)
-    return out
-
-
-def _table(
-    schema: pa.Schema,
-    g: Grid,
-    key_names: tuple[str, ...],
-    rows: Iterable[tuple[tuple[str | None, ...], Mapping[str, np.ndarray], np.ndarray]],
-) -> pa.Table:
-    """``(key values, column -> values per window, mask)`` -> ``schema``, one row per window
-    in the mask; NaN and missing columns become null. Sorted by window, then key."""
-    starts = g.starts()
-    values = [f for f in schema if f.name != "ts_ns" and f.name not in key_names]
-    ts: list[np.ndarray] = []
-    keys: list[list[np.ndarray]] = [[] for _ in key_names]
-    cols: dict[str, list[np.ndarray]] = defaultdict(list)
-    for key, fields, mask in rows:
-        idx = np.flatnonzero(mask)
-        if idx.size == 0:
-            continue
-        ts.append(starts[idx])
-        for i, kv in enumerate(key):
-            keys[i].append(np.full(idx.size, kv, dtype=object))
-        for f in values:
-            arr = fields.get(f.name)
-            cols[f.name].append(arr[idx] if arr is not None else np.full(idx.size, np.nan))
-    if not ts:
-        return schema.empty_table()
-    data: dict[str, pa.Array] = {"ts_ns": pa.array(np.concatenate(ts), pa.int64())}
-    for name, parts in zip(key_names, keys, strict=True):
-        data[name] = pa.array(np.concatenate(parts), schema.field(name).type, from_pandas=True)
-    for f in values:
-        data[f.name] = pa.array(np.concatenate(cols[f.name]), from_pandas=True).cast(f.type)
-    order = [("ts_ns", "ascending")] + [(k, "ascending") for k in key_names if k != "pid"]
-    return pa.table(data).select(schema.names).cast(schema).sort_by(order)

@@ -1,9 +1,13 @@
 """Configuration: one TOML file, every key with a default and a ``COTENANT_…`` override.
 
-The table of keys is the set of dataclass fields below; each section is a TOML table and each
-field a key. The environment variable for ``[section] key`` is ``COTENANT_SECTION_KEY``
-(upper case). Precedence: default < file < environment. Every value is cast and checked once,
-here; a bad key or value raises :class:`store.errors.ConfigError` naming both.
+The table of keys is :class:`Config`: each section is a TOML table whose keys are the fields
+of one package's settings dataclass (``store.settings.StoreSettings``,
+``actuators.settings.ActuatorSettings``, …), each declared once, with its default, help and
+bounds, by :func:`store.config_key.key`. ``[server]`` and ``[log]`` belong to the composition
+root and are declared here. The environment variable for ``[section] key`` is
+``COTENANT_SECTION_KEY`` (upper case). Precedence: default < file < environment. Every value
+is cast and checked once, here; a bad key or value raises :class:`store.errors.ConfigError`
+naming both.
 """
 
 from __future__ import annotations
@@ -17,248 +21,51 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actuators.settings import ActuatorSettings
+from alerts.settings import AlertSettings, RuleThresholds
+from analysis.settings import AnalysisSettings
+from collectors.settings import GpuSettings, NvmlSettings, OtlpSettings, PrometheusSettings
+from dashboard.settings import DashboardSettings
+from reports.settings import ReportSettings
+from store.config_key import key
 from store.errors import ConfigError
+from store.settings import StoreSettings
 
 ENV_PREFIX = "COTENANT_"
 
 
-def _key(
-    default: Any,
-    help: str,
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    choices: tuple[str, ...] | None = None,
-) -> Any:
-    """A config key: its default, a one-line help and its bounds."""
-    meta = {"help": help, "min": min, "max": max, "choices": choices}
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=meta)
-    return field(default=default, metadata=meta)
+@dataclass(frozen=True)
+class ServerSettings:
+    """``[server]``: where ``cotenant serve`` listens (read here, in the composition root)."""
+
+    host: str = key("127.0.0.1", "address the HTTP API, /metrics and dashboard listen on")
+    port: int = key(8050, "port of the HTTP API, /metrics and dashboard", min=0, max=65535)
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    host: str = _key("127.0.0.1", "address the HTTP API, /metrics and dashboard listen on")
-    port: int = _key(8050, "port of the HTTP API, /metrics and dashboard", min=0, max=65535)
+class LogSettings:
+    """``[log]``: the level the command line configures logging with."""
 
-
-@dataclass(frozen=True)
-class OtlpConfig:
-    host: str = _key("127.0.0.1", "address the OTLP receivers listen on (0.0.0.0 for all)")
-    http_port: int = _key(
-        4318, "OTLP/HTTP port (POST /v1/traces); 0 picks a free port", min=0, max=65535
-    )
-    grpc_port: int = _key(4317, "OTLP/gRPC port; 0 picks a free port", min=0, max=65535)
-    http_enabled: bool = _key(True, "run the OTLP/HTTP receiver")
-    grpc_enabled: bool = _key(True, "run the OTLP/gRPC receiver")
-    max_body_bytes: int = _key(
-        16 * 1024 * 1024, "largest accepted body, after gzip inflation", min=1024
-    )
-    retry_after_s: float = _key(
-        1.0, "Retry-After given to clients when the writer queue is full", min=0.0, max=300.0
-    )
-    pending_ttl_s: float = _key(30.0, "how long child spans wait for their root span", min=0.1)
-    grpc_workers: int = _key(4, "threads serving OTLP/gRPC calls", min=1, max=64)
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    path: str = _key("./.cotenant/cotenant.duckdb", "the embedded DuckDB file")
-    queue_max_rows: int = _key(
-        500_000, "rows the writer queue holds before ingest answers 429", min=1
-    )
-    batch_rows: int = _key(50_000, "rows the writer appends in one Arrow batch", min=1)
-    flush_interval_s: float = _key(0.5, "longest time a row waits in the queue", min=0.01)
-    memory_limit: str = _key(
-        "128MB",
-        "DuckDB memory_limit: its buffer pool (queries spill to disk past it); 128MB keeps "
-        "the service under 300 MB resident with 1M requests stored, see docs/performance.md",
-    )
-    threads: int = _key(1, "DuckDB worker threads", min=1, max=256)
-    raw_retention_h: float = _key(24.0, "hours raw requests and samples are kept", min=0.01)
-    rollup_retention_days: float = _key(35.0, "days per-minute rollups are kept", min=0.01)
-    incident_retention_days: float = _key(
-        90.0, "days incidents, actions and audit are kept", min=0.01
-    )
-    rollup_interval_s: float = _key(10.0, "how often per-minute rollups are refreshed", min=0.1)
-    retention_interval_s: float = _key(300.0, "how often expired rows are deleted", min=1.0)
-
-
-@dataclass(frozen=True)
-class GpuConfig:
-    model_gpu: dict[str, str] = _key(
-        {},
-        "model -> GPU used when a span names no GPU and its "
-        "pid is not in NVML's process list (env: 'm1=0,m2=1')",
-    )
-    default_gpu: str = _key("", "GPU recorded when nothing else resolves it ('' = unknown)")
-
-
-@dataclass(frozen=True)
-class NvmlConfig:
-    enabled: bool = _key(True, "poll GPU and per-process counters through NVML when available")
-    poll_interval_s: float = _key(1.0, "NVML poll period", min=0.05, max=3600.0)
-    process_interval_s: float = _key(
-        1.0,
-        "read per-process samples at most this often (NVML makes them every 1/6-1 s; every "
-        "sample since the last read is averaged, none is lost; never faster than the poll)",
-        min=0.05,
-        max=3600.0,
-    )
-    backoff_max_s: float = _key(
-        30.0, "longest wait between retries of a lost GPU or driver", min=0.1
-    )
-    host: str = _key("", "host name recorded on samples ('' = this machine's host name)")
-
-
-@dataclass(frozen=True)
-class PrometheusConfig:
-    url: str = _key("", "Prometheus-compatible query URL for the fleet path ('' = not used)")
-    timeout_s: float = _key(10.0, "timeout of one PromQL query", min=0.1, max=600.0)
-    scrape_interval_s: float = _key(
-        15.0,
-        "scrape interval of the exporters' series (rate windows are at least 4x this)",
-        min=0.1,
-        max=3600.0,
-    )
-
-
-@dataclass(frozen=True)
-class AnalysisConfig:
-    enabled: bool = _key(True, "run spike detection and attribution continuously in serve")
-    interval_s: float = _key(5.0, "how often the continuous loop re-diagnoses", min=0.1)
-    horizon_s: float = _key(600.0, "how far back each pass looks for incidents", min=10.0)
-    step_s: float = _key(1.0, "window width", min=0.1, max=3600.0)
-    slo_ms: dict[str, float] = _key({}, "p99 latency SLO per model in ms (env: 'tts=100,chat=400')")
-    max_range_h: float = _key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
-    season_s: float = _key(
-        86400.0,
-        "latency cycle learned by on-demand diagnoses (API, CLI, alerts) that read 2 cycles of "
-        "history, when one cycle is at most 10,080 windows of their step (a day needs a step "
-        ">= 8.6 s); the live loop does not use it (0 = no seasonal baseline)",
-        min=0.0,
-    )
-    reread_s: float = _key(
-        30.0,
-        "how far back each pass re-reads (must exceed ingest lag: late rows older than "
-        "this are not seen by the continuous loop)",
-        min=1.0,
-    )
-
-
-@dataclass(frozen=True)
-class ActuatorsConfig:
-    mode: str = _key(
-        "dry-run",
-        "off: no proposals; dry-run: proposals recorded, nothing applied; manual: a person "
-        "approves; auto: applied by the loop",
-        choices=("off", "dry-run", "manual", "auto"),
-    )
-    token: str = _key(
-        "", "bearer token the mutating actions API requires ('' = mutating calls refused)"
-    )
-    token_file: str = _key("", "file holding the bearer token (used when token is '')")
-    policy: str = _key(
-        "", "policy file mapping causes to actions ('' = the bundled rules/policy.yaml)"
-    )
-    backend: str = _key(
-        "gateway",
-        "where actions are applied",
-        choices=("gateway", "rayserve", "triton", "webhook"),
-    )
-    backend_url: str = _key(
-        "", "base URL of the backend (gateway control API, Ray, Triton, webhook)"
-    )
-    webhook_secret: str = _key("", "HMAC-SHA256 key signing webhook bodies")
-    backend_token_file: str = _key(
-        "",
-        "file holding the bearer token of the backend's control API (gateway; '' = "
-        "COTENANT_GATEWAY_TOKEN, or none)",
-    )
-    interval_s: float = _key(5.0, "how often the control loop advances actions", min=0.1)
-    max_actions_per_hour: int = _key(10, "most actions applied per hour overall", min=0)
-    max_actions_per_target_per_hour: int = _key(3, "most actions per target per hour", min=0)
-    cooldown_s: float = _key(300.0, "quiet time per target after a change ends", min=0.0)
-    settle_s: float = _key(30.0, "wait after applying before verifying", min=0.0)
-    ttl_s: float = _key(1800.0, "an applied change is reverted after this long", min=1.0)
-    min_rate_rps: float = _key(1.0, "floor under any rate limit set on a model", min=0.0)
-    backend_timeout_s: float = _key(5.0, "timeout of one backend call", min=0.1, max=300.0)
-    backend_retries: int = _key(3, "retries of a failed backend call (with backoff)", min=0)
-
-
-@dataclass(frozen=True)
-class AlertsConfig:
-    enabled: bool = _key(True, "accept Alertmanager webhooks at POST /api/v1/alerts")
-    lookback_s: float = _key(
-        600.0, "how far before an alert's startsAt its diagnosis looks", min=10.0
-    )
-    lookahead_s: float = _key(
-        120.0, "how far after startsAt its diagnosis looks (capped at now)", min=0.0
-    )
-
-
-@dataclass(frozen=True)
-class RulesConfig:
-    slo_default_ms: float = _key(
-        0.0, "p99 SLO for models not in analysis.slo_ms (0 = no SLO alert for them)", min=0.0
-    )
-    dram_saturated: float = _key(
-        0.9, "DRAM (memory-bandwidth) utilisation counted as saturated (0-1)", min=0.0, max=1.0
-    )
-    pcie_saturated_bps: float = _key(
-        20e9, "PCIe throughput (TX+RX bytes/s) counted as saturated", min=0.0
-    )
-    lock_wait_share: float = _key(
-        0.3, "share of a model's latency spent waiting on locks that alerts", min=0.0, max=1.0
-    )
-    memory_pressure: float = _key(
-        0.95, "GPU memory used / total that counts as pressure", min=0.0, max=1.0
-    )
-    for_s: float = _key(60.0, "how long a condition must hold before its alert fires", min=0.0)
-    runbook_base_url: str = _key(
-        "https://github.com/cotenant/cotenant/blob/main/docs/runbooks.md",
-        "base of the runbook_url annotations",
-    )
-
-
-@dataclass(frozen=True)
-class DashboardConfig:
-    enabled: bool = _key(True, "serve the Dash dashboard on the API port")
-    refresh_s: float = _key(5.0, "how often live pages refresh", min=0.5, max=3600.0)
-    default_range: str = _key("1h", "time range pages open with (e.g. 15m, 1h, 6h, 24h, 7d)")
-
-
-@dataclass(frozen=True)
-class ReportConfig:
-    dir: str = _key("./.cotenant/reports", "where weekly reports are written")
-    schedule: str = _key("", "weekly run inside serve, e.g. 'mon 06:00' (UTC; '' = not scheduled)")
-    formats: str = _key("html,md", "formats written by the schedule (html, md, pdf)")
-    dashboard_url: str = _key(
-        "", "dashboard base URL linked from reports ('' = the server's own address)"
-    )
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    level: str = _key("info", "log level", choices=("debug", "info", "warning", "error"))
+    level: str = key("info", "log level", choices=("debug", "info", "warning", "error"))
 
 
 @dataclass(frozen=True)
 class Config:
-    server: ServerConfig = field(default_factory=ServerConfig)
-    otlp: OtlpConfig = field(default_factory=OtlpConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
-    gpu: GpuConfig = field(default_factory=GpuConfig)
-    nvml: NvmlConfig = field(default_factory=NvmlConfig)
-    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
-    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
-    actuators: ActuatorsConfig = field(default_factory=ActuatorsConfig)
-    alerts: AlertsConfig = field(default_factory=AlertsConfig)
-    rules: RulesConfig = field(default_factory=RulesConfig)
-    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    """The whole configuration: one section per TOML table, each a package's settings."""
+
+    server: ServerSettings = field(default_factory=ServerSettings)
+    otlp: OtlpSettings = field(default_factory=OtlpSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    gpu: GpuSettings = field(default_factory=GpuSettings)
+    nvml: NvmlSettings = field(default_factory=NvmlSettings)
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
+    actuators: ActuatorSettings = field(default_factory=ActuatorSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
+    rules: RuleThresholds = field(default_factory=RuleThresholds)
+    dashboard: DashboardSettings = field(default_factory=DashboardSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
+    log: LogSettings = field(default_factory=LogSettings)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {s.name: dataclasses.asdict(getattr(self, s.name)) for s in dataclasses.fields(self)}
@@ -423,10 +230,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     for sname, stype in sections.items():
         fdefs = {f.name: f for f in dataclasses.fields(stype)}
         given = data.get(sname, {})
-        for key in given:
-            if key not in fdefs:
+        for given_key in given:
+            if given_key not in fdefs:
                 raise ConfigError(
-                    f"config key {sname}.{key}: unknown key "
+                    f"config key {sname}.{given_key}: unknown key "
                     f"(known in [{sname}]: {', '.join(fdefs)})"
                 )
         values: dict[str, Any] = {}

@@ -10,9 +10,12 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from store.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from actuators.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +209,7 @@ def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
         raise UsageError(f"{flag} {value!r}: give a finite number {'>= 0' if zero_ok else '> 0'}")
 
 
-def settings_from_args(args: argparse.Namespace) -> Any:
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     """Check the flags and build :class:`actuators.gateway.settings.GatewaySettings`."""
     from actuators.gateway.identify import parse_source
     from actuators.gateway.settings import (

@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cotenant.remote import call_api
 from store.errors import ReportError
+
+if TYPE_CHECKING:
+    from cotenant.config import Config
+    from reports.compute import ReportBuilder
+    from store.db import Store
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,6 +39,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=cmd_report)
 
 
+def report_builder(cfg: Config, store: Store) -> ReportBuilder:
+    """The weekly report's builder over ``store`` (``cotenant report`` and serve's API and
+    schedule): ``[analysis] slo_ms`` and ``[rules] slo_default_ms`` for the SLOs, the
+    saturation thresholds the alerts use (``[rules]``), and the dashboard link
+    (``[report] dashboard_url``, else ``[server]``)."""
+    from reports.compute import ReportBuilder
+    from reports.job import dashboard_base
+    from reports.summary import Thresholds
+
+    rules = cfg.rules
+    return ReportBuilder(
+        store,
+        slo_ms=cfg.analysis.slo_ms,
+        default_slo_ms=rules.slo_default_ms,
+        dashboard_url=dashboard_base(cfg.report, cfg.server.host, cfg.server.port),
+        thresholds=Thresholds(
+            dram_saturated=rules.dram_saturated,
+            pcie_saturated_bps=rules.pcie_saturated_bps,
+            memory_full=rules.memory_pressure,
+        ),
+    )
+
+
 def _via_url(url: str, week: str) -> dict[str, Any]:
     return call_api(url, f"/api/v1/reports/{week}/summary", timeout_s=120)
 
@@ -41,7 +69,7 @@ def _via_url(url: str, week: str) -> dict[str, Any]:
 def cmd_report(args: argparse.Namespace) -> int:
     from cotenant.config import load_config
     from reports.isoweek import last_complete_week, parse_week
-    from reports.job import ReportJob, builder_from
+    from reports.job import ReportJob
     from reports.summary import WeekSummary
     from reports.writer import parse_formats, write_report
     from store.db import Store
@@ -61,7 +89,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ReportError(f"store {path} does not exist: pass --store or --config")
         store = Store(path, read_only=True)
         try:
-            paths = ReportJob(builder_from(cfg, store), out, formats).run(week)
+            paths = ReportJob(report_builder(cfg, store), out, formats).run(week)
         finally:
             store.close()
     for kind, p in paths.items():

@@ -44,8 +44,9 @@ from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver
 from cotenant.api import create_api
 from cotenant.config import Config
+from cotenant.report_cmd import report_builder
 from reports.api import reports_router
-from reports.job import ReportJob, builder_from
+from reports.job import ReportJob
 from reports.schedule import ReportScheduler, parse_schedule
 from reports.writer import parse_formats
 from store.db import Store
@@ -241,7 +242,7 @@ class Service:
         """``/api/v1/reports/{week}/summary``, and the weekly scheduler when
         ``[report] schedule`` is set (None otherwise)."""
         config = self.config
-        builder = builder_from(config, self.store)
+        builder = report_builder(config, self.store)
         self.api.include_router(reports_router(builder))
         at = parse_schedule(config.report.schedule)
         if at is None:

@@ -20,6 +20,7 @@ from dashboard import plotlyjs
 from dashboard.context import ActionLog, PageContext
 from dashboard.data import DashboardData
 from dashboard.pages import actions, gpus, incident, overview, reports
+from dashboard.settings import DashboardSettings
 from dashboard.timerange import PRESETS, parse_range
 from store.errors import ConfigError, QueryError
 
@@ -42,8 +43,8 @@ def create_app(
     *,
     actions_control: ActionLog | None = None,
     report_dir: str | Path = "./.cotenant/reports",
-    refresh_s: float = 5.0,
-    default_range: str = "1h",
+    refresh_s: float = DashboardSettings.refresh_s,
+    default_range: str = DashboardSettings.default_range,
     plotly_js: str | Path | None = None,
     eager_loading: bool = False,
 ) -> Dash:

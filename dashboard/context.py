@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dashboard.data import DashboardData
+from dashboard.settings import DashboardSettings
 from dashboard.timerange import Range, parse_range
 
 
@@ -56,7 +57,7 @@ class PageContext:
     data: DashboardData
     actions: ActionLog | None
     report_dir: Path
-    default_range: str = "1h"
+    default_range: str = DashboardSettings.default_range
 
     def range(self, text: str | None) -> Range:
         """The page's range from its URL value (the configured default when absent); raises

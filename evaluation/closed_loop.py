@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from actuators.controller import ActionController, Settings
+from actuators.controller import ActionController
 from actuators.policy import Policy, load_policy
+from actuators.settings import ActuatorSettings
 from analysis.incidents import IncidentBook, IncidentEvent
 from analysis.loop import AnalysisLoop
 from evaluation.sim_backend import BackendEvent, SimulatorBackend
@@ -53,7 +54,7 @@ class Detection:
 class ClosedLoopRun:
     scenario: Scenario
     start_ns: int
-    settings: Settings
+    settings: ActuatorSettings
     requests: pa.Table
     changes: list[BackendEvent]
     actions: list[dict[str, Any]]
@@ -65,10 +66,10 @@ class ClosedLoopRun:
     passes: dict[str, int] = field(default_factory=dict)
 
 
-def loop_settings(s: Scenario, base: Settings | None = None) -> Settings:
+def loop_settings(s: Scenario, base: ActuatorSettings | None = None) -> ActuatorSettings:
     """``base`` (default: the configuration's defaults) in ``auto`` mode, with the scenario's
     ``loop`` overrides (ttl_s, settle_s, cooldown_s)."""
-    out = replace(base or Settings(), mode="auto")
+    out = replace(base or ActuatorSettings(), mode="auto")
     a = s.actuation
     for name in ("ttl_s", "settle_s", "cooldown_s"):
         value = getattr(a, name)
@@ -80,7 +81,7 @@ def loop_settings(s: Scenario, base: Settings | None = None) -> Settings:
 def run_closed_loop(
     s: Scenario,
     *,
-    settings: Settings | None = None,
+    settings: ActuatorSettings | None = None,
     policy: Policy | None = None,
     analysis_interval_s: float = 5.0,
     horizon_s: float = 300.0,

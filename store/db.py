@@ -10,6 +10,7 @@ import duckdb
 
 from store.errors import SchemaVersionError, StoreError
 from store.schema import SCHEMA_VERSION, ddl
+from store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ class Store:
         self,
         path: str | Path,
         *,
-        memory_limit: str = "128MB",
-        threads: int = 1,
+        memory_limit: str = StoreSettings.memory_limit,
+        threads: int = StoreSettings.threads,
         read_only: bool = False,
     ) -> None:
         self.path = str(path)

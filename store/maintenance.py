@@ -18,6 +18,7 @@ import numpy as np
 
 from store.db import Store
 from store.schema import PHASE_COLUMNS
+from store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +110,11 @@ class Maintenance:
         self,
         store: Store,
         *,
-        rollup_interval_s: float = 10.0,
-        retention_interval_s: float = 300.0,
-        raw_retention_h: float = 24.0,
-        rollup_retention_days: float = 35.0,
-        incident_retention_days: float = 90.0,
+        rollup_interval_s: float = StoreSettings.rollup_interval_s,
+        retention_interval_s: float = StoreSettings.retention_interval_s,
+        raw_retention_h: float = StoreSettings.raw_retention_h,
+        rollup_retention_days: float = StoreSettings.rollup_retention_days,
+        incident_retention_days: float = StoreSettings.incident_retention_days,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._store = store

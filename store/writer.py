@@ -24,6 +24,7 @@ from store.db import Store
 from store.errors import Overloaded, StoreError
 from store.maintenance import Maintenance
 from store.schema import APPEND_TABLES, arrow_schema
+from store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,9 @@ class Writer:
         self,
         store: Store,
         *,
-        max_rows: int = 500_000,
-        batch_rows: int = 50_000,
-        flush_interval_s: float = 0.5,
+        max_rows: int = StoreSettings.queue_max_rows,
+        batch_rows: int = StoreSettings.batch_rows,
+        flush_interval_s: float = StoreSettings.flush_interval_s,
         retry_after_s: float = 1.0,
         maintenance: Maintenance | None = None,
         observer: WriteObserver | None = None,

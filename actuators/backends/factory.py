@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from actuators.backend import Backend
 from actuators.backends.gateway import GatewayBackend
@@ -13,6 +12,7 @@ from actuators.backends.http import HttpCaller
 from actuators.backends.rayserve import RayServeBackend
 from actuators.backends.triton import TritonBackend
 from actuators.backends.webhook import WebhookBackend
+from actuators.settings import ActuatorSettings
 from store.errors import BackendError, ConfigError
 
 
@@ -29,8 +29,8 @@ def read_secret(value: str, file: str, key: str) -> str:
         raise ConfigError(f"config key {key}: cannot read {file!r}: {exc}") from exc
 
 
-def make_backend(cfg: Any, env: Mapping[str, str] | None = None) -> Backend:
-    """The backend ``cfg.backend`` names (``cfg``: the ``[actuators]`` section).
+def make_backend(cfg: ActuatorSettings, env: Mapping[str, str] | None = None) -> Backend:
+    """The backend ``cfg.backend`` names (``cfg``: the ``[actuators]`` keys).
 
     Raises ConfigError for a missing ``backend_url`` / ``webhook_secret`` (the simulator
     backend is built by ``cotenant bench --actuate``, not from config)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from actuators.settings import ActuatorSettings
 from store.errors import BackendError
 
 
@@ -70,8 +71,8 @@ class HttpCaller:
         name: str,
         base_url: str,
         *,
-        timeout_s: float = 5.0,
-        retries: int = 3,
+        timeout_s: float = ActuatorSettings.backend_timeout_s,
+        retries: int = ActuatorSettings.backend_retries,
         backoff_s: float = 0.2,
         breaker: CircuitBreaker | None = None,
         headers: Mapping[str, str] | None = None,

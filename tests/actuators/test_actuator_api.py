@@ -26,8 +26,9 @@ from conftest import start_serve
 from prometheus_client import CollectorRegistry
 
 from actuators.api import actions_router
-from actuators.controller import ActionController, Settings
+from actuators.controller import ActionController
 from actuators.policy import load_policy
+from actuators.settings import ActuatorSettings
 from analysis.incidents import IncidentBook
 from cotenant.api import create_api
 from store.db import Store
@@ -69,7 +70,7 @@ def api_on(tmp_path: Path, gw: LiveGateway) -> Iterator[tuple[str, ActionControl
     clock = FakeClock(130)
     reg = CollectorRegistry()
     c = ActionController(
-        settings=Settings(mode="manual"),
+        settings=ActuatorSettings(mode="manual"),
         policy=load_policy(),
         incidents=IncidentBook(store),
         source=StoreSource(store),

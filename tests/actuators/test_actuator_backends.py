@@ -28,8 +28,9 @@ from actuators.backends.http import CircuitBreaker, HttpCaller
 from actuators.backends.rayserve import RayServeBackend
 from actuators.backends.triton import TritonBackend
 from actuators.backends.webhook import SIGNATURE_HEADER, WebhookBackend, sign
-from actuators.controller import ActionController, Settings
+from actuators.controller import ActionController
 from actuators.policy import load_policy
+from actuators.settings import ActuatorSettings
 from analysis.incidents import IncidentBook
 from store.db import Store
 from store.errors import BackendError
@@ -165,7 +166,7 @@ def test_a_down_gateway_fails_the_action_visibly(store: Store) -> None:
     sock.close()
     clock = FakeClock(130)
     c = ActionController(
-        settings=Settings(mode="auto"),
+        settings=ActuatorSettings(mode="auto"),
         policy=load_policy(),
         incidents=IncidentBook(store),
         source=StoreSource(store),
@@ -185,7 +186,7 @@ def test_the_controller_applies_the_policys_limit_through_the_control_api(store:
     with running(gateway_standin(models)) as url:
         http = caller("gateway", url, headers={"Authorization": f"Bearer {TOKEN}"})
         c = ActionController(
-            settings=Settings(mode="auto", min_rate_rps=0.0),
+            settings=ActuatorSettings(mode="auto", min_rate_rps=0.0),
             policy=load_policy(),
             incidents=IncidentBook(store),
             source=StoreSource(store),

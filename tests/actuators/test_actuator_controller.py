@@ -23,8 +23,9 @@ from act_helpers import (
 from prometheus_client import CollectorRegistry
 
 from actuators.backend import Backend
-from actuators.controller import ActionController, Settings
+from actuators.controller import ActionController
 from actuators.policy import VerifyRule, load_policy
+from actuators.settings import ActuatorSettings
 from analysis.incidents import IncidentBook
 from store.db import Store
 from store.errors import ActionError, BackendError, Forbidden, Unauthorized
@@ -71,7 +72,7 @@ def make(
     backend = backend or gw.backend()
     policy = kw.pop("policy", None) or load_policy()
     reg = CollectorRegistry()
-    settings = Settings(
+    settings = ActuatorSettings(
         mode=mode,
         settle_s=kw.pop("settle_s", 20.0),
         ttl_s=kw.pop("ttl_s", 600.0),
@@ -461,7 +462,7 @@ def test_notify_actions_reach_the_notifier_outside_dry_run(
     )
     notifier = RecordingNotifier()
     c = ActionController(
-        settings=Settings(mode=mode),
+        settings=ActuatorSettings(mode=mode),
         policy=load_policy(),
         incidents=IncidentBook(store),
         source=StoreSource(store),

@@ -1,0 +1,34 @@
+"""The ``[analysis]`` configuration keys: the continuous loop and on-demand diagnoses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.config_key import key
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """``[analysis]``: read by :class:`analysis.loop.AnalysisLoop` (the live loop) and
+    :class:`analysis.analyzer.Analyzer` (on-demand diagnoses); ``slo_ms`` also by the
+    actuators, alerts, dashboard and reports."""
+
+    enabled: bool = key(True, "run spike detection and attribution continuously in serve")
+    interval_s: float = key(5.0, "how often the continuous loop re-diagnoses", min=0.1)
+    horizon_s: float = key(600.0, "how far back each pass looks for incidents", min=10.0)
+    step_s: float = key(1.0, "window width", min=0.1, max=3600.0)
+    slo_ms: dict[str, float] = key({}, "p99 latency SLO per model in ms (env: 'tts=100,chat=400')")
+    max_range_h: float = key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
+    season_s: float = key(
+        86400.0,
+        "latency cycle learned by on-demand diagnoses (API, CLI, alerts) that read 2 cycles of "
+        "history, when one cycle is at most 10,080 windows of their step (a day needs a step "
+        ">= 8.6 s); the live loop does not use it (0 = no seasonal baseline)",
+        min=0.0,
+    )
+    reread_s: float = key(
+        30.0,
+        "how far back each pass re-reads (must exceed ingest lag: late rows older than "
+        "this are not seen by the continuous loop)",
+        min=1.0,
+    )

@@ -1,0 +1,73 @@
+"""The collectors' configuration keys: ``[otlp]``, ``[gpu]``, ``[nvml]`` and ``[prometheus]``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.config_key import key
+
+
+@dataclass(frozen=True)
+class OtlpSettings:
+    """``[otlp]``: the OTLP/HTTP and OTLP/gRPC receivers and the span normalizer."""
+
+    host: str = key("127.0.0.1", "address the OTLP receivers listen on (0.0.0.0 for all)")
+    http_port: int = key(
+        4318, "OTLP/HTTP port (POST /v1/traces); 0 picks a free port", min=0, max=65535
+    )
+    grpc_port: int = key(4317, "OTLP/gRPC port; 0 picks a free port", min=0, max=65535)
+    http_enabled: bool = key(True, "run the OTLP/HTTP receiver")
+    grpc_enabled: bool = key(True, "run the OTLP/gRPC receiver")
+    max_body_bytes: int = key(
+        16 * 1024 * 1024, "largest accepted body, after gzip inflation", min=1024
+    )
+    retry_after_s: float = key(
+        1.0, "Retry-After given to clients when the writer queue is full", min=0.0, max=300.0
+    )
+    pending_ttl_s: float = key(30.0, "how long child spans wait for their root span", min=0.1)
+    grpc_workers: int = key(4, "threads serving OTLP/gRPC calls", min=1, max=64)
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """``[gpu]``: the last resorts of :class:`collectors.gpu_resolve.GpuResolver`."""
+
+    model_gpu: dict[str, str] = key(
+        {},
+        "model -> GPU used when a span names no GPU and its "
+        "pid is not in NVML's process list (env: 'm1=0,m2=1')",
+    )
+    default_gpu: str = key("", "GPU recorded when nothing else resolves it ('' = unknown)")
+
+
+@dataclass(frozen=True)
+class NvmlSettings:
+    """``[nvml]``: the NVML poller (:class:`collectors.nvml.NvmlCollector`)."""
+
+    enabled: bool = key(True, "poll GPU and per-process counters through NVML when available")
+    poll_interval_s: float = key(1.0, "NVML poll period", min=0.05, max=3600.0)
+    process_interval_s: float = key(
+        1.0,
+        "read per-process samples at most this often (NVML makes them every 1/6-1 s; every "
+        "sample since the last read is averaged, none is lost; never faster than the poll)",
+        min=0.05,
+        max=3600.0,
+    )
+    backoff_max_s: float = key(
+        30.0, "longest wait between retries of a lost GPU or driver", min=0.1
+    )
+    host: str = key("", "host name recorded on samples ('' = this machine's host name)")
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    """``[prometheus]``: the fleet path (:class:`collectors.prometheus.PrometheusSource`)."""
+
+    url: str = key("", "Prometheus-compatible query URL for the fleet path ('' = not used)")
+    timeout_s: float = key(10.0, "timeout of one PromQL query", min=0.1, max=600.0)
+    scrape_interval_s: float = key(
+        15.0,
+        "scrape interval of the exporters' series (rate windows are at least 4x this)",
+        min=0.1,
+        max=3600.0,
+    )
