@@ -162,7 +162,11 @@ class Service:
         self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
         ac = config.analysis
         source = StoreSource(self.store)
-        book = IncidentBook(self.store, gap_ns=int(ac.step_s * 1e9) * 10)
+        book = IncidentBook(
+            self.store,
+            gap_ns=int(ac.step_s * 1e9) * 10,
+            cooldown_ns=int(ac.cooldown_s * 1e9),
+        )
         self.analyzer = Analyzer(
             source,
             book,
@@ -183,6 +187,7 @@ class Service:
                 clock_ns=clock_ns,
                 on_incident=on_incident,
                 reread_s=ac.reread_s,
+                params=ac.spike_params(),
             )
             if ac.enabled
             else None

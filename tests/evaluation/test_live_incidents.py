@@ -90,4 +90,3 @@ def test_contention_below_the_slo_or_without_one_is_recorded(
         assert mine[-1].cause == f"cotenant:{culprit}"
         # it lasted about as long as the fault, not a minute
         assert _s(mine[-1].end_ns) - _s(mine[-1].start_ns) >= 0.8 * (fault.end_s - fault.start_s)
-
