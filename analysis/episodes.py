@@ -16,7 +16,9 @@ One detector serves the live loop and on-demand diagnoses, over one model's wind
   or over the frozen baseline by the opening margin, and ends after ``close_windows``
   consecutive windows that are neither (windows without enough requests count as clean: a
   model that stops serving is not slow);
-* **severity** is ``breach`` when any of its windows crossed the SLO, else ``degradation``.
+* **severity** is ``breach`` when any of its windows crossed the SLO, else ``degradation``;
+* a slowdown over within ``min_episode_windows`` is a transient, not an episode (its windows
+  still teach the baseline nothing).
 
 A :class:`Carry` continues an episode that began before the first window (the live loop's open
 incident, whose start has left the horizon), with the baseline frozen when it opened.
@@ -131,6 +133,12 @@ def track(
         if not crossed and end < at:
             # it fired on a median that lagged a slowdown already over: not sustained
             pos = at + 1
+            continue
+        if not is_open and end - start + 1 < p.min_episode_windows:
+            # a transient (one slow render next door): no baseline, but no incident either
+            learn[start : end + 1] = np.nan
+            abnormal[start : end + 1] = True
+            pos = end + 1
             continue
         out.append(
             Episode(

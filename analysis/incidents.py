@@ -33,6 +33,7 @@ from store.queries import select_rows
 DIAGNOSING = "diagnosing"
 OPEN = "open"
 RESOLVED = "resolved"
+DISMISSED = "dismissed"  # a diagnosing incident whose slowdown was a transient: not stored
 STATES = (DIAGNOSING, OPEN, RESOLVED)
 
 
@@ -87,7 +88,8 @@ class IncidentEvent:
 
     ``kind``: ``diagnosing`` (a slowdown found, cause not settled), ``opened`` (published
     with its top cause), ``cause_changed``, ``escalated`` (a degradation crossed the SLO),
-    ``resolved``, ``reopened`` (slow again within the cool-down)."""
+    ``resolved``, ``reopened`` (slow again within the cool-down), ``dismissed`` (a
+    diagnosing slowdown that ended as a transient: withdrawn, never published)."""
 
     kind: str
     incident: Incident
@@ -243,11 +245,20 @@ class IncidentBook:
                 if got or created or inc.live:
                     inc.updated_ns = now_ns
                     written.append(inc)
+            dismissed: list[Incident] = []
             for inc in current:
-                if inc.id not in groups and inc.live and inc.end_ns < now_ns - self._gap_ns:
+                if inc.id in groups or not inc.live:
+                    continue
+                if inc.state == DIAGNOSING:
+                    # its slowdown turned out a transient: never published, so withdrawn
+                    inc.state = DISMISSED
+                    dismissed.append(inc)
+                    events.append(IncidentEvent("dismissed", inc, now_ns))
+                elif inc.end_ns < now_ns - self._gap_ns:
                     events += self._resolve(inc, now_ns)
                     written.append(inc)
             self._write(written)
+            self._delete(dismissed)
             return events
 
     def _match(
@@ -372,6 +383,12 @@ class IncidentBook:
         inc.detail["resolved_at_end_ns"] = inc.end_ns
         inc.updated_ns = now_ns
         return [IncidentEvent("resolved", inc, now_ns)]
+
+    def _delete(self, incidents: list[Incident]) -> None:
+        if not incidents:
+            return
+        with self._store.cursor() as cur:
+            cur.executemany("DELETE FROM incidents WHERE id = ?", [[i.id] for i in incidents])
 
     def _write(self, incidents: list[Incident]) -> None:
         if not incidents:

@@ -41,6 +41,7 @@ class SpikeParams:
     degrade_ratio: float = 1.3  # a degradation: median p99 >= ratio x baseline ...
     degrade_abs_ms: float = 2.0  # ... and this much over it ...
     degrade_windows: int = 30  # ... over this many windows (0: no degradations)
+    min_episode_windows: int = 5  # a slowdown over sooner than this is a transient, not news
     season: int = 0  # windows per season (0: no seasonal baseline)
     season_max: int = 10_080  # longest season decomposed (a week of one-minute windows)
 

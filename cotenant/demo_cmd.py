@@ -296,6 +296,8 @@ class _IncidentPrinter:
             )
         elif e.kind == "escalated":
             lines.append(f"escalated {who}: now over its SLO{slo}, p99 {inc.peak_p99_ms:.0f} ms")
+        elif e.kind == "dismissed":
+            lines.append(f"transient {who}: over in seconds, not an incident")
         elif e.kind == "resolved":
             back = inc.detail.get("resolved_p99_ms")
             now = f"p99 back to {back:.0f} ms" if back is not None else "no longer slow"

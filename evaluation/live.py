@@ -138,7 +138,8 @@ def run_scenario(s: Scenario, progress: Callable[[str], None] = lambda _: None) 
     by_inc: dict[str, list[Seen]] = {}
     for e in events:
         by_inc.setdefault(e.incident_id, []).append(e)
-    final = {k: evs[-1] for k, evs in by_inc.items()}
+    # withdrawn transients were never published: not incidents
+    final = {k: evs[-1] for k, evs in by_inc.items() if evs[-1].kind != "dismissed"}
     victims: list[VictimScore] = []
     spans = []
     for f in truth:
