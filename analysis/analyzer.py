@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.diagnose import diagnose
-from analysis.incidents import IncidentBook
+from analysis.episodes import SEVERITIES
+from analysis.incidents import STATES, IncidentBook
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import gpus_of
@@ -85,13 +86,16 @@ class Analyzer:
         model: str | None = None,
         state: str | None = None,
         limit: int = 500,
+        severity: str | None = None,
     ) -> list[dict[str, Any]]:
-        if state is not None and state not in ("open", "resolved"):
-            raise QueryError(f"state {state!r} must be open or resolved")
-        return [
-            i.to_dict()
-            for i in self.book.find(since_ns=since_ns, model=model, state=state, limit=limit)
-        ]
+        if state is not None and state not in STATES:
+            raise QueryError(f"state {state!r} must be one of {', '.join(STATES)}")
+        if severity is not None and severity not in SEVERITIES:
+            raise QueryError(f"severity {severity!r} must be one of {', '.join(SEVERITIES)}")
+        found = self.book.find(
+            since_ns=since_ns, model=model, state=state, severity=severity, limit=limit
+        )
+        return [i.to_dict() for i in found]
 
     def incident(self, incident_id: str) -> dict[str, Any]:
         inc = self.book.get(incident_id)

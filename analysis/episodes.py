@@ -35,6 +35,7 @@ from analysis.spikes import SpikeParams, baseline
 
 BREACH = "breach"
 DEGRADATION = "degradation"
+SEVERITIES = (BREACH, DEGRADATION)
 
 
 @dataclass(frozen=True)
