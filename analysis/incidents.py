@@ -20,7 +20,6 @@ pass's diagnoses of one (model, GPU) into its incidents and says what changed, a
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +27,13 @@ from typing import Any
 from analysis.diagnose import Diagnosis
 from analysis.episodes import BREACH
 from store.db import Store
-from store.queries import select_rows
+from store.incident_rows import (
+    StoredIncident,
+    delete_incidents,
+    find_incidents,
+    get_incident,
+    upsert_incidents,
+)
 
 DIAGNOSING = "diagnosing"
 OPEN = "open"
@@ -97,26 +102,41 @@ class IncidentEvent:
     previous: dict[str, Any] | None = None  # cause_changed: the former top cause
 
 
-_COLS = (
-    "id, model, gpu, state, start_ns, end_ns, updated_ns, peak_p99_ms, baseline_p99_ms, "
-    "slo_ms, top_cause, top_culprit, top_share, detail_json, severity"
-)
-
-
-def _row_to_incident(r: tuple[Any, ...]) -> Incident:
+def _from_stored(r: StoredIncident) -> Incident:
     return Incident(
-        id=r[0],
-        model=r[1],
-        gpu=r[2],
-        state=r[3],
-        start_ns=r[4],
-        end_ns=r[5],
-        updated_ns=r[6],
-        peak_p99_ms=r[7],
-        baseline_p99_ms=r[8],
-        slo_ms=r[9],
-        detail=json.loads(r[13] or "{}"),
-        severity=r[14] or BREACH,
+        id=r.id,
+        model=r.model,
+        gpu=r.gpu,
+        state=r.state,
+        start_ns=r.start_ns,
+        end_ns=r.end_ns,
+        updated_ns=r.updated_ns,
+        peak_p99_ms=r.peak_p99_ms,
+        baseline_p99_ms=r.baseline_p99_ms,
+        slo_ms=r.slo_ms,
+        detail=r.detail,
+        severity=r.severity or BREACH,
+    )
+
+
+def _to_stored(i: Incident) -> StoredIncident:
+    top = i.top
+    return StoredIncident(
+        id=i.id,
+        model=i.model,
+        gpu=i.gpu,
+        state=i.state,
+        start_ns=i.start_ns,
+        end_ns=i.end_ns,
+        updated_ns=i.updated_ns,
+        peak_p99_ms=i.peak_p99_ms,
+        baseline_p99_ms=i.baseline_p99_ms,
+        slo_ms=i.slo_ms,
+        top_cause=None if top is None else top["kind"],
+        top_culprit=None if top is None else top["culprit"],
+        top_share=None if top is None else top["share"],
+        detail=i.to_dict(),
+        severity=i.severity,
     )
 
 
@@ -146,7 +166,9 @@ def _merged(ds: list[Diagnosis]) -> Diagnosis:
 
 
 class IncidentBook:
-    """Reads and writes incidents. Thread-safe.
+    """Reads and writes incidents. Thread-safe: :meth:`update` reads, merges and writes
+    under the book's lock, so one book never rewrites an incident from two threads at once
+    (``cotenant serve`` has one book, shared by the analysis loop, the API and the dashboard).
 
     ``gap_ns``: an open incident no diagnosis continues any more is resolved once its end is
     this far behind the pass. ``cooldown_ns``: a slowdown starting within this time after an
@@ -179,30 +201,24 @@ class IncidentBook:
     ) -> list[Incident]:
         """Incidents newest first; with ``since_ns`` / ``until_ns``, those overlapping the range
         (ending at or after ``since_ns``, starting before ``until_ns``)."""
-        rows = select_rows(
+        found = find_incidents(
             self._store,
-            "incidents",
-            _COLS,
-            where={
-                "end_ns >= ?": since_ns,
-                "start_ns < ?": until_ns,
-                "model": model,
-                "state": state,
-                "coalesce(severity, 'breach') = ?": severity,
-            },
-            order_by="start_ns DESC",
+            since_ns=since_ns,
+            until_ns=until_ns,
+            model=model,
+            state=state,
+            severity=severity,
             limit=limit,
         )
-        return [_row_to_incident(r) for r in rows]
+        return [_from_stored(r) for r in found]
 
     def live(self) -> list[Incident]:
         """Incidents not resolved (diagnosing or open)."""
         return self.find(state=OPEN) + self.find(state=DIAGNOSING)
 
     def get(self, incident_id: str) -> Incident | None:
-        with self._store.cursor() as cur:
-            r = cur.execute(f"SELECT {_COLS} FROM incidents WHERE id = ?", [incident_id]).fetchone()
-        return None if r is None else _row_to_incident(r)
+        r = get_incident(self._store, incident_id)
+        return None if r is None else _from_stored(r)
 
     def live_for(self, model: str, gpu: str) -> Incident | None:
         """The (model, GPU)'s incident still diagnosing or open, if any."""
@@ -385,37 +401,7 @@ class IncidentBook:
         return [IncidentEvent("resolved", inc, now_ns)]
 
     def _delete(self, incidents: list[Incident]) -> None:
-        if not incidents:
-            return
-        with self._store.cursor() as cur:
-            cur.executemany("DELETE FROM incidents WHERE id = ?", [[i.id] for i in incidents])
+        delete_incidents(self._store, [i.id for i in incidents])
 
     def _write(self, incidents: list[Incident]) -> None:
-        if not incidents:
-            return
-        rows = []
-        for i in incidents:
-            top = i.top
-            rows.append(
-                (
-                    i.id,
-                    i.model,
-                    i.gpu,
-                    i.state,
-                    i.start_ns,
-                    i.end_ns,
-                    i.updated_ns,
-                    i.peak_p99_ms,
-                    i.baseline_p99_ms,
-                    i.slo_ms,
-                    None if top is None else top["kind"],
-                    None if top is None else top["culprit"],
-                    None if top is None else top["share"],
-                    json.dumps(i.to_dict()),
-                    i.severity,
-                )
-            )
-        with self._store.cursor() as cur:
-            cur.executemany(
-                f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 15)})", rows
-            )
+        upsert_incidents(self._store, [_to_stored(i) for i in incidents])

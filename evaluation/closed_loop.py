@@ -32,6 +32,7 @@ from evaluation.sim_backend import BackendEvent, SimulatorBackend
 from simulator.engine import Simulation
 from simulator.output import requests_table, samples_tables
 from simulator.scenario import Scenario
+from store.bulk_load import append_tables
 from store.db import Store
 from store.source import StoreSource
 
@@ -185,10 +186,4 @@ def run_closed_loop(
 
 
 def _insert(store: Store, reqs: pa.Table, gpu: pa.Table, proc: pa.Table) -> None:
-    with store.cursor() as cur:
-        for name, table in (("requests", reqs), ("gpu_samples", gpu), ("process_samples", proc)):
-            if table.num_rows == 0:
-                continue
-            cur.register("_t", table)
-            cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _t")
-            cur.unregister("_t")
+    append_tables(store, {"requests": reqs, "gpu_samples": gpu, "process_samples": proc})
