@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from analysis.diagnose import diagnose
@@ -35,11 +36,15 @@ class Analyzer:
         step_s: float = AnalysisSettings.step_s,
         max_range_s: float = AnalysisSettings.max_range_h * 3600,
         season_s: float = 0.0,
+        params: SpikeParams | None = None,
     ) -> None:
         """``season_s``: the latency cycle (e.g. a day) the seasonal baseline learns where
-        two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none."""
+        two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none.
+        ``params``: the detector's other parameters (``AnalysisSettings.spike_params()``)."""
         self.source = source
-        self.params = SpikeParams(season=round(season_s / step_s) if season_s > 0 else 0)
+        self.params = replace(
+            params or SpikeParams(), season=round(season_s / step_s) if season_s > 0 else 0
+        )
         self.book = book
         self.slo_ms = dict(slo_ms or {})
         self.step_s = step_s

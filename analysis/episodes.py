@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.spikes import SpikeParams, baseline
+from analysis.spikes import SpikeParams, baseline, spike_mask
 
 BREACH = "breach"
 DEGRADATION = "degradation"
@@ -119,7 +119,7 @@ def track(
             return Track(out, abnormal)
     while pos < n_eval:
         base, sigma = baseline(learn, count, p)
-        opened = _first_opening(v, learn, valid, base, sigma, slo_ms, p, pos, n_eval)
+        opened = _first_opening(v, learn, count, valid, base, sigma, slo_ms, p, pos, n_eval)
         if opened is None:
             break
         start, at, degraded = opened
@@ -160,30 +160,27 @@ def track(
             break
     # lone spikes outside episodes are no baseline for an attribution either
     base, sigma = baseline(learn, count, p)
-    abnormal |= _spikes(v, valid, base, sigma, slo_ms, p)
+    abnormal |= _spikes(v, count, base, sigma, slo_ms, p)
     return Track(out, abnormal)
 
 
 def _spikes(
     v: np.ndarray,
-    valid: np.ndarray,
+    count: np.ndarray,
     base: np.ndarray,
     sigma: np.ndarray,
     slo_ms: float | None,
     p: SpikeParams,
 ) -> np.ndarray:
-    k = p.k_mad if slo_ms is None else p.k_mad_slo
-    margin = np.fmax(np.fmax(k * np.nan_to_num(sigma), p.rel_margin * base), p.abs_margin_ms)
-    thr = base + margin
-    if slo_ms is not None:
-        thr = np.fmax(thr, slo_ms)
-    with np.errstate(invalid="ignore"):
-        return np.asarray(valid & (v > thr) & np.isfinite(base), dtype=bool)
+    """Windows over the SLO and the baseline by the spike margin; none before a baseline."""
+    flags, _ = spike_mask(v, count, slo_ms, p, base=base, sigma=sigma)
+    return np.asarray(flags & np.isfinite(base), dtype=bool)
 
 
 def _first_opening(
     v: np.ndarray,
     learn: np.ndarray,
+    count: np.ndarray,
     valid: np.ndarray,
     base: np.ndarray,
     sigma: np.ndarray,
@@ -197,7 +194,7 @@ def _first_opening(
     n = len(v)
     best: tuple[int, int, bool] | None = None
     if slo_ms is not None:
-        spikes = _spikes(v, valid, base, sigma, slo_ms, p)
+        spikes = _spikes(v, count, base, sigma, slo_ms, p)
         w = p.open_windows + 1
         recent = np.convolve(spikes.astype(np.int64), np.ones(w, dtype=np.int64))[:n]
         fire = spikes & (recent >= p.open_windows)
@@ -217,9 +214,12 @@ def _first_opening(
             b0[d - 1 :] = base[: n - d + 1]
         # ... and above any 30-s median of the normal history before the stretch: a
         # bursty model whose ordinary busy minutes run 1.3x its median is not degraded
-        normal = pd.Series(learn).rolling(d, min_periods=max(1, d // 2)).median()
-        seen = normal.rolling(p.history, min_periods=1).max().shift(d).to_numpy()
-        need = np.fmax(np.fmax(p.degrade_ratio * b0, b0 + p.degrade_abs_ms), seen)
+        # (a seasonal baseline already carries the model's regular busy hours)
+        need = np.fmax(p.degrade_ratio * b0, b0 + p.degrade_abs_ms)
+        if not p.seasonal:
+            normal = pd.Series(learn).rolling(d, min_periods=max(1, d // 2)).median()
+            seen = normal.rolling(p.history, min_periods=1).max().shift(d).to_numpy()
+            need = np.fmax(need, seen)
         with np.errstate(invalid="ignore"):
             fire = np.nan_to_num(level > need, nan=0).astype(bool) & valid
         fire[: pos + d - 1] = False

@@ -55,5 +55,7 @@ class AnalysisSettings:
         return SpikeParams(
             degrade_ratio=self.degradation_ratio,
             degrade_abs_ms=self.degradation_margin_ms,
-            degrade_windows=round(self.degradation_s / self.step_s),
+            degrade_windows=(
+                max(1, round(self.degradation_s / self.step_s)) if self.degradation_s > 0 else 0
+            ),
         )

@@ -174,6 +174,7 @@ class Service:
             step_s=ac.step_s,
             max_range_s=ac.max_range_h * 3600,
             season_s=ac.season_s,
+            params=ac.spike_params(),
         )
         self.analysis = (
             AnalysisLoop(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from analysis.attribution import attribute
 from analysis.diagnose import diagnose
+from analysis.episodes import Carry, track
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop
-from analysis.spikes import SpikeParams, merge, spike_mask
+from analysis.spikes import SpikeParams, spike_mask
 from evaluation.accuracy import load_outputs
 from simulator.output import run
 from simulator.scenario_load import find_scenario, load_scenario
@@ -111,19 +113,63 @@ def test_nothing_changed_means_nothing_blamed() -> None:
     assert all(c.share < 0.2 for c in att.causes if c.kind != "unknown")
 
 
-def test_spikes_need_the_slo_and_merge_with_hysteresis() -> None:
+def _eps(p99: np.ndarray, cnt: np.ndarray, slo: float | None, p: SpikeParams) -> list[tuple]:
+    return [(e.start, e.end, e.severity) for e in track(p99, cnt, slo, p).episodes]
+
+
+def test_episodes_are_breaches_over_the_slo_and_degradations_within_it() -> None:
     rng = np.random.default_rng(1)
     p99 = rng.normal(30, 1, 300)
     cnt = np.full(300, 40.0)
-    p99[100:120] = 90  # a burst within the SLO: no incident
-    p99[200:230] = 160  # over the SLO
+    p99[100:135] = 90  # 3x slower for 35 s, within the SLO: a degradation
+    p99[200:230] = 160  # over the SLO: a breach
     p99[215] = 30  # one quiet window inside does not split it
     p = SpikeParams()
-    spikes, _ = spike_mask(p99, cnt, 100.0, p)
-    spans = merge(spikes, p99, p)
-    assert [(s.start, s.end) for s in spans] == [(200, 229)]
-    spikes_no_slo, _ = spike_mask(p99, cnt, None, p)
-    assert len(merge(spikes_no_slo, p99, p)) == 2
+    assert _eps(p99, cnt, 100.0, p) == [(100, 134, "degradation"), (200, 229, "breach")]
+    # without an SLO both are degradations; without degradations only the breach is left
+    assert [e[2] for e in _eps(p99, cnt, None, p)] == ["degradation", "degradation"]
+    assert _eps(p99, cnt, 100.0, SpikeParams(degrade_windows=0)) == [(200, 229, "breach")]
+
+
+def test_a_short_burst_within_the_slo_is_not_a_degradation() -> None:
+    rng = np.random.default_rng(2)
+    p99 = rng.normal(30, 1, 300)
+    cnt = np.full(300, 40.0)
+    p99[100:112] = 90  # 12 s: shorter than the 30 s a degradation needs
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
+
+
+def test_a_long_slowdown_is_not_absorbed_into_the_baseline() -> None:
+    # 400 windows at 2x: a rolling median of 120 windows would call it normal after a minute
+    rng = np.random.default_rng(3)
+    p99 = rng.normal(40, 1, 700)
+    cnt = np.full(700, 40.0)
+    p99[200:600] = rng.normal(80, 2, 400)
+    [(start, end, sev)] = _eps(p99, cnt, 60.0, SpikeParams())
+    assert (start, sev) == (200, "breach") and 595 <= end <= 600
+    ep = track(p99, cnt, 60.0, SpikeParams()).episodes[0]
+    assert 39 <= ep.baseline_ms <= 41  # frozen before the slowdown
+
+
+def test_a_carried_episode_keeps_its_frozen_baseline() -> None:
+    # the live loop's incident began before the windows it reads: it stays open on them
+    rng = np.random.default_rng(4)
+    p99 = rng.normal(80, 2, 300)
+    cnt = np.full(300, 40.0)
+    p99[250:] = rng.normal(40, 1, 50)  # the fault ends at 250
+    carry = Carry(start=-100, baseline_ms=40.0, threshold_ms=52.0, severity="breach")
+    [ep] = track(p99, cnt, 60.0, SpikeParams(), carry=carry).episodes
+    assert ep.carried and ep.start == 0 and 245 <= ep.end <= 250 and not ep.open
+
+
+def test_a_transient_is_not_an_episode() -> None:
+    rng = np.random.default_rng(5)
+    p99 = rng.normal(30, 1, 300)
+    cnt = np.full(300, 40.0)
+    p99[150:153] = 200  # three windows over the SLO: one slow render next door
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
+    p99[150:160] = 200  # ten: an incident
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == [(150, 159, "breach")]
 
 
 def test_a_daily_pattern_is_not_an_incident_but_a_spike_on_top_of_it_is() -> None:
@@ -133,13 +179,14 @@ def test_a_daily_pattern_is_not_an_incident_but_a_spike_on_top_of_it_is() -> Non
     cnt = np.full(3 * day, 3000.0)
     for d in range(3):  # a nightly batch job: 02:00-02:40 every day at twice the latency
         p99[d * day + 24 : d * day + 32] = rng.normal(200, 5, 8)
-    p99[2 * day + 180 : 2 * day + 186] = 300  # a one-off spike on day 3 at 15:00
-    plain = merge(spike_mask(p99, cnt, None, SpikeParams())[0], p99, SpikeParams())
-    assert sum(1 for s in plain if s.start % day == 24) == 3  # every night is an "incident"
-    p = SpikeParams(season=day)
+    p99[2 * day + 180 : 2 * day + 186] = 300  # a one-off slowdown on day 3 at 15:00
+    # 30 s of degradation is one five-minute window; slowdowns of 2 windows are transients
+    base = SpikeParams(degrade_windows=1, min_episode_windows=2)
+    plain = _eps(p99, cnt, None, base)
+    assert sum(1 for s in plain if s[0] % day == 24) == 3  # every night is an "incident"
+    p = replace(base, season=day)
     assert p.history_windows == 2 * day
-    spans = merge(spike_mask(p99, cnt, None, p)[0], p99, p)
-    assert [(s.start, s.end) for s in spans] == [(2 * day + 180, 2 * day + 185)]
+    assert [(s, e) for s, e, _ in _eps(p99, cnt, None, p)] == [(2 * day + 180, 2 * day + 185)]
 
 
 def test_the_seasonal_baseline_needs_two_seasons_of_history() -> None:
