@@ -216,10 +216,15 @@ def _first_opening(
         # bursty model whose ordinary busy minutes run 1.3x its median is not degraded
         # (a seasonal baseline already carries the model's regular busy hours)
         need = np.fmax(p.degrade_ratio * b0, b0 + p.degrade_abs_ms)
+        # a degradation is a subtle call: it needs half a full history of normal windows
+        # before the stretch (a breach has the SLO to anchor it and needs min_history only)
+        known = pd.Series(np.isfinite(learn)).rolling(p.history, min_periods=1).sum()
+        enough = (known.shift(d).to_numpy() >= p.history // 2) & np.isfinite(b0)
         if not p.seasonal:
             normal = pd.Series(learn).rolling(d, min_periods=max(1, d // 2)).median()
             seen = normal.rolling(p.history, min_periods=1).max().shift(d).to_numpy()
             need = np.fmax(need, seen)
+        need = np.where(enough, need, np.nan)
         with np.errstate(invalid="ignore"):
             fire = np.nan_to_num(level > need, nan=0).astype(bool) & valid
         fire[: pos + d - 1] = False

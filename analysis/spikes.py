@@ -29,7 +29,7 @@ import pandas as pd
 @dataclass(frozen=True)
 class SpikeParams:
     history: int = 120  # windows in the rolling baseline
-    min_history: int = 10  # windows needed before anything is called a spike
+    min_history: int = 30  # windows of history before anything is called slow (warm-up)
     min_count: float = 3  # requests a window needs for its p99 to count
     k_mad: float = 5.0  # without an SLO the baseline margin alone decides: be strict
     k_mad_slo: float = 3.0  # with an SLO, breaching it is the main gate

@@ -10,7 +10,9 @@ runs. The events it publishes are scored against the simulator's truth, per faul
   incidents, premature resolutions (an incident resolved while the victim still breaches
   later in the same fault), the first published top cause and the final one (AC@1), and the
   time from the fault's start to the first event naming the true cause;
-* **within-SLO victims** (slowed by the fault but never over an SLO, or without one): found
+* **within-SLO victims** (slowed by the fault but never over an SLO, or without one, by at
+  least the degradation ratio, 1.3x — the truth names victims from 1.2x, and a slowdown below
+  the product's bar is counted apart as ``below the bar``): found
   (an incident overlaps the fault) and attributed (its top cause is the truth);
 * **false incidents** per simulated hour: incidents overlapping no fault (plus settle time),
   overall and on the fault-free controls;
@@ -29,6 +31,7 @@ import numpy as np
 
 from analysis.incidents import IncidentBook, IncidentEvent
 from analysis.loop import AnalysisLoop
+from analysis.settings import AnalysisSettings
 from analysis.windows import gpu_windows
 from evaluation.accuracy import load_outputs
 from simulator import output
@@ -39,6 +42,7 @@ from store.queries import TimeRange
 from store.source import StoreSource
 
 START_NS = 1_767_225_600_000_000_000
+DEGRADATION_RATIO = AnalysisSettings.degradation_ratio
 SETTLE_S = output.SETTLE_S
 
 
@@ -68,6 +72,7 @@ class VictimScore:
     culprit: str
     victim: str
     slo_victim: bool  # crossed its SLO during the fault
+    slowdown: float  # its p99 over the fault with / without the fault (the truth's counterfactual)
     incidents: int
     coverage: float | None  # of its breach windows (SLO victims)
     premature: int
@@ -214,6 +219,7 @@ def _score_victim(
         f["culprit"],
         model,
         n_breach > 0,
+        _slowdown(f, model),
         len(mine),
         coverage,
         premature,
@@ -225,10 +231,17 @@ def _score_victim(
     )
 
 
+def _slowdown(f: dict[str, Any], model: str) -> float:
+    got = f.get("p99", {}).get(model, {})
+    with_, without = got.get("p99_ms"), got.get("p99_without_ms")
+    return float(with_ / without) if with_ and without else float("inf")
+
+
 def summarize(results: Sequence[LiveResult]) -> dict[str, Any]:
     vs = [v for r in results for v in r.victims]
     slo_v = [v for v in vs if v.slo_victim]
-    within = [v for v in vs if not v.slo_victim]
+    within = [v for v in vs if not v.slo_victim and v.slowdown >= DEGRADATION_RATIO]
+    below = [v for v in vs if not v.slo_victim and v.slowdown < DEGRADATION_RATIO]
 
     def frac(xs: list[bool]) -> float | None:
         return sum(xs) / len(xs) if xs else None
@@ -251,6 +264,8 @@ def summarize(results: Sequence[LiveResult]) -> dict[str, Any]:
         "within_slo_victims": len(within),
         "within_found": frac([v.incidents > 0 for v in within]),
         "within_attributed": frac([v.final_ok for v in within]),
+        "below_the_bar": len(below),
+        "below_found": frac([v.incidents > 0 for v in below]),
         "false_per_hour": sum(r.false_incidents for r in results) / hours if hours else 0.0,
         "false_per_hour_controls": (sum(r.false_incidents for r in controls) / ch if ch else None),
         "cpu_ms_per_pass": 1000 * sum(r.cpu_s for r in results) / passes if passes else None,
@@ -294,7 +309,8 @@ def render(results: Sequence[LiveResult], summary: dict[str, Any]) -> str:
         f"final AC@1 {_f(s['final_ac1'])}, median time to the right cause "
         f"{_f(s['median_time_to_cause_s'], '.0f')} s",
         f"within-SLO victims {s['within_slo_victims']}: found {_f(s['within_found'])}, "
-        f"attributed {_f(s['within_attributed'])}",
+        f"attributed {_f(s['within_attributed'])}; slowed less than "
+        f"{DEGRADATION_RATIO:g}x {s['below_the_bar']} (found {_f(s['below_found'])})",
         f"false incidents per simulated hour: {_f(s['false_per_hour'])} overall, "
         f"{_f(s['false_per_hour_controls'])} on fault-free controls",
         f"live loop: {_f(s['cpu_ms_per_pass'], '.0f')} ms of CPU per pass",
