@@ -9,8 +9,8 @@ One detector serves the live loop and on-demand diagnoses, over one model's wind
   into "normal" after one;
 * an episode **opens as a breach** when ``open_windows`` of the last ``open_windows + 1``
   windows exceed both the SLO and the baseline by the spike margin
-  (:func:`analysis.spikes.spike_mask`), or **as a degradation** when the median p99 of the last
-  ``degrade_windows`` windows is at least ``degrade_ratio`` x the baseline and
+  (:func:`analysis.spikes.spike_mask`), or **as a degradation** when two thirds of the last
+  ``degrade_windows`` windows are at least ``degrade_ratio`` x the baseline and
   ``degrade_abs_ms`` over it — a sustained slowdown within the SLO, or of a model with none;
 * at opening the baseline is **frozen**: the episode stays open while windows are over the SLO
   or over the frozen baseline by the opening margin, and ends after ``close_windows``
@@ -36,6 +36,8 @@ from analysis.spikes import SpikeParams, baseline, spike_mask
 BREACH = "breach"
 DEGRADATION = "degradation"
 SEVERITIES = (BREACH, DEGRADATION)
+LEVEL_Q = 1 / 3
+"""A degradation's level: the quantile of the stretch's p99s that 2/3 of them exceed."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,9 @@ def _first_opening(
             best = (start, at, False)
     d = p.degrade_windows
     if d > 0:
-        level = pd.Series(v).rolling(d, min_periods=max(1, d // 2)).median().to_numpy()
+        # the level two thirds of the stretch's windows are above: a noisy series whose
+        # median grazes the bar is not degraded, a clear slowdown with dips still is
+        level = pd.Series(v).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q).to_numpy()
         b0 = np.full(n, np.nan)  # the baseline before the stretch: b0[i] = base[i - d + 1]
         if n >= d:
             b0[d - 1 :] = base[: n - d + 1]
@@ -221,7 +225,7 @@ def _first_opening(
         known = pd.Series(np.isfinite(learn)).rolling(p.history, min_periods=1).sum()
         enough = (known.shift(d).to_numpy() >= p.history // 2) & np.isfinite(b0)
         if not p.seasonal:
-            normal = pd.Series(learn).rolling(d, min_periods=max(1, d // 2)).median()
+            normal = pd.Series(learn).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q)
             seen = normal.rolling(p.history, min_periods=1).max().shift(d).to_numpy()
             need = np.fmax(need, seen)
         need = np.where(enough, need, np.nan)

@@ -144,6 +144,14 @@ def _cause_key(c: dict[str, Any] | None) -> tuple[str, str] | None:
     return None if c is None or c.get("kind") == "unknown" else (str(c["kind"]), str(c["culprit"]))
 
 
+def _same_cause(i: Incident, d: Diagnosis) -> bool:
+    """Whether ``d`` may re-open ``i``: it names no cause yet, or the one ``i`` named."""
+    top = d.top
+    if top is None:
+        return True
+    return _cause_key(i.top) == (top.kind, top.culprit)
+
+
 def _merged(ds: list[Diagnosis]) -> Diagnosis:
     """One diagnosis for the episodes (in start order) that continue one incident: its
     extent, open when the newest is, a breach when any was; causes from the newest episode
@@ -293,6 +301,7 @@ class IncidentBook:
                 or (
                     d.start_ns <= extent[i.id][1] + self._cooldown_ns
                     and (i.severity == BREACH or d.severity != BREACH)
+                    and _same_cause(i, d)
                 )
             )
         ]
