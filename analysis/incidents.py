@@ -8,7 +8,7 @@ pass's diagnoses of one (model, GPU) into its incidents and says what changed, a
   ``cooldown_ns`` after it ended, continues it (a re-breach within the cool-down re-opens a
   resolved incident instead of opening a new one);
 * ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
-  (and a named cause, or three times as many windows), then ``open``, then ``resolved`` when
+  (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when
   the diagnosis closes (a run of clean windows, :mod:`analysis.episodes`);
 * ``severity``: ``breach`` (the SLO was crossed) or ``degradation`` (slower than its frozen
   baseline, within its SLO or without one); a degradation that crosses the SLO is escalated;
@@ -40,6 +40,8 @@ OPEN = "open"
 RESOLVED = "resolved"
 DISMISSED = "dismissed"  # a diagnosing incident whose slowdown was a transient: not stored
 STATES = (DIAGNOSING, OPEN, RESOLVED)
+UNNAMED_PUBLISH_WINDOWS = 60
+"""Windows of a slowdown after which it is published even when no cause is named."""
 
 
 @dataclass
@@ -329,8 +331,10 @@ class IncidentBook:
         """Whether attribution has seen enough of the slowdown to publish its cause."""
         if d.carried or not d.open:
             return True
+        # an unknown cause is published only after a minute of trying: most slowdowns
+        # name their cause once the co-tenants' counters of those windows have landed
         return d.during_windows >= self._publish and (
-            named or d.during_windows >= 3 * self._publish
+            named or d.during_windows >= UNNAMED_PUBLISH_WINDOWS
         )
 
     def _apply(
