@@ -53,6 +53,7 @@ from store.db import Store
 from store.errors import NvmlUnavailable
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
+from store.slo_record import record_slos
 from store.source import StoreSource
 from store.writer import Writer
 
@@ -128,6 +129,8 @@ class Service:
         self.clock_ns = clock_ns
         sc = config.store
         self.store = store or Store(sc.path, memory_limit=sc.memory_limit, threads=sc.threads)
+        # readers of this file after us (report, diagnose --store) see the SLOs we ran with
+        record_slos(self.store, config.analysis.slo_ms)
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.metrics = IngestMetrics(self.registry)
         self.maintenance = Maintenance(

@@ -87,6 +87,11 @@ class ReportBuilder:
         )
         return _with(s, recommend(s))
 
+    @property
+    def slo_ms(self) -> dict[str, float]:
+        """The per-model SLOs (ms) this builder judges attainment against."""
+        return dict(self._slo)
+
     def _slos(self, models: list[str]) -> dict[str, float]:
         """Model -> p99 SLO (ms) of those of ``models`` that have one (> 0)."""
         out: dict[str, float] = {}

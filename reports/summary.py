@@ -151,7 +151,8 @@ class Thresholds:
     dram_saturated: float = 0.9  # fraction (DCGM dram_active, else NVML memory util / 100)
     pcie_saturated_bps: float = 20e9  # TX + RX
     memory_full: float = 0.95  # used / total
-    min_victim_minutes: float = 10.0  # below this a culprit earns no recommendation
+    min_victim_minutes: float = 10.0  # a culprit earns a recommendation from this ...
+    min_incidents: int = 2  # ... or from this many incidents (a repeat offender)
 
 
 @dataclass(frozen=True)
