@@ -18,13 +18,13 @@ from reports.operations import action_rows, count_actions, gpu_weeks
 from reports.recommend import recommend
 from reports.summary import (
     CauseMinutes,
-    Change,
     CulpritImpact,
     IncidentRow,
     MatrixCell,
     ModelWeek,
     Thresholds,
     Totals,
+    WeekOverWeek,
     WeekSummary,
 )
 from store.db import Store
@@ -206,23 +206,23 @@ def _totals(models: list[ModelWeek]) -> Totals:
 
 def _changes(
     now: list[ModelWeek], before: list[ModelWeek], t: Totals, last: Totals
-) -> list[Change]:
+) -> list[WeekOverWeek]:
     out = [
-        Change("all", "requests", t.requests, last.requests),
-        Change("all", "slo_attainment", t.slo_attainment, last.slo_attainment),
-        Change("all", "incidents", t.incidents, last.incidents),
-        Change("all", "impacted_minutes", t.impacted_minutes, last.impacted_minutes),
+        WeekOverWeek("all", "requests", t.requests, last.requests),
+        WeekOverWeek("all", "slo_attainment", t.slo_attainment, last.slo_attainment),
+        WeekOverWeek("all", "incidents", t.incidents, last.incidents),
+        WeekOverWeek("all", "impacted_minutes", t.impacted_minutes, last.impacted_minutes),
     ]
     prev = {m.model: m for m in before}
     for m in now:
         b = prev.get(m.model)
         out += [
-            Change(m.model, "requests", m.requests, None if b is None else b.requests),
-            Change(
+            WeekOverWeek(m.model, "requests", m.requests, None if b is None else b.requests),
+            WeekOverWeek(
                 m.model, "slo_attainment", m.slo_attainment, None if b is None else b.slo_attainment
             ),
-            Change(m.model, "incidents", m.incidents, None if b is None else b.incidents),
-            Change(
+            WeekOverWeek(m.model, "incidents", m.incidents, None if b is None else b.incidents),
+            WeekOverWeek(
                 m.model,
                 "impacted_minutes",
                 m.impacted_minutes,

@@ -35,7 +35,7 @@ class Totals:
 
 
 @dataclass(frozen=True)
-class Change:
+class WeekOverWeek:
     """Week-over-week: ``scope`` is a model or ``all``."""
 
     scope: str
@@ -166,7 +166,7 @@ class WeekSummary:
     models: list[ModelWeek]
     totals: Totals
     last_week: Totals
-    changes: list[Change]
+    changes: list[WeekOverWeek]
     matrix: list[MatrixCell]
     culprits: list[CulpritImpact]
     causes: list[CauseMinutes]
@@ -205,7 +205,7 @@ class WeekSummary:
             models=many(ModelWeek, "models"),
             totals=Totals(**d["totals"]),
             last_week=Totals(**d["last_week"]),
-            changes=many(Change, "changes"),
+            changes=many(WeekOverWeek, "changes"),
             matrix=many(MatrixCell, "matrix"),
             culprits=many(CulpritImpact, "culprits"),
             causes=many(CauseMinutes, "causes"),

@@ -14,7 +14,9 @@ class StoreSettings:
 
     path: str = key("./.cotenant/cotenant.duckdb", "the embedded DuckDB file")
     queue_max_rows: int = key(
-        500_000, "rows the writer queue holds before ingest answers 429", min=1
+        500_000,
+        "rows the writer queue holds before ingest answers 503 + Retry-After (gRPC UNAVAILABLE)",
+        min=1,
     )
     batch_rows: int = key(50_000, "rows the writer appends in one Arrow batch", min=1)
     flush_interval_s: float = key(0.5, "longest time a row waits in the queue", min=0.01)
