@@ -206,8 +206,8 @@ def _score_victim(
     published = [e for i in mine for e in by_inc[i.incident_id] if e.kind != "diagnosing"]
     published.sort(key=lambda e: e.at_ns)
     for e in published:
-        # resolved, yet the victim breached again after the end it claimed
-        if e.kind == "resolved" and (breach & (ts >= e.end_ns)).any():
+        # resolved during the fault, yet the victim breached again after the end it claimed
+        if e.kind == "resolved" and e.at_ns >= lo and (breach & (ts >= e.end_ns)).any():
             premature += 1
         if time_to is None and e.cause == truth:
             time_to = max(0.0, (e.at_ns - lo) / 1e9)
