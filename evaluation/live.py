@@ -10,9 +10,10 @@ runs. The events it publishes are scored against the simulator's truth, per faul
   incidents, premature resolutions (an incident resolved while the victim still breaches
   later in the same fault), the first published top cause and the final one (AC@1), and the
   time from the fault's start to the first event naming the true cause;
-* **within-SLO victims** (slowed by the fault but never over an SLO, or without one, by at
-  least the degradation ratio, 1.3x — the truth names victims from 1.2x, and a slowdown below
-  the product's bar is counted apart as ``below the bar``): found
+* **within-SLO victims** (slowed by the fault but never over an SLO, or without one, as much
+  as a degradation must be — 1.3x and 2 ms over its p99 without the fault; the truth names
+  victims from 1.2x and 1 ms, and those are counted apart as ``below the bar``, as are models
+  too sparse to have a per-second p99, under 3 requests a second): found
   (an incident overlaps the fault) and attributed (its top cause is the truth);
 * **false incidents** per simulated hour: incidents overlapping no fault (plus settle time),
   overall and on the fault-free controls;
@@ -43,6 +44,8 @@ from store.source import StoreSource
 
 START_NS = 1_767_225_600_000_000_000
 DEGRADATION_RATIO = AnalysisSettings.degradation_ratio
+DEGRADATION_MARGIN_MS = AnalysisSettings.degradation_margin_ms
+MIN_RATE_RPS = 3.0  # SpikeParams.min_count requests in a 1-s window
 SETTLE_S = output.SETTLE_S
 
 
@@ -73,6 +76,8 @@ class VictimScore:
     victim: str
     slo_victim: bool  # crossed its SLO during the fault
     slowdown: float  # its p99 over the fault with / without the fault (the truth's counterfactual)
+    excess_ms: float  # the same, with - without
+    rate_rps: float  # its requests per second during the fault
     incidents: int
     coverage: float | None  # of its breach windows (SLO victims)
     premature: int
@@ -219,7 +224,8 @@ def _score_victim(
         f["culprit"],
         model,
         n_breach > 0,
-        _slowdown(f, model),
+        *_slowdown(f, model),
+        float(np.nanmean(v["count"][in_fault])) if v and in_fault.any() else 0.0,
         len(mine),
         coverage,
         premature,
@@ -231,17 +237,28 @@ def _score_victim(
     )
 
 
-def _slowdown(f: dict[str, Any], model: str) -> float:
+def _slowdown(f: dict[str, Any], model: str) -> tuple[float, float]:
     got = f.get("p99", {}).get(model, {})
     with_, without = got.get("p99_ms"), got.get("p99_without_ms")
-    return float(with_ / without) if with_ and without else float("inf")
+    if not with_ or not without:
+        return float("inf"), float("inf")
+    return float(with_ / without), float(with_ - without)
+
+
+def _degraded(v: VictimScore) -> bool:
+    """Slowed as much as a degradation must be, and dense enough to have a p99 per second."""
+    return (
+        v.slowdown >= DEGRADATION_RATIO
+        and v.excess_ms >= DEGRADATION_MARGIN_MS
+        and v.rate_rps >= MIN_RATE_RPS
+    )
 
 
 def summarize(results: Sequence[LiveResult]) -> dict[str, Any]:
     vs = [v for r in results for v in r.victims]
     slo_v = [v for v in vs if v.slo_victim]
-    within = [v for v in vs if not v.slo_victim and v.slowdown >= DEGRADATION_RATIO]
-    below = [v for v in vs if not v.slo_victim and v.slowdown < DEGRADATION_RATIO]
+    within = [v for v in vs if not v.slo_victim and _degraded(v)]
+    below = [v for v in vs if not v.slo_victim and not _degraded(v)]
 
     def frac(xs: list[bool]) -> float | None:
         return sum(xs) / len(xs) if xs else None
@@ -310,7 +327,8 @@ def render(results: Sequence[LiveResult], summary: dict[str, Any]) -> str:
         f"{_f(s['median_time_to_cause_s'], '.0f')} s",
         f"within-SLO victims {s['within_slo_victims']}: found {_f(s['within_found'])}, "
         f"attributed {_f(s['within_attributed'])}; slowed less than "
-        f"{DEGRADATION_RATIO:g}x {s['below_the_bar']} (found {_f(s['below_found'])})",
+        f"{DEGRADATION_RATIO:g}x / {DEGRADATION_MARGIN_MS:g} ms or too sparse "
+        f"{s['below_the_bar']} (found {_f(s['below_found'])})",
         f"false incidents per simulated hour: {_f(s['false_per_hour'])} overall, "
         f"{_f(s['false_per_hour_controls'])} on fault-free controls",
         f"live loop: {_f(s['cpu_ms_per_pass'], '.0f')} ms of CPU per pass",
