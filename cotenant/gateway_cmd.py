@@ -28,9 +28,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--upstream",
-        required=True,
-        metavar="URL",
-        help="the serving stack, e.g. http://127.0.0.1:8000",
+        action="append",
+        metavar="[NAME=]URL",
+        help="a replica of the serving stack, e.g. http://127.0.0.1:8000 or gpu0=http://10.0.0.1:"
+        "8000; repeat it for several replicas (named NAME, else host:port). Replicas may also be "
+        "given as [upstreams.NAME] in --config",
+    )
+    p.add_argument(
+        "--routing",
+        choices=("weighted", "least-loaded"),
+        help="how requests are shared among replicas: weighted (smooth weighted round robin, the "
+        "default) or least-loaded (fewest in flight, of two drawn by weight)",
+    )
+    p.add_argument(
+        "--eject-after",
+        type=int,
+        metavar="N",
+        help="eject a replica after N failures in a row (connect, timeout, reset), probe it "
+        "back later; 0: never (default 5)",
+    )
+    p.add_argument(
+        "--eject-time",
+        type=float,
+        metavar="S",
+        help="seconds a replica stays ejected the first time; doubled each time in a row, up "
+        "to 10x (default 30)",
     )
     p.add_argument(
         "--listen",
@@ -54,7 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--config",
         type=Path,
         metavar="FILE",
-        help="TOML file of starting limits and priorities (see docs/gateway.md)",
+        help="TOML file of starting limits and priorities, replicas and routes (see "
+        "docs/gateway.md)",
     )
     p.add_argument(
         "--model-from",
@@ -209,15 +232,27 @@ def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Check the flags and build :class:`actuators.gateway.settings.GatewaySettings`."""
     from actuators.gateway.identify import parse_source
+    from actuators.gateway.routing_config import RoutingSpec, check_routing, parse_upstream_flag
     from actuators.gateway.settings import (
+        GatewayFile,
         GatewaySettings,
-        InitialState,
-        check_upstream,
-        load_initial_state,
+        load_gateway_file,
         parse_address,
     )
 
-    check_upstream(args.upstream)
+    cli = [parse_upstream_flag(u) for u in args.upstream or ()]
+    file = load_gateway_file(args.config) if args.config else GatewayFile()
+    routing = dict(file.routing)
+    if args.routing is not None:
+        routing["policy"] = args.routing
+    if args.eject_after is not None:
+        if args.eject_after < 0:
+            raise UsageError(f"--eject-after {args.eject_after}: give an integer >= 0")
+        routing["eject_after"] = args.eject_after
+    if args.eject_time is not None:
+        _positive(args.eject_time, "--eject-time")
+        routing["eject_s"] = args.eject_time
+    spec = check_routing(RoutingSpec((*cli, *file.replicas), file.routes, **routing))
     _positive(args.max_concurrency, "--max-concurrency")
     _positive(args.max_queue, "--max-queue", zero_ok=True)
     _positive(args.queue_timeout, "--queue-timeout")
@@ -230,7 +265,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     if not 0 < args.otlp_sample_ratio <= 1:
         raise UsageError(f"--otlp-sample-ratio {args.otlp_sample_ratio!r}: give 0 < R <= 1")
     return GatewaySettings(
-        upstream=args.upstream,
+        upstream=spec.replicas[0].url,
         token=read_token(args.token_file, os.environ),
         listen=parse_address(args.listen, "--listen"),
         control=parse_address(args.control, "--control"),
@@ -248,7 +283,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         idle_timeout_s=args.idle_timeout,
         otlp_endpoint=args.otlp_endpoint,
         service_name=args.service_name,
-        initial=load_initial_state(args.config) if args.config else InitialState(),
+        initial=file.initial,
+        routing=spec,
     )
 
 
@@ -318,7 +354,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         await gateway.start()
         print(
             f"listening proxy={gateway.listen_url} control={gateway.control_url} "
-            f"upstream={settings.upstream}",
+            f"upstream={settings.upstream} replicas={','.join(gateway.router.replicas)}",
             flush=True,
         )
         await stop.wait()
