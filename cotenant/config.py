@@ -165,16 +165,23 @@ class ActuatorsConfig:
     backend: str = _key(
         "gateway",
         "where actions are applied",
-        choices=("gateway", "rayserve", "triton", "webhook"),
+        choices=("gateway", "rayserve", "triton", "webhook", "haproxy"),
     )
     backend_url: str = _key(
-        "", "base URL of the backend (gateway control API, Ray, Triton, webhook)"
+        "",
+        "base URL of the backend (gateway control API, Ray, Triton, webhook); haproxy: its "
+        "stats socket, unix:///path or tcp://host:port",
     )
     webhook_secret: str = _key("", "HMAC-SHA256 key signing webhook bodies")
     backend_token_file: str = _key(
         "",
         "file holding the bearer token of the backend's control API (gateway; '' = "
         "COTENANT_GATEWAY_TOKEN, or none)",
+    )
+    haproxy_backends: dict[str, str] = _key(
+        {},
+        "model -> HAProxy backend name (haproxy; a model not listed is its own backend) "
+        "(env: 'llama=be_llama,tts=be_tts')",
     )
     interval_s: float = _key(5.0, "how often the control loop advances actions", min=0.1)
     max_actions_per_hour: int = _key(10, "most actions applied per hour overall", min=0)
