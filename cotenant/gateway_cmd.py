@@ -181,8 +181,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=float,
         default=1.0,
         metavar="R",
-        help="fraction of requests traced, 0 < R <= 1 (default 1: every request; spans cost "
-        "about twice the proxying itself in CPU, see docs/performance.md)",
+        help="fraction of requests traced, 0 < R <= 1 (default 1: every request; see "
+        "docs/performance.md for what tracing costs)",
+    )
+    p.add_argument(
+        "--otlp-exporter",
+        choices=("builtin", "sdk"),
+        default="builtin",
+        help="builtin: spans encoded to OTLP protobuf as requests end and sent by a thread "
+        "(cheap; needs no SDK); sdk: the OpenTelemetry SDK's batch exporter (default builtin)",
     )
     p.add_argument(
         "--service-name",
@@ -333,18 +340,31 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from actuators.gateway.server import Gateway
+    from actuators.gateway.span_export import OtlpSpanExporter, SpanExportCollector
+    from actuators.gateway.telemetry import SpanEmitter
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = settings_from_args(args)
-    provider = (
-        _tracer_provider(settings.otlp_endpoint, settings.service_name, args.otlp_sample_ratio)
-        if settings.otlp_endpoint
-        else None
-    )
-    tracer = provider.get_tracer("cotenant.gateway") if provider is not None else None
-    gateway = Gateway(settings, registry=CollectorRegistry(), tracer=tracer)
+    registry = CollectorRegistry()
+    provider: Any = None
+    exporter: Any = None
+    spans: Any = None
+    if settings.otlp_endpoint and args.otlp_exporter == "sdk":
+        provider = _tracer_provider(
+            settings.otlp_endpoint, settings.service_name, args.otlp_sample_ratio
+        )
+        spans = SpanEmitter(provider.get_tracer("cotenant.gateway"))
+    elif settings.otlp_endpoint:
+        exporter = spans = OtlpSpanExporter(
+            settings.otlp_endpoint,
+            service_name=settings.service_name,
+            sample_ratio=args.otlp_sample_ratio,
+        )
+        registry.register(SpanExportCollector(exporter))
+        exporter.start()
+    gateway = Gateway(settings, registry=registry, spans=spans)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -367,5 +387,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     finally:
         if provider is not None:
             provider.shutdown()  # flushes the spans still queued
+        if exporter is not None:
+            exporter.shutdown()  # sends the spans still queued
     print("gateway stopped", file=sys.stderr)
     return 0

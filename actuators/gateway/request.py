@@ -25,7 +25,7 @@ from actuators.gateway.identify import (
     inject_priority,
     parse_json_body,
 )
-from actuators.gateway.telemetry import GatewayMetrics, SpanEmitter
+from actuators.gateway.telemetry import GatewayMetrics, SpanSink
 from actuators.gateway.upstream import UpstreamConnection, UpstreamFailure, UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class ProxyCore:
     """Admission, and through its router the replicas (each with its connection pool)."""
     identifier: Identifier
     metrics: GatewayMetrics
-    spans: SpanEmitter | None
+    spans: SpanSink | None
     priority_field: PriorityField
     read_timeout_s: float
     max_body_bytes: int

@@ -2,7 +2,7 @@
 
 ::
 
-    gw = Gateway(settings, registry=CollectorRegistry(), tracer=tracer_or_none)
+    gw = Gateway(settings, registry=CollectorRegistry(), spans=span_sink_or_none)
     await gw.start()          # binds both ports (port 0 picks a free one)
     print(gw.listen_url, gw.control_url)
     await gw.stop()           # stops accepting, closes idle upstream connections
@@ -26,7 +26,7 @@ from actuators.gateway.proxy import ClientConnection
 from actuators.gateway.request import ProxyCore
 from actuators.gateway.routing import Router
 from actuators.gateway.settings import GatewaySettings
-from actuators.gateway.telemetry import GatewayMetrics, ReplicaCollector, SpanEmitter
+from actuators.gateway.telemetry import GatewayMetrics, ReplicaCollector, SpanEmitter, SpanSink
 from actuators.gateway.upstream import UpstreamPool
 
 
@@ -60,8 +60,9 @@ def _url(sock: socket.socket) -> str:
 
 
 class Gateway:
-    """See the module docstring. ``registry`` receives the metrics; ``tracer`` (optional)
-    receives one span per request."""
+    """See the module docstring. ``registry`` receives the metrics; ``spans`` (optional)
+    receives every finished request, as does ``tracer`` (an OTel SDK tracer, wrapped in a
+    :class:`SpanEmitter`) when ``spans`` is not given."""
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class Gateway:
         *,
         registry: CollectorRegistry,
         tracer: Tracer | None = None,
+        spans: SpanSink | None = None,
     ) -> None:
         s = settings
         self.settings = s
@@ -93,7 +95,7 @@ class Gateway:
             self.admission.set_priority("tenants", name, prio)
         self.metrics = GatewayMetrics(registry)
         registry.register(ReplicaCollector(self.router))
-        self._tracer = tracer
+        self._spans = spans if spans is not None or tracer is None else SpanEmitter(tracer)
         self._proxy: asyncio.Server | None = None
         self._control: _ControlServer | None = None
         self._control_task: asyncio.Task[None] | None = None
@@ -116,7 +118,7 @@ class Gateway:
             admission=self.admission,
             identifier=Identifier(s.model_from, s.tenant_from),
             metrics=self.metrics,
-            spans=None if self._tracer is None else SpanEmitter(self._tracer),
+            spans=self._spans,
             priority_field=s.priority_field,
             read_timeout_s=s.read_timeout_s,
             max_body_bytes=s.max_body_bytes,

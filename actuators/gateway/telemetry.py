@@ -9,7 +9,7 @@ gateway's queueing as ``queue_ms`` of the request.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -134,6 +134,29 @@ class ReplicaCollector:
             for name, w in rs["weights"].items():
                 weight.add_metric([route, name], w)
         yield from (sent, failed, ejections, in_flight, up, weight)
+
+
+class SpanSink(Protocol):
+    """Receives one finished request (on the event loop thread; must be quick and must not
+    block): :class:`SpanEmitter` (the OTel SDK) or
+    :class:`actuators.gateway.span_export.OtlpSpanExporter` (pre-encoded OTLP). Times are Unix
+    nanoseconds; ``ttft_ns`` is the first byte of an event stream, else None."""
+
+    def emit(
+        self,
+        *,
+        model: str,
+        replica: str,
+        tenant: str,
+        priority: int,
+        method: str,
+        path: str,
+        status: int,
+        start_ns: int,
+        admit_ns: int,
+        end_ns: int,
+        ttft_ns: int | None,
+    ) -> None: ...
 
 
 class SpanEmitter:
