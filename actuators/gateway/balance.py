@@ -67,15 +67,7 @@ class Route:
             if not single.usable(now):
                 raise NoReplica
             return single if single.has_room(priority) and single is not exclude else None
-        usable = [m for m in self.members if m.weight > 0 and m.replica.usable(now)]
-        if not usable:
-            raise NoReplica
-        healthy = [m for m in usable if m.replica.health.available(now)]
-        fits = [
-            m
-            for m in (healthy or usable)
-            if m.replica.has_room(priority) and m.replica is not exclude
-        ]
+        fits = self._fits(priority, now, exclude)
         if not fits:
             return None
         if len(fits) == 1:
@@ -84,14 +76,34 @@ class Route:
             return self._round_robin(fits)
         return self._two_choices(fits)
 
+    def _fits(self, priority: int, now: float, exclude: Replica | None) -> list[Member]:
+        """The candidates (see the module docstring), in one pass; raises :class:`NoReplica`."""
+        fits: list[Member] = []
+        spare: list[Member] = []  # candidates that health would rather not use
+        usable = healthy = False
+        for m in self.members:
+            r = m.replica
+            if m.weight <= 0 or (r.manual and not r.usable(now)):
+                continue
+            usable = True
+            h = r.health
+            ok = h.state == "healthy" or h.available(now)
+            healthy = healthy or ok
+            if r is not exclude and (r.max_in_flight is None or r.has_room(priority)):
+                (fits if ok else spare).append(m)
+        if not usable:
+            raise NoReplica
+        return fits if healthy else spare
+
     def can_take(self, priority: int, now: float) -> bool:
         """Whether :meth:`pick` would find a replica now (no state changes but health's)."""
         single = self._single
         if single is not None:
             return single.usable(now) and single.has_room(priority)
-        usable = [m for m in self.members if m.weight > 0 and m.replica.usable(now)]
-        healthy = [m for m in usable if m.replica.health.available(now)]
-        return any(m.replica.has_room(priority) for m in (healthy or usable))
+        try:
+            return bool(self._fits(priority, now, None))
+        except NoReplica:
+            return False
 
     def usable(self, now: float) -> bool:
         """False when no replica may take requests at all (see :class:`NoReplica`)."""
@@ -110,22 +122,26 @@ class Route:
         return best.replica
 
     def _two_choices(self, fits: list[Member]) -> Replica:
-        a = self._draw(fits, None)
-        b = self._draw(fits, a)
+        rand = self.rng.random
+        total = 0
+        for m in fits:
+            total += m.weight
+        x = rand() * total
+        a = fits[-1]
+        for m in fits:
+            x -= m.weight
+            if x < 0:
+                a = m
+                break
+        x = rand() * (total - a.weight)
+        b = a
+        for m in fits:
+            if m is not a:
+                b = m
+                x -= m.weight
+                if x < 0:
+                    break
         ra, rb = a.replica, b.replica
         # fewer in flight per unit of weight (as nginx's least_conn); a tie goes to the first
         # drawn, which was drawn by weight
         return ra if ra.in_flight * b.weight <= rb.in_flight * a.weight else rb
-
-    def _draw(self, fits: list[Member], skip: Member | None) -> Member:
-        total = sum(m.weight for m in fits if m is not skip)
-        x = self.rng.random() * total
-        last = fits[0]
-        for m in fits:
-            if m is skip:
-                continue
-            last = m
-            x -= m.weight
-            if x < 0:
-                return m
-        return last
