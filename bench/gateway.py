@@ -46,6 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 NGINX = "/usr/sbin/nginx"
@@ -382,6 +383,55 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
+def span_cost(n: int) -> dict[str, float]:
+    """CPU time per request on the proxy's thread, in µs: the builtin exporter's encoding of a
+    request's two spans, against the OTel SDK's span creation and its OTLP encoding (which
+    its batch exporter does later, on a thread sharing the GIL)."""
+    sys.path.insert(0, str(ROOT))
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    from actuators.gateway.otlp_spans import SpanEncoder
+    from actuators.gateway.telemetry import SpanEmitter
+
+    req = dict(
+        model="llama-3-8b", replica="r1", tenant="acme", priority=0, method="POST",
+        path="/v1/completions", status=200, start_ns=time.time_ns(),
+        admit_ns=time.time_ns() + 100_000, end_ns=time.time_ns() + 400_000, ttft_ns=None,
+    )  # fmt: skip
+
+    class Keep(SpanExporter):
+        def __init__(self) -> None:
+            self.spans: list[ReadableSpan] = []
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.spans.extend(spans)
+            return SpanExportResult.SUCCESS
+
+    keep = Keep()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(keep))
+    sdk = SpanEmitter(provider.get_tracer("bench"))
+    enc = SpanEncoder()
+    out: dict[str, list[float]] = {"builtin_encode_us": [], "sdk_spans_us": [], "sdk_encode_us": []}
+    for _ in range(5):
+        t = time.process_time()
+        for _ in range(n):
+            enc.encode(**req)
+        out["builtin_encode_us"].append((time.process_time() - t) / n * 1e6)
+        keep.spans.clear()
+        t = time.process_time()
+        for _ in range(n):
+            sdk.emit(**req)
+        out["sdk_spans_us"].append((time.process_time() - t) / n * 1e6)
+        t = time.process_time()
+        for i in range(0, len(keep.spans), 512):  # the batch exporter's batches
+            encode_spans(keep.spans[i : i + 512]).SerializeToString()
+        out["sdk_encode_us"].append((time.process_time() - t) / n * 1e6)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 PATHS = (
     "direct",
     "gateway",
@@ -415,11 +465,25 @@ def main() -> int:
         action="store_true",
         help="also run the gateway with --loop asyncio (the default picks uvloop when installed)",
     )
+    ap.add_argument(
+        "--span-cost",
+        type=int,
+        metavar="N",
+        help="only time N requests' spans built by the builtin exporter and by the OTel SDK "
+        "(CPU µs per request, medians of 5), then exit",
+    )
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--upstream-only", metavar="PORTS", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.upstream_only:
         run_upstream([int(p) for p in args.upstream_only.split(",")])
+        return 0
+    if args.span_cost:
+        cost = span_cost(args.span_cost)
+        for k, v in cost.items():
+            print(f"{k:20s} {v:8.1f}")
+        sdk = cost["sdk_spans_us"] + cost["sdk_encode_us"]
+        print(f"SDK / builtin CPU per request: {sdk / cost['builtin_encode_us']:.1f}x")
         return 0
     wanted = set(PATHS) if not args.only else {"direct", *args.only.split(",")}
     if args.no_spans:
