@@ -26,105 +26,19 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import math
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from actuators.gateway.balance import NoReplica, Route
 from actuators.gateway.replica import Replica
 from actuators.gateway.routing import Router
+from actuators.gateway.tickets import OTHER, Entry, Grant, Kind, Rejected, Ticket
 from actuators.gateway.token_bucket import TokenBucket
 
-Kind = Literal["models", "tenants"]
-OTHER = "(other)"
+__all__ = ["OTHER", "Admission", "Entry", "Kind", "Rejected", "Ticket"]
 
-
-class Rejected(Exception):
-    """A request is refused: ``status`` (429 or 503), ``reason`` (a metric label), and the
-    ``retry_after_s`` the client is told."""
-
-    def __init__(self, status: int, reason: str, retry_after_s: float, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-    @property
-    def retry_after_header(self) -> str:
-        """``Retry-After`` in whole seconds, at least 1."""
-        return str(max(1, math.ceil(self.retry_after_s)))
-
-
-class Entry:
-    """The limit, priority and counters of one model or tenant."""
-
-    __slots__ = ("admitted", "bucket", "in_flight", "name", "priority", "queued", "rejected")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.bucket: TokenBucket | None = None
-        self.priority: int | None = None
-        self.in_flight = 0
-        self.queued = 0
-        self.admitted = 0
-        self.rejected = 0
-
-    def state(self) -> dict[str, Any]:
-        """This entry as the control API's state (contract 4)."""
-        b = self.bucket
-        return {
-            "rate_rps": None if b is None else b.rate_rps,
-            "burst": None if b is None else b.burst,
-            "priority": self.priority,
-            "in_flight": self.in_flight,
-            "queued": self.queued,
-            "admitted_total": self.admitted,
-            "rejected_total": self.rejected,
-        }
-
-
-class Ticket:
-    """An admitted request and the replica it was given: release it with
-    :meth:`Admission.release` when it is done."""
-
-    __slots__ = (
-        "explicit_priority",
-        "model",
-        "outcome",
-        "priority",
-        "probe",
-        "replica",
-        "reserved",
-        "route",
-        "tenant",
-    )
-
-    def __init__(
-        self,
-        model: Entry,
-        tenant: Entry,
-        priority: int,
-        explicit: bool,
-        route: Route,
-        grant: _Grant,
-    ) -> None:
-        self.model = model
-        self.tenant = tenant
-        self.priority = priority
-        self.explicit_priority = explicit
-        """True when the priority was set for the model or tenant (not the default)."""
-        self.route = route
-        self.replica: Replica | None = grant[0]
-        self.reserved = grant[1]
-        self.probe = grant[2]
-        self.outcome = False
-        """True once the replica's health heard how the exchange went."""
-
-
-_Grant = tuple[Replica, bool, bool]
-"""A replica given to a request: ``(replica, reserved, probe)`` (see :meth:`Replica.take`)."""
-_Waiter = tuple[int, int, "asyncio.Future[_Grant]", str]
+_Waiter = tuple[int, int, "asyncio.Future[Grant]", str]
 """``(priority, arrival number, future, model)`` in a route's queue."""
 
 
@@ -275,7 +189,7 @@ class Admission:
         return self.default_priority, False
 
     def _admitted(
-        self, m: Entry, t: Entry, prio: int, explicit: bool, route: Route, grant: _Grant
+        self, m: Entry, t: Entry, prio: int, explicit: bool, route: Route, grant: Grant
     ) -> Ticket:
         m.in_flight += 1
         t.in_flight += 1
@@ -284,7 +198,7 @@ class Admission:
         return Ticket(m, t, prio, explicit, route, grant)
 
     @staticmethod
-    def _grant(replica: Replica, prio: int) -> _Grant:
+    def _grant(replica: Replica, prio: int) -> Grant:
         reserved, probe = replica.take(prio)
         return replica, reserved, probe
 
@@ -414,13 +328,13 @@ class Admission:
 
     async def _queue(
         self, m: Entry, t: Entry, prio: int, route: Route, model: str
-    ) -> tuple[Route, _Grant]:
+    ) -> tuple[Route, Grant]:
         if self.queued >= self.max_queue:
             raise self._reject(
                 m, t, Rejected(503, "queue_full", 1.0, f"gateway queue full ({self.max_queue})")
             )
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[_Grant] = loop.create_future()
+        fut: asyncio.Future[Grant] = loop.create_future()
         heapq.heappush(self._waiting.setdefault(route, []), (prio, next(self._seq), fut, model))
         timer = loop.call_later(self.queue_timeout_s, _expire, fut)
         self.queued += 1
@@ -498,6 +412,6 @@ class Admission:
             fut.set_result(self._grant(replica, prio))
 
 
-def _expire(fut: asyncio.Future[_Grant]) -> None:
+def _expire(fut: asyncio.Future[Grant]) -> None:
     if not fut.done():
         fut.set_exception(_QueueTimeout())
