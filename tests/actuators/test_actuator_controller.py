@@ -58,7 +58,13 @@ def gw(live: LiveGateway) -> LiveGateway:
     return live
 
 
-NOTHING = {"rate_rps": None, "burst": None, "priority": None}
+NOTHING = {
+    "rate_rps": None,
+    "burst": None,
+    "priority": None,
+    "weights": {"nobody": 1},  # the live gateway's one replica, in the default route
+    "weights_set": False,
+}
 
 
 def make(
