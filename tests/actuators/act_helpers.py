@@ -85,6 +85,7 @@ def add_incident(
     peak_p99_ms: float = 300.0,
     causes: list[dict[str, Any]] | None = None,
     base: int = T0,
+    severity: str = "breach",
 ) -> None:
     causes = causes or [
         {"kind": "cotenant", "culprit": "sdxl", "share": 0.8, "confidence": 0.9, "evidence": {}}
@@ -93,7 +94,7 @@ def add_incident(
     top = causes[0]
     with store.cursor() as cur:
         cur.execute(
-            "INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 id,
                 model,
@@ -109,6 +110,7 @@ def add_incident(
                 top["culprit"],
                 top["share"],
                 json.dumps(detail),
+                severity,
             ],
         )
 
