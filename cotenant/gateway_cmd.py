@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cotenant.argtypes import duration
 from store.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--eject-time",
-        type=float,
+        type=duration,
         metavar="S",
         help="seconds a replica stays ejected the first time; doubled each time in a row, up "
         "to 10x (default 30)",
@@ -124,14 +125,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--queue-timeout",
-        type=float,
+        type=duration,
         default=30.0,
         metavar="S",
         help="longest wait in the queue before 503 (default 30 s)",
     )
     p.add_argument(
         "--rate-limit-wait",
-        type=float,
+        type=duration,
         default=0.0,
         metavar="S",
         help="a rate-limited request waits up to S seconds for a token instead "
@@ -139,14 +140,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--connect-timeout",
-        type=float,
+        type=duration,
         default=5.0,
         metavar="S",
         help="upstream connect timeout (default 5 s)",
     )
     p.add_argument(
         "--read-timeout",
-        type=float,
+        type=duration,
         default=300.0,
         metavar="S",
         help="longest upstream silence, before the response or between pieces of "
@@ -161,14 +162,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=duration,
         default=10.0,
         metavar="S",
         help="on SIGTERM/SIGINT, let requests in progress finish for up to S seconds (default 10)",
     )
     p.add_argument(
         "--idle-timeout",
-        type=float,
+        type=duration,
         default=75.0,
         metavar="S",
         help="close a client connection idle (or sending a partial request) this long "

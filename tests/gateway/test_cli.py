@@ -27,7 +27,10 @@ def _run(
     monkeypatch.delenv("COTENANT_GATEWAY_TOKEN", raising=False)
     if token is not None:
         monkeypatch.setenv("COTENANT_GATEWAY_TOKEN", token)
-    code = main(["gateway", *args])
+    try:
+        code = main(["gateway", *args])
+    except SystemExit as exc:  # argparse refuses a value it cannot parse
+        code = int(exc.code or 0)
     return code, capsys.readouterr().err
 
 
@@ -54,7 +57,8 @@ def test_refuses_to_start_without_a_token(
         (["--model-from", "path:(["], "invalid regular expression"),
         (["--upstream", "ftp://x"], "give an http:// or https:// URL"),
         (["--max-concurrency", "0"], "--max-concurrency 0"),
-        (["--queue-timeout", "nan"], "--queue-timeout nan"),
+        (["--queue-timeout", "nan"], "--queue-timeout: 'nan' is not a finite duration"),
+        (["--idle-timeout", "5x"], "--idle-timeout: '5x' is not a duration"),
         (["--upstream", "a b=http://h:1"], "--upstream name 'a b': a replica name is 1-64"),
         (["--upstream", "gpu0=ftp://h"], "--upstream 'ftp://h': give an http://"),
         (
@@ -63,6 +67,7 @@ def test_refuses_to_start_without_a_token(
         ),
         (["--eject-after", "-1"], "--eject-after -1: give an integer >= 0"),
         (["--eject-time", "0"], "--eject-time 0.0: give a finite number > 0"),
+        (["--idle-timeout", "soon"], "--idle-timeout: 'soon' is not a duration"),
     ],
 )
 def test_bad_flags_are_refused_with_a_message(
