@@ -271,7 +271,8 @@ class _IncidentPrinter:
 
     def __call__(self, e: IncidentEvent) -> None:
         inc = e.incident
-        self._ids.add(inc.id)
+        if e.kind == "opened":  # transients withdrawn before publication do not count
+            self._ids.add(inc.id)
         at = self._clock.virtual_s(e.at_ns)
         t0 = self._clock.virtual_s(inc.start_ns)
         who = f"{inc.model} on {inc.gpu}"
