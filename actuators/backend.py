@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-ChangeKind = Literal["rate_limit", "priority"]
+ChangeKind = Literal["rate_limit", "priority", "reroute", "reserve", "max_in_flight"]
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,16 @@ class Change:
 
     ``rate_limit`` params: ``rate_rps`` (float), ``burst`` (int).
     ``priority`` params: ``priority`` (int; lower is served first, as in vLLM).
+    ``reroute`` (target: a model) params: ``weights`` (``{replica: int 0..256}``; replicas
+    not named keep theirs); optionally ``states`` (``{replica: "ready" | "drain" |
+    "maint"}``, where the backend has them: HAProxy).
+    ``reserve`` (target: a replica) params: ``slots`` (int >= 0) of its concurrency kept for
+    requests of priority <= ``priority`` (int) (the gateway).
+    ``max_in_flight`` (target: a model) params: ``max_in_flight`` (``{replica: int >= 0}``,
+    0 = no limit): how many of the model's requests each replica takes at once (HAProxy's
+    ``maxconn``), so the rest of a shared replica stays for others.
+
+    A backend refuses (:class:`store.errors.BackendError`) the kinds it has no lever for.
     """
 
     kind: ChangeKind

@@ -194,8 +194,9 @@ class ActionController:
             since = now_ns - int(self._horizon_s * 1e9)
             incidents = {i.id: i for i in self._incidents.find(since_ns=since, limit=1000)}
             if self.mode != "off":
+                # breaches only: a degradation within the SLO is listed, not acted on
                 live = sorted(
-                    (i for i in incidents.values() if i.state == "open"),
+                    (i for i in incidents.values() if i.state == "open" and i.severity == "breach"),
                     key=lambda i: (i.start_ns, i.id),  # oldest first: the guardrails favour it
                 )
                 known = self.log.by_incident([i.id for i in live])

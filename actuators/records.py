@@ -2,25 +2,39 @@
 
 An action's row is rewritten at every step of its state machine; each step also appends one
 ``audit`` row (who, what, when, why, before/after values) in the same transaction, so the two
-never disagree.
+never disagree. The rows are read and written through :mod:`store.action_rows`.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from store.action_rows import (
+    AuditEntry,
+    StoredAction,
+    actions_of_incidents,
+    append_audit,
+    audit_trail,
+    count_audit_events,
+    find_actions,
+    get_action,
+    last_change_ended_ns,
+    write_action,
+)
 from store.db import Store
 from store.errors import NotFoundError
-from store.queries import select_rows
 
 IN_EFFECT = ("applied", "verified")
 """States in which an action's change is in place on the backend."""
 
 OPEN_STATES = ("proposed", "approved", "applied", "verified")
 """States the control loop still advances (``verified`` changes expire at their TTL)."""
+
+ENDED_STATES = ("rolled_back", "expired")
+"""States of an action whose change was taken back off the backend."""
+
 
 CHANGE_KEYS = ("rate_rps", "burst", "max_wait_s", "priority", "fraction")
 """Keys of ``params`` that belong to the backend change; the rest is context."""
@@ -74,35 +88,43 @@ class ActionRecord:
         }
 
 
-_COLS = (
-    "id, incident_id, kind, target, backend, state, created_ns, updated_ns, params_json, "
-    "before_json, after_json, reason"
-)
-
-
-def _load(s: str | None) -> Any:
-    return None if s is None else json.loads(s)
-
-
-def _row(r: tuple[Any, ...]) -> ActionRecord:
+def _from_stored(r: StoredAction) -> ActionRecord:
     return ActionRecord(
-        id=r[0],
-        incident_id=r[1],
-        kind=r[2],
-        target=r[3],
-        backend=r[4],
-        state=r[5],
-        created_ns=r[6],
-        updated_ns=r[7],
-        params=_load(r[8]) or {},
-        before=_load(r[9]),
-        after=_load(r[10]),
-        reason=r[11] or "",
+        id=r.id,
+        incident_id=r.incident_id,
+        kind=r.kind,
+        target=r.target,
+        backend=r.backend,
+        state=r.state,
+        created_ns=r.created_ns,
+        updated_ns=r.updated_ns,
+        params=r.params,
+        before=r.before,
+        after=r.after,
+        reason=r.reason,
+    )
+
+
+def _to_stored(a: ActionRecord) -> StoredAction:
+    return StoredAction(
+        id=a.id,
+        incident_id=a.incident_id,
+        kind=a.kind,
+        target=a.target,
+        backend=a.backend,
+        state=a.state,
+        created_ns=a.created_ns,
+        updated_ns=a.updated_ns,
+        params=a.params,
+        before=a.before,
+        after=a.after,
+        reason=a.reason,
     )
 
 
 class ActionLog:
-    """Reads and writes ``actions`` and appends to ``audit``. Callers serialise writes."""
+    """Reads and writes ``actions`` and appends to ``audit`` (through
+    :mod:`store.action_rows`). Callers serialise writes: the controller holds its lock."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -117,20 +139,6 @@ class ActionLog:
         detail: dict[str, Any] | None = None,
     ) -> None:
         """Insert or rewrite ``action`` and append one audit row, in one transaction."""
-        row = (
-            action.id,
-            action.incident_id,
-            action.kind,
-            action.target,
-            action.backend,
-            action.state,
-            action.created_ns,
-            action.updated_ns,
-            json.dumps(action.params),
-            None if action.before is None else json.dumps(action.before),
-            None if action.after is None else json.dumps(action.after),
-            action.reason,
-        )
         audit = {
             "state": action.state,
             "kind": action.kind,
@@ -140,39 +148,21 @@ class ActionLog:
             "after": action.after,
             **(detail or {}),
         }
-        with self._store.cursor() as cur:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                cur.execute(
-                    f"INSERT OR REPLACE INTO actions ({_COLS}) VALUES ({', '.join('?' * 12)})", row
-                )
-                cur.execute(
-                    "INSERT INTO audit (ts_ns, actor, action_id, event, detail_json) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    [now_ns, actor, action.id, event, json.dumps(audit, default=str)],
-                )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+        write_action(
+            self._store, _to_stored(action), AuditEntry(now_ns, actor, action.id, event, audit)
+        )
 
     def note(
         self, action_id: str, *, actor: str, event: str, now_ns: int, detail: dict[str, Any]
     ) -> None:
         """Append an audit row that does not change the action (e.g. a guardrail hold)."""
-        with self._store.cursor() as cur:
-            cur.execute(
-                "INSERT INTO audit (ts_ns, actor, action_id, event, detail_json) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [now_ns, actor, action_id, event, json.dumps(detail, default=str)],
-            )
+        append_audit(self._store, AuditEntry(now_ns, actor, action_id, event, detail))
 
     def get(self, action_id: str) -> ActionRecord:
-        with self._store.cursor() as cur:
-            r = cur.execute(f"SELECT {_COLS} FROM actions WHERE id = ?", [action_id]).fetchone()
+        r = get_action(self._store, action_id)
         if r is None:
             raise NotFoundError(f"no action {action_id!r}")
-        return _row(r)
+        return _from_stored(r)
 
     def find(
         self,
@@ -186,73 +176,34 @@ class ActionLog:
     ) -> list[ActionRecord]:
         """Actions newest first (by creation); ``since_ns``: last changed at or after it;
         ``until_ns``: created before it."""
-        rows = select_rows(
+        found = find_actions(
             self._store,
-            "actions",
-            _COLS,
-            where={
-                "updated_ns >= ?": since_ns,
-                "created_ns < ?": until_ns,
-                "incident_id": incident_id,
-                "target": target,
-                "state": states,
-            },
-            order_by="created_ns DESC, id",
+            since_ns=since_ns,
+            until_ns=until_ns,
+            incident_id=incident_id,
+            states=states,
+            target=target,
             limit=limit,
         )
-        return [_row(r) for r in rows]
+        return [_from_stored(r) for r in found]
 
     def by_incident(self, incident_ids: list[str]) -> dict[str, list[ActionRecord]]:
         """Every action of each incident in ``incident_ids`` (one query)."""
-        out: dict[str, list[ActionRecord]] = {i: [] for i in incident_ids}
-        if not incident_ids:
-            return out
-        with self._store.cursor() as cur:
-            rows = cur.execute(
-                f"SELECT {_COLS} FROM actions WHERE incident_id IN "
-                f"(SELECT unnest(?::VARCHAR[])) ORDER BY created_ns DESC, id",
-                [incident_ids],
-            ).fetchall()
-        for r in rows:
-            out[r[1]].append(_row(r))
-        return out
+        found = actions_of_incidents(self._store, incident_ids)
+        return {i: [_from_stored(r) for r in rows] for i, rows in found.items()}
 
     def count_events(self, event: str, since_ns: int, target: str | None = None) -> int:
         """How many audit rows of ``event`` (for ``target`` when given) since ``since_ns``."""
-        sql = (
-            "SELECT count(*) FROM audit a JOIN actions x ON x.id = a.action_id "
-            "WHERE a.event = ? AND a.ts_ns >= ?"
-        )
-        params: list[Any] = [event, since_ns]
-        if target is not None:
-            sql += " AND x.target = ?"
-            params.append(target)
-        with self._store.cursor() as cur:
-            r = cur.execute(sql, params).fetchone()
-        return int(r[0]) if r else 0
+        return count_audit_events(self._store, event, since_ns, target)
 
     def last_ended_ns(self, target: str) -> int | None:
         """When the last change applied to ``target`` ended (rolled back or expired)."""
-        with self._store.cursor() as cur:
-            r = cur.execute(
-                "SELECT max(updated_ns) FROM actions WHERE target = ? AND kind <> 'notify' "
-                "AND state IN ('rolled_back', 'expired') AND before_json IS NOT NULL",
-                [target],
-            ).fetchone()
-        return None if r is None or r[0] is None else int(r[0])
+        return last_change_ended_ns(self._store, target, ENDED_STATES)
 
     def audit(self, action_id: str) -> list[dict[str, Any]]:
-        """The audit trail of one action, oldest first."""
-        with self._store.cursor() as cur:
-            rows = cur.execute(
-                "SELECT ts_ns, actor, event, detail_json FROM audit WHERE action_id = ? "
-                "ORDER BY ts_ns, rowid",
-                [action_id],
-            ).fetchall()
-        return [
-            {"ts_ns": r[0], "actor": r[1], "event": r[2], "detail": json.loads(r[3] or "{}")}
-            for r in rows
-        ]
+        """The audit trail of one action, oldest first: dicts with ``ts_ns``, ``actor``,
+        ``event`` and ``detail``."""
+        return audit_trail(self._store, action_id)
 
 
 def moved(action: ActionRecord, state: str, now_ns: int, **changes: Any) -> ActionRecord:

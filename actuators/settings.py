@@ -32,10 +32,17 @@ class ActuatorSettings:
     backend: str = key(
         "gateway",
         "where actions are applied",
-        choices=("gateway", "rayserve", "triton", "webhook"),
+        choices=("gateway", "rayserve", "triton", "webhook", "haproxy"),
     )
     backend_url: str = key(
-        "", "base URL of the backend (gateway control API, Ray, Triton, webhook)"
+        "",
+        "base URL of the backend (gateway control API, Ray, Triton, webhook); haproxy: its "
+        "stats socket, unix:///path or tcp://host:port",
+    )
+    haproxy_backends: dict[str, str] = key(
+        {},
+        "model -> HAProxy backend name (haproxy; a model not listed is its own backend) "
+        "(env: 'llama=be_llama,tts=be_tts')",
     )
     webhook_secret: str = key("", "HMAC-SHA256 key signing webhook bodies", secret=True)
     backend_token_file: str = key(

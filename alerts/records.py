@@ -7,47 +7,50 @@ label; ``{"reason": ...}``).
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
 from alerts.payload import ReceivedAlert
+from store.alert_rows import (
+    StoredAlert,
+    alert_starts_at_ns,
+    find_alerts,
+    finish_alert,
+    get_alert,
+    link_alert,
+    refresh_alert,
+    replace_alert,
+)
 from store.db import Store
 from store.errors import QueryError
-from store.queries import select_rows
 
 STATES = ("pending", "done", "failed", "skipped")
 
-_COLS = (
-    "fingerprint, alertname, status, model, gpu, starts_at_ns, received_ns, labels_json, "
-    "annotations_json, diagnosis_state, diagnosis_json, incident_id"
-)
 
-
-def _row(r: tuple[Any, ...]) -> dict[str, Any]:
-    fp = r[0]
-    incident = r[11]
+def _as_dict(a: StoredAlert) -> dict[str, Any]:
+    """The API's view of an alert: the row's fields plus ``incident_url`` and ``url``."""
     return {
-        "fingerprint": fp,
-        "alertname": r[1],
-        "status": r[2],
-        "model": r[3],
-        "gpu": r[4],
-        "starts_at_ns": r[5],
-        "received_ns": r[6],
-        "labels": json.loads(r[7] or "{}"),
-        "annotations": json.loads(r[8] or "{}"),
-        "diagnosis_state": r[9],
-        "diagnosis": json.loads(r[10]) if r[10] else None,
-        "incident_id": incident,
-        "incident_url": None if incident is None else f"/incident?id={incident}",
-        "url": f"/api/v1/alerts/{fp}",
+        "fingerprint": a.fingerprint,
+        "alertname": a.alertname,
+        "status": a.status,
+        "model": a.model,
+        "gpu": a.gpu,
+        "starts_at_ns": a.starts_at_ns,
+        "received_ns": a.received_ns,
+        "labels": a.labels,
+        "annotations": a.annotations,
+        "diagnosis_state": a.diagnosis_state,
+        "diagnosis": a.diagnosis,
+        "incident_id": a.incident_id,
+        "incident_url": None if a.incident_id is None else f"/incident?id={a.incident_id}",
+        "url": f"/api/v1/alerts/{a.fingerprint}",
     }
 
 
 class AlertBook:
-    """Reads and writes alert rows. Thread-safe: :meth:`claim` decides under a lock whether a
-    delivery needs a diagnosis, so concurrent deliveries of one alert run one."""
+    """Reads and writes alert rows (through :mod:`store.alert_rows`). Thread-safe:
+    :meth:`claim` decides under a lock whether a delivery needs a diagnosis, so concurrent
+    deliveries of one alert run one."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -56,48 +59,39 @@ class AlertBook:
     def claim(self, alert: ReceivedAlert, received_ns: int) -> bool:
         """Record a delivery; True when it needs a diagnosis: a fingerprint not seen before
         (or seen with another ``startsAt``: the alert fired again) that names a model."""
-        labels = json.dumps(alert.labels, sort_keys=True)
-        annotations = json.dumps(alert.annotations, sort_keys=True)
-        with self._lock, self._store.cursor() as cur:
-            row = cur.execute(
-                "SELECT starts_at_ns FROM alerts WHERE fingerprint = ?", [alert.fingerprint]
-            ).fetchone()
-            if row is not None and row[0] == alert.starts_at_ns:
-                cur.execute(
-                    "UPDATE alerts SET status = ?, labels_json = ?, annotations_json = ? "
-                    "WHERE fingerprint = ?",
-                    [alert.status, labels, annotations, alert.fingerprint],
+        with self._lock:
+            stored = alert_starts_at_ns(self._store, alert.fingerprint)
+            if stored is not None and stored == alert.starts_at_ns:
+                refresh_alert(
+                    self._store, alert.fingerprint, alert.status, alert.labels, alert.annotations
                 )
                 return False
             model = alert.model
             if model is None:
                 state = "skipped"
-                detail: str | None = json.dumps(
-                    {
-                        "reason": "the alert names no model (no label model, victim or "
-                        "model_name), so there is nothing to diagnose"
-                    }
-                )
+                detail: dict[str, Any] | None = {
+                    "reason": "the alert names no model (no label model, victim or "
+                    "model_name), so there is nothing to diagnose"
+                }
             else:
                 state, detail = "pending", None
-            if row is not None:  # fired again: a new episode replaces the old one
-                cur.execute("DELETE FROM alerts WHERE fingerprint = ?", [alert.fingerprint])
-            cur.execute(
-                f"INSERT INTO alerts ({_COLS}) VALUES ({', '.join('?' * 12)})",
-                [
-                    alert.fingerprint,
-                    alert.alertname,
-                    alert.status,
-                    model,
-                    alert.gpu,
-                    alert.starts_at_ns,
-                    received_ns,
-                    labels,
-                    annotations,
-                    state,
-                    detail,
-                    None,
-                ],
+            # a new fingerprint, or one that fired again: the new episode replaces the old
+            replace_alert(
+                self._store,
+                StoredAlert(
+                    fingerprint=alert.fingerprint,
+                    alertname=alert.alertname,
+                    status=alert.status,
+                    model=model,
+                    gpu=alert.gpu,
+                    starts_at_ns=alert.starts_at_ns,
+                    received_ns=received_ns,
+                    labels=alert.labels,
+                    annotations=alert.annotations,
+                    diagnosis_state=state,
+                    diagnosis=detail,
+                    incident_id=None,
+                ),
             )
             return model is not None
 
@@ -105,26 +99,14 @@ class AlertBook:
         self, fingerprint: str, state: str, detail: dict[str, Any], incident_id: str | None
     ) -> None:
         """Store the outcome of a diagnosis (``state``: done or failed)."""
-        with self._store.cursor() as cur:
-            cur.execute(
-                "UPDATE alerts SET diagnosis_state = ?, diagnosis_json = ?, incident_id = ? "
-                "WHERE fingerprint = ?",
-                [state, json.dumps(detail), incident_id, fingerprint],
-            )
+        finish_alert(self._store, fingerprint, state, detail, incident_id)
 
     def link(self, fingerprint: str, incident_id: str) -> None:
-        with self._store.cursor() as cur:
-            cur.execute(
-                "UPDATE alerts SET incident_id = ? WHERE fingerprint = ?",
-                [incident_id, fingerprint],
-            )
+        link_alert(self._store, fingerprint, incident_id)
 
     def get(self, fingerprint: str) -> dict[str, Any] | None:
-        with self._store.cursor() as cur:
-            r = cur.execute(
-                f"SELECT {_COLS} FROM alerts WHERE fingerprint = ?", [fingerprint]
-            ).fetchone()
-        return None if r is None else _row(r)
+        a = get_alert(self._store, fingerprint)
+        return None if a is None else _as_dict(a)
 
     def find(
         self,
@@ -136,12 +118,7 @@ class AlertBook:
         """Alerts newest first, optionally of one incident or one diagnosis state."""
         if state is not None and state not in STATES:
             raise QueryError(f"state {state!r} must be one of {', '.join(STATES)}")
-        rows = select_rows(
-            self._store,
-            "alerts",
-            _COLS,
-            where={"incident_id": incident_id, "diagnosis_state": state},
-            order_by="starts_at_ns DESC, fingerprint",
-            limit=limit,
+        found = find_alerts(
+            self._store, incident_id=incident_id, diagnosis_state=state, limit=limit
         )
-        return [_row(r) for r in rows]
+        return [_as_dict(a) for a in found]

@@ -99,7 +99,8 @@ def _alerts(s: RuleSettings) -> list[Alert]:
         Alert(
             "NoisyNeighbor",
             "max by (victim, gpu, culprit) "
-            f'(max_over_time(cotenant_incident_active{{cause="cotenant"}}[{INCIDENT_HOLD}])) > 0',
+            "(max_over_time(cotenant_incident_active"
+            f'{{cause="cotenant",severity="breach"}}[{INCIDENT_HOLD}])) > 0',
             "warning",
             "{{ $labels.culprit }} is slowing {{ $labels.victim }} on GPU {{ $labels.gpu }}",
             "cotenant has an open incident on GPU {{ $labels.gpu }}: the top cause of "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from analysis.diagnose import diagnose
-from analysis.incidents import IncidentBook
+from analysis.episodes import SEVERITIES
+from analysis.incidents import STATES, IncidentBook
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import gpus_of
@@ -34,11 +36,15 @@ class Analyzer:
         step_s: float = AnalysisSettings.step_s,
         max_range_s: float = AnalysisSettings.max_range_h * 3600,
         season_s: float = 0.0,
+        params: SpikeParams | None = None,
     ) -> None:
         """``season_s``: the latency cycle (e.g. a day) the seasonal baseline learns where
-        two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none."""
+        two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none.
+        ``params``: the detector's other parameters (``AnalysisSettings.spike_params()``)."""
         self.source = source
-        self.params = SpikeParams(season=round(season_s / step_s) if season_s > 0 else 0)
+        self.params = replace(
+            params or SpikeParams(), season=round(season_s / step_s) if season_s > 0 else 0
+        )
         self.book = book
         self.slo_ms = dict(slo_ms or {})
         self.step_s = step_s
@@ -85,13 +91,16 @@ class Analyzer:
         model: str | None = None,
         state: str | None = None,
         limit: int = 500,
+        severity: str | None = None,
     ) -> list[dict[str, Any]]:
-        if state is not None and state not in ("open", "resolved"):
-            raise QueryError(f"state {state!r} must be open or resolved")
-        return [
-            i.to_dict()
-            for i in self.book.find(since_ns=since_ns, model=model, state=state, limit=limit)
-        ]
+        if state is not None and state not in STATES:
+            raise QueryError(f"state {state!r} must be one of {', '.join(STATES)}")
+        if severity is not None and severity not in SEVERITIES:
+            raise QueryError(f"severity {severity!r} must be one of {', '.join(SEVERITIES)}")
+        found = self.book.find(
+            since_ns=since_ns, model=model, state=state, severity=severity, limit=limit
+        )
+        return [i.to_dict() for i in found]
 
     def incident(self, incident_id: str) -> dict[str, Any]:
         inc = self.book.get(incident_id)

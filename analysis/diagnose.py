@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from analysis.attribution import Cause, attribute
-from analysis.spikes import Span, SpikeParams, merge, spike_mask
+from analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
+from analysis.spikes import SpikeParams
 from analysis.windows import GpuWindows, gpu_windows, gpus_of
 from store.errors import QueryError
 from store.queries import TimeRange
@@ -39,6 +40,11 @@ class Diagnosis:
     causes: list[Cause]
     notes: list[str] = field(default_factory=list)
     incident: bool = True  # False: an on-demand diagnosis of a quiet range
+    severity: str = BREACH  # breach (SLO crossed) | degradation (slower than its baseline)
+    threshold_ms: float = float("nan")  # stay-open threshold frozen at opening
+    carried: bool = False  # began before the windows read: its "before" is not in them
+    during_windows: int = 0  # windows with requests inside it (what attribution had)
+    after_p99_ms: float | None = None  # median p99 of the clean windows that ended it
 
     @property
     def id(self) -> str:
@@ -62,6 +68,9 @@ class Diagnosis:
             "peak_p99_ms": _r(self.peak_p99_ms),
             "baseline_p99_ms": _r(self.baseline_p99_ms),
             "slo_ms": self.slo_ms,
+            "severity": self.severity,
+            "threshold_ms": _r(self.threshold_ms),
+            "resolved_p99_ms": None if self.after_p99_ms is None else _r(self.after_p99_ms),
             "phases_ms": {k: round(v, 3) for k, v in self.phases_ms.items()},
             "causes": [c.to_dict() for c in self.causes],
             "notes": self.notes,
@@ -73,18 +82,18 @@ def _r(x: float) -> float | None:
 
 
 def _before_mask(
-    n: int, start: int, spikes: np.ndarray, count: np.ndarray, min_count: float
+    n: int, start: int, abnormal: np.ndarray, count: np.ndarray, min_count: float
 ) -> np.ndarray:
     mask = np.zeros(n, dtype=bool)
     lo = max(0, start - BEFORE_WINDOWS * 3)
     cand = np.arange(lo, start)
-    cand = cand[~spikes[cand] & (count[cand] >= min_count)]
+    cand = cand[~abnormal[cand] & (count[cand] >= min_count)]
     mask[cand[-BEFORE_WINDOWS:]] = True
     return mask
 
 
 def _locks(
-    source: MetricSource, model: str, w: GpuWindows, span: Span
+    source: MetricSource, model: str, w: GpuWindows, span: Episode
 ) -> list[tuple[str, str, float]]:
     lo = w.since_ns + span.start * w.step_ns
     hi = w.since_ns + (span.end + 1) * w.step_ns
@@ -165,13 +174,15 @@ def diagnose_windows(
     params: SpikeParams | None = None,
     on_demand: bool = False,
     lag_windows: int = 0,
+    carry: Carry | None = None,
 ) -> list[Diagnosis]:
     """:func:`diagnose` on windows already read (one read serves every model of a GPU).
 
     ``lag_windows``: how many of the newest windows may still be waiting for their rows (the
-    live loop's ingest lag). An incident is open when it spiked within ``close_windows`` of
-    the newest window holding data on this GPU (no older than ``lag_windows``), not of the
-    range's end: rows that have not landed yet must not resolve an incident."""
+    live loop's ingest lag). Windows after the newest one holding data on this GPU (no older
+    than ``lag_windows``) are not judged yet: rows that have not landed must not resolve an
+    incident. ``carry``: the episode the live loop has open for this model (its baseline
+    stays frozen; see :mod:`analysis.episodes`)."""
     p = params or SpikeParams()
     v = w.models[model]
     end = w.n
@@ -181,19 +192,19 @@ def diagnose_windows(
             filled |= np.nan_to_num(m["count"]) > 0
         last = int(np.flatnonzero(filled)[-1]) + 1 if filled.any() else 0
         end = min(w.n, max(last, w.n - lag_windows))
-    spikes, _ = spike_mask(v["p99_ms"], v["count"], slo_ms, p)
-    spans = [s for s in merge(spikes, v["p99_ms"], p) if s.end >= first]
-    if not spans and not on_demand:
+    tr = track(v["p99_ms"], v["count"], slo_ms, p, carry=carry, n_eval=end)
+    eps = [e for e in tr.episodes if e.end >= first or e.open]
+    if not eps and not on_demand:
         return []
     # host CPU series are read once for every incident of this call (they are not per GPU)
     cpu = host_cpu(
         source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
     )
-    out = [_diagnose_span(source, w, model, s, spikes, slo_ms, p, cpu, end) for s in spans]
-    if not spans and on_demand:
+    out = [_diagnose_span(source, w, model, e, tr.abnormal, slo_ms, p, cpu) for e in eps]
+    if not eps and on_demand:
         peak = first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1)))
-        whole = Span(first, w.n - 1, peak)
-        d = _diagnose_span(source, w, model, whole, spikes, slo_ms, p, cpu, end)
+        whole = Episode(first, w.n - 1, peak, first, DEGRADATION, float("nan"), float("nan"), False)
+        d = _diagnose_span(source, w, model, whole, tr.abnormal, slo_ms, p, cpu)
         d.incident = False
         out.append(d)
     return out
@@ -203,40 +214,50 @@ def _diagnose_span(
     source: MetricSource,
     w: GpuWindows,
     model: str,
-    s: Span,
-    spikes: np.ndarray,
+    e: Episode,
+    abnormal: np.ndarray,
     slo_ms: float | None,
     p: SpikeParams,
     cpu: dict[str, np.ndarray],
-    end: int,
 ) -> Diagnosis:
-    """``end``: one past the newest window that counts as "now" for ``open``."""
     v = w.models[model]
     during = np.zeros(w.n, dtype=bool)
-    during[s.start : s.end + 1] = True
-    before = _before_mask(w.n, s.start, spikes, v["count"], p.min_count)
+    during[e.start : e.end + 1] = True
+    before = _before_mask(w.n, e.start, abnormal, v["count"], p.min_count)
     att = attribute(
         w,
         model,
         before,
         during,
-        locks=_locks(source, model, w, s),
+        locks=_locks(source, model, w, e),
         host_cpu=cpu,
     )
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]
-    detected = min(s.end, s.start + p.open_windows - 1)
+    if np.isfinite(e.baseline_ms):
+        frozen = e.baseline_ms
+    else:  # an on-demand diagnosis of a quiet range: the windows before it
+        frozen = float(np.median(base)) if len(base) else float("nan")
+    first = e.opened if e.carried else e.start
+    # the clean windows that ended it: what "p99 back to" reports
+    after = v["p99_ms"][e.end + 1 : e.end + 1 + p.close_windows] if not e.open else np.empty(0)
+    after = after[np.isfinite(after)]
     return Diagnosis(
         model=model,
         gpu=w.gpu,
-        start_ns=w.since_ns + s.start * w.step_ns,
-        end_ns=w.since_ns + (s.end + 1) * w.step_ns,
-        open=s.end >= end - p.close_windows,
-        detected_ns=w.since_ns + (detected + 1) * w.step_ns,
-        peak_p99_ms=float(v["p99_ms"][s.peak]),
-        baseline_p99_ms=float(np.median(base)) if len(base) else float("nan"),
+        start_ns=w.since_ns + first * w.step_ns,
+        end_ns=w.since_ns + (e.end + 1) * w.step_ns,
+        open=e.open,
+        detected_ns=w.since_ns + (max(e.opened, e.start) + 1) * w.step_ns,
+        peak_p99_ms=float(v["p99_ms"][e.peak]),
+        baseline_p99_ms=frozen,
         slo_ms=slo_ms,
         phases_ms=att.phases_ms,
         causes=att.causes,
         notes=att.notes,
+        severity=e.severity,
+        threshold_ms=e.threshold_ms,
+        carried=e.carried,
+        during_windows=int(np.count_nonzero(during & (v["count"] >= p.min_count))),
+        after_p99_ms=float(np.median(after)) if len(after) else None,
     )

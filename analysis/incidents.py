@@ -1,20 +1,47 @@
-"""Incidents: diagnoses that open, update and resolve, persisted in the ``incidents`` table.
+"""Incidents: what a victim lived through, from the first slow window to the last.
 
-The continuous loop re-diagnoses a sliding horizon; :meth:`IncidentBook.update` merges each new
-diagnosis into the incident it continues (same model and GPU, overlapping or within the
-hysteresis gap) so an incident keeps its id while it grows, and resolves it when it ends.
+The continuous loop re-diagnoses a sliding horizon; :meth:`IncidentBook.update` merges each
+pass's diagnoses of one (model, GPU) into its incidents and says what changed, as
+:class:`IncidentEvent` s in the order a person should read them:
+
+* one incident per (model, GPU) at a time: a diagnosis overlapping it, or starting within
+  ``cooldown_ns`` after it ended, continues it (a re-breach within the cool-down re-opens a
+  resolved incident instead of opening a new one);
+* ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
+  (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when
+  the diagnosis closes (a run of clean windows, :mod:`analysis.episodes`);
+* ``severity``: ``breach`` (the SLO was crossed) or ``degradation`` (slower than its frozen
+  baseline, within its SLO or without one); a degradation that crosses the SLO is escalated;
+* the baseline is frozen when the incident opens and the top cause's history is kept
+  (``detail["cause_history"]``: first, each change, with the time of the pass that saw it);
+* a diagnosis of an episode that began before the windows the loop read (``carried``) keeps
+  the incident's causes: its "before" windows are no longer in the horizon.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from analysis.diagnose import Diagnosis
+from analysis.episodes import BREACH
 from store.db import Store
-from store.queries import select_rows
+from store.incident_rows import (
+    StoredIncident,
+    delete_incidents,
+    find_incidents,
+    get_incident,
+    upsert_incidents,
+)
+
+DIAGNOSING = "diagnosing"
+OPEN = "open"
+RESOLVED = "resolved"
+DISMISSED = "dismissed"  # a diagnosing incident whose slowdown was a transient: not stored
+STATES = (DIAGNOSING, OPEN, RESOLVED)
+UNNAMED_PUBLISH_WINDOWS = 60
+"""Windows of a slowdown after which it is published even when no cause is named."""
 
 
 @dataclass
@@ -22,18 +49,27 @@ class Incident:
     id: str
     model: str
     gpu: str
-    state: str  # open | resolved
+    state: str  # diagnosing | open | resolved
     start_ns: int
     end_ns: int
     updated_ns: int
     peak_p99_ms: float | None
-    baseline_p99_ms: float | None
+    baseline_p99_ms: float | None  # frozen when the incident opened
     slo_ms: float | None
-    detail: dict[str, Any]  # the latest Diagnosis.to_dict()
+    detail: dict[str, Any]  # the latest Diagnosis.to_dict(), plus cause_history
+    severity: str = BREACH
 
     @property
     def top(self) -> dict[str, Any] | None:
         return next((c for c in self.detail.get("causes", []) if c["kind"] != "unknown"), None)
+
+    @property
+    def live(self) -> bool:
+        return self.state != RESOLVED
+
+    @property
+    def cause_history(self) -> list[dict[str, Any]]:
+        return list(self.detail.get("cause_history", []))
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.detail)
@@ -42,6 +78,7 @@ class Incident:
             model=self.model,
             gpu=self.gpu,
             state=self.state,
+            severity=self.severity,
             start_ns=self.start_ns,
             end_ns=self.end_ns,
             updated_ns=self.updated_ns,
@@ -52,34 +89,114 @@ class Incident:
         return d
 
 
-_COLS = (
-    "id, model, gpu, state, start_ns, end_ns, updated_ns, peak_p99_ms, baseline_p99_ms, "
-    "slo_ms, top_cause, top_culprit, top_share, detail_json"
-)
+@dataclass(frozen=True)
+class IncidentEvent:
+    """One change a person would want to hear about, seen by the pass at ``at_ns``.
+
+    ``kind``: ``diagnosing`` (a slowdown found, cause not settled), ``opened`` (published
+    with its top cause), ``cause_changed``, ``escalated`` (a degradation crossed the SLO),
+    ``resolved``, ``reopened`` (slow again within the cool-down), ``dismissed`` (a
+    diagnosing slowdown that ended as a transient: withdrawn, never published)."""
+
+    kind: str
+    incident: Incident
+    at_ns: int
+    previous: dict[str, Any] | None = None  # cause_changed: the former top cause
 
 
-def _row_to_incident(r: tuple[Any, ...]) -> Incident:
+def _from_stored(r: StoredIncident) -> Incident:
     return Incident(
-        id=r[0],
-        model=r[1],
-        gpu=r[2],
-        state=r[3],
-        start_ns=r[4],
-        end_ns=r[5],
-        updated_ns=r[6],
-        peak_p99_ms=r[7],
-        baseline_p99_ms=r[8],
-        slo_ms=r[9],
-        detail=json.loads(r[13] or "{}"),
+        id=r.id,
+        model=r.model,
+        gpu=r.gpu,
+        state=r.state,
+        start_ns=r.start_ns,
+        end_ns=r.end_ns,
+        updated_ns=r.updated_ns,
+        peak_p99_ms=r.peak_p99_ms,
+        baseline_p99_ms=r.baseline_p99_ms,
+        slo_ms=r.slo_ms,
+        detail=r.detail,
+        severity=r.severity or BREACH,
+    )
+
+
+def _to_stored(i: Incident) -> StoredIncident:
+    top = i.top
+    return StoredIncident(
+        id=i.id,
+        model=i.model,
+        gpu=i.gpu,
+        state=i.state,
+        start_ns=i.start_ns,
+        end_ns=i.end_ns,
+        updated_ns=i.updated_ns,
+        peak_p99_ms=i.peak_p99_ms,
+        baseline_p99_ms=i.baseline_p99_ms,
+        slo_ms=i.slo_ms,
+        top_cause=None if top is None else top["kind"],
+        top_culprit=None if top is None else top["culprit"],
+        top_share=None if top is None else top["share"],
+        detail=i.to_dict(),
+        severity=i.severity,
+    )
+
+
+def _cause_key(c: dict[str, Any] | None) -> tuple[str, str] | None:
+    return None if c is None or c.get("kind") == "unknown" else (str(c["kind"]), str(c["culprit"]))
+
+
+def _same_cause(i: Incident, d: Diagnosis) -> bool:
+    """Whether ``d`` may re-open ``i``: it names no cause yet, or the one ``i`` named."""
+    top = d.top
+    if top is None:
+        return True
+    return _cause_key(i.top) == (top.kind, top.culprit)
+
+
+def _merged(ds: list[Diagnosis]) -> Diagnosis:
+    """One diagnosis for the episodes (in start order) that continue one incident: its
+    extent, open when the newest is, a breach when any was; causes from the newest episode
+    unless it is too short to say, then from the longest."""
+    newest = ds[-1]
+    src = newest
+    if len(ds) > 1 and newest.open and newest.during_windows < 5:
+        src = max(ds, key=lambda d: d.during_windows)
+    peaks = [d.peak_p99_ms for d in ds if d.peak_p99_ms == d.peak_p99_ms]
+    return replace(
+        src,
+        start_ns=min(d.start_ns for d in ds),
+        end_ns=max(d.end_ns for d in ds),
+        open=newest.open,
+        severity=BREACH if any(d.severity == BREACH for d in ds) else newest.severity,
+        peak_p99_ms=max(peaks) if peaks else src.peak_p99_ms,
+        after_p99_ms=newest.after_p99_ms,
+        during_windows=max(d.during_windows for d in ds),
     )
 
 
 class IncidentBook:
-    """Reads and writes incidents. Thread-safe."""
+    """Reads and writes incidents. Thread-safe: :meth:`update` reads, merges and writes
+    under the book's lock, so one book never rewrites an incident from two threads at once
+    (``cotenant serve`` has one book, shared by the analysis loop, the API and the dashboard).
 
-    def __init__(self, store: Store, gap_ns: int = 10_000_000_000) -> None:
+    ``gap_ns``: an open incident no diagnosis continues any more is resolved once its end is
+    this far behind the pass. ``cooldown_ns``: a slowdown starting within this time after an
+    incident ended continues it. ``publish_windows``: windows of the slowdown attribution
+    needs before the incident is published as ``open``."""
+
+    def __init__(
+        self,
+        store: Store,
+        gap_ns: int = 10_000_000_000,
+        *,
+        cooldown_ns: int = 30_000_000_000,
+        publish_windows: int = 5,
+    ) -> None:
         self._store = store
         self._gap_ns = gap_ns
+        self._cooldown_ns = cooldown_ns
+        self._publish = publish_windows
         self._lock = threading.Lock()
 
     def find(
@@ -89,120 +206,215 @@ class IncidentBook:
         until_ns: int | None = None,
         model: str | None = None,
         state: str | None = None,
+        severity: str | None = None,
         limit: int = 500,
     ) -> list[Incident]:
         """Incidents newest first; with ``since_ns`` / ``until_ns``, those overlapping the range
         (ending at or after ``since_ns``, starting before ``until_ns``)."""
-        rows = select_rows(
+        found = find_incidents(
             self._store,
-            "incidents",
-            _COLS,
-            where={
-                "end_ns >= ?": since_ns,
-                "start_ns < ?": until_ns,
-                "model": model,
-                "state": state,
-            },
-            order_by="start_ns DESC",
+            since_ns=since_ns,
+            until_ns=until_ns,
+            model=model,
+            state=state,
+            severity=severity,
             limit=limit,
         )
-        return [_row_to_incident(r) for r in rows]
+        return [_from_stored(r) for r in found]
+
+    def live(self) -> list[Incident]:
+        """Incidents not resolved (diagnosing or open)."""
+        return self.find(state=OPEN) + self.find(state=DIAGNOSING)
 
     def get(self, incident_id: str) -> Incident | None:
-        with self._store.cursor() as cur:
-            r = cur.execute(f"SELECT {_COLS} FROM incidents WHERE id = ?", [incident_id]).fetchone()
-        return None if r is None else _row_to_incident(r)
+        r = get_incident(self._store, incident_id)
+        return None if r is None else _from_stored(r)
+
+    def live_for(self, model: str, gpu: str) -> Incident | None:
+        """The (model, GPU)'s incident still diagnosing or open, if any."""
+        got = [i for i in self.live() if i.model == model and i.gpu == gpu]
+        return max(got, key=lambda i: i.start_ns) if got else None
 
     def update(
         self, diags: list[Diagnosis], model: str, gpu: str, horizon_start_ns: int, now_ns: int
-    ) -> list[Incident]:
-        """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``; resolve open
-        incidents the horizon no longer shows spiking. Returns the incidents written."""
+    ) -> list[IncidentEvent]:
+        """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``; resolve live
+        incidents the horizon no longer shows. Returns what changed, oldest incident first."""
         with self._lock:
-            current = [i for i in self.find(model=model, state="open") if i.gpu == gpu]
+            current = [i for i in self.live() if i.model == model and i.gpu == gpu]
             current += [
                 i
-                for i in self.find(model=model, since_ns=horizon_start_ns, state="resolved")
+                for i in self.find(
+                    model=model,
+                    since_ns=horizon_start_ns - self._cooldown_ns,
+                    state=RESOLVED,
+                )
                 if i.gpu == gpu
             ]
-            written: list[Incident] = []
-            matched: set[str] = set()
-            for d in diags:
-                if not d.incident:
-                    continue
-                inc = next(
-                    (
-                        i
-                        for i in current
-                        if i.id not in matched
-                        and d.start_ns <= i.end_ns + self._gap_ns
-                        and d.end_ns >= i.start_ns - self._gap_ns
-                    ),
-                    None,
-                )
-                detail = d.to_dict()
+            groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
+            extent = {i.id: (i.start_ns, i.end_ns) for i in current}
+            for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
+                inc = self._match(current, extent, d)
+                created = inc is None
                 if inc is None:
-                    inc = Incident(
-                        d.id,
-                        model,
-                        gpu,
-                        "open",
-                        d.start_ns,
-                        d.end_ns,
-                        now_ns,
-                        detail["peak_p99_ms"],
-                        detail["baseline_p99_ms"],
-                        d.slo_ms,
-                        detail,
-                    )
-                else:
-                    inc.start_ns = min(inc.start_ns, d.start_ns)
-                    inc.end_ns = max(inc.end_ns, d.end_ns)
-                    inc.peak_p99_ms = max(inc.peak_p99_ms or 0.0, detail["peak_p99_ms"] or 0.0)
-                    inc.baseline_p99_ms = detail["baseline_p99_ms"]
-                    inc.detail = detail
-                    inc.updated_ns = now_ns
-                inc.state = "open" if d.open else "resolved"
-                inc.detail["id"] = inc.id
-                matched.add(inc.id)
-                written.append(inc)
-            for inc in current:
-                if (
-                    inc.id not in matched
-                    and inc.state == "open"
-                    and inc.end_ns < now_ns - self._gap_ns
-                ):
-                    inc.state = "resolved"
+                    inc = self._new(d, model, gpu, now_ns)
+                    current.append(inc)
+                lo, hi = extent.get(inc.id, (d.start_ns, d.end_ns))
+                extent[inc.id] = (min(lo, d.start_ns), max(hi, d.end_ns))
+                _, ds, was_created = groups.get(inc.id, (inc, [], created))
+                groups[inc.id] = (inc, [*ds, d], was_created)
+            events: list[IncidentEvent] = []
+            written: list[Incident] = []
+            for inc, ds, created in groups.values():
+                got = self._apply(inc, _merged(ds), now_ns, created)
+                events += got
+                if got or created or inc.live:
                     inc.updated_ns = now_ns
                     written.append(inc)
+            dismissed: list[Incident] = []
+            for inc in current:
+                if inc.id in groups or not inc.live:
+                    continue
+                if inc.state == DIAGNOSING:
+                    # its slowdown turned out a transient: never published, so withdrawn
+                    inc.state = DISMISSED
+                    dismissed.append(inc)
+                    events.append(IncidentEvent("dismissed", inc, now_ns))
+                elif inc.end_ns < now_ns - self._gap_ns:
+                    events += self._resolve(inc, now_ns)
+                    written.append(inc)
             self._write(written)
-            return written
+            self._delete(dismissed)
+            return events
 
-    def _write(self, incidents: list[Incident]) -> None:
-        if not incidents:
-            return
-        rows = []
-        for i in incidents:
-            top = i.top
-            rows.append(
-                (
-                    i.id,
-                    i.model,
-                    i.gpu,
-                    i.state,
-                    i.start_ns,
-                    i.end_ns,
-                    i.updated_ns,
-                    i.peak_p99_ms,
-                    i.baseline_p99_ms,
-                    i.slo_ms,
-                    None if top is None else top["kind"],
-                    None if top is None else top["culprit"],
-                    None if top is None else top["share"],
-                    json.dumps(i.to_dict()),
+    def _match(
+        self, current: list[Incident], extent: dict[str, tuple[int, int]], d: Diagnosis
+    ) -> Incident | None:
+        """The incident ``d`` continues: overlapping its extent so far, or starting within
+        the cool-down after it (the latest such)."""
+        cands = [
+            i
+            for i in current
+            if d.end_ns >= extent[i.id][0]
+            and (
+                d.start_ns <= extent[i.id][1]
+                # a re-breach within the cool-down re-opens it; a breach after a degradation
+                # is news of its own
+                or (
+                    d.start_ns <= extent[i.id][1] + self._cooldown_ns
+                    and (i.severity == BREACH or d.severity != BREACH)
+                    and _same_cause(i, d)
                 )
             )
-        with self._store.cursor() as cur:
-            cur.executemany(
-                f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 14)})", rows
-            )
+        ]
+        return max(cands, key=lambda i: extent[i.id][1]) if cands else None
+
+    def _new(self, d: Diagnosis, model: str, gpu: str, now_ns: int) -> Incident:
+        detail = d.to_dict()
+        detail["cause_history"] = []
+        return Incident(
+            d.id,
+            model,
+            gpu,
+            DIAGNOSING,
+            d.start_ns,
+            d.end_ns,
+            now_ns,
+            detail["peak_p99_ms"],
+            detail["baseline_p99_ms"],
+            d.slo_ms,
+            detail,
+            d.severity,
+        )
+
+    def _ready(self, d: Diagnosis, named: bool) -> bool:
+        """Whether attribution has seen enough of the slowdown to publish its cause."""
+        if d.carried or not d.open:
+            return True
+        # an unknown cause is published only after a minute of trying: most slowdowns
+        # name their cause once the co-tenants' counters of those windows have landed
+        return d.during_windows >= self._publish and (
+            named or d.during_windows >= UNNAMED_PUBLISH_WINDOWS
+        )
+
+    def _apply(
+        self, inc: Incident, d: Diagnosis, now_ns: int, created: bool
+    ) -> list[IncidentEvent]:
+        """Fold the merged diagnosis ``d`` into ``inc``; the events of what changed."""
+        prev_state, prev_top, prev_sev = inc.state, inc.top, inc.severity
+        grew = d.end_ns > inc.end_ns
+        # a resolved incident is continued by a later slowdown, not by its own episode again
+        again = d.open or (grew and d.start_ns >= inc.detail.get("resolved_at_end_ns", 0))
+        inc.start_ns = min(inc.start_ns, d.start_ns)
+        inc.end_ns = max(inc.end_ns, d.end_ns)
+        if d.peak_p99_ms == d.peak_p99_ms:  # not NaN
+            inc.peak_p99_ms = max(inc.peak_p99_ms or 0.0, d.peak_p99_ms)
+        if d.severity == BREACH:
+            inc.severity = BREACH
+        if not d.carried:
+            new = d.to_dict()
+            frozen = ("baseline_p99_ms", "threshold_ms")
+            keep: dict[str, Any] = {k: inc.detail[k] for k in frozen if k in inc.detail}
+            inc.detail = {**new, **keep, "cause_history": inc.cause_history}
+        inc.detail.update(
+            id=inc.id,
+            start_ns=inc.start_ns,
+            end_ns=inc.end_ns,
+            open=d.open,
+            peak_p99_ms=inc.peak_p99_ms,
+            severity=inc.severity,
+        )
+        if d.after_p99_ms is not None:
+            inc.detail["resolved_p99_ms"] = round(d.after_p99_ms, 3)
+        out: list[IncidentEvent] = []
+        if prev_state == DIAGNOSING:
+            if self._ready(d, inc.top is not None):
+                inc.state = OPEN
+                self._note_cause(inc, now_ns)
+                out.append(IncidentEvent("opened", inc, now_ns))
+            elif created:
+                out.append(IncidentEvent("diagnosing", inc, now_ns))
+        elif prev_state == RESOLVED:
+            if not again:
+                return []
+            inc.state = OPEN
+            out.append(IncidentEvent("reopened", inc, now_ns))
+        if inc.state == OPEN and prev_state != DIAGNOSING:
+            if _cause_key(inc.top) != _cause_key(prev_top) and self._note_cause(inc, now_ns):
+                out.append(IncidentEvent("cause_changed", inc, now_ns, previous=prev_top))
+            if prev_sev != BREACH and inc.severity == BREACH:
+                out.append(IncidentEvent("escalated", inc, now_ns))
+        if inc.state == OPEN and not d.open:
+            out += self._resolve(inc, now_ns)
+        return out
+
+    def _note_cause(self, inc: Incident, now_ns: int) -> bool:
+        """Append the top cause to the history when it differs from the last one noted."""
+        history = inc.cause_history
+        top = inc.top
+        last = history[-1] if history else None
+        if last is not None and _cause_key(last) == _cause_key(top):
+            return False
+        entry = {"at_ns": now_ns, "kind": "unknown", "culprit": "—", "share": None}
+        if top is not None:
+            entry.update(kind=top["kind"], culprit=top["culprit"], share=top["share"])
+        history.append(entry)
+        inc.detail["cause_history"] = history
+        return True
+
+    def _resolve(self, inc: Incident, now_ns: int) -> list[IncidentEvent]:
+        if inc.state == RESOLVED:
+            return []
+        if inc.state == DIAGNOSING:
+            inc.state = OPEN
+            self._note_cause(inc, now_ns)
+        inc.state = RESOLVED
+        inc.detail["resolved_at_end_ns"] = inc.end_ns
+        inc.updated_ns = now_ns
+        return [IncidentEvent("resolved", inc, now_ns)]
+
+    def _delete(self, incidents: list[Incident]) -> None:
+        delete_incidents(self._store, [i.id for i in incidents])
+
+    def _write(self, incidents: list[Incident]) -> None:
+        upsert_incidents(self._store, [_to_stored(i) for i in incidents])

@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from analysis.diagnose import diagnose_windows, history_range
-from analysis.incidents import Incident, IncidentBook
+from analysis.episodes import Carry
+from analysis.incidents import Incident, IncidentBook, IncidentEvent
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import WindowCache, gpus_of
@@ -28,8 +29,8 @@ from store.source import MetricSource
 
 log = logging.getLogger(__name__)
 
-OnIncident = Callable[[Incident, bool], None]
-"""Called with each incident written and whether it is new."""
+OnIncident = Callable[[IncidentEvent], None]
+"""Called with each change to an incident, in the order a person should read them."""
 
 
 class AnalysisLoop:
@@ -46,6 +47,7 @@ class AnalysisLoop:
         clock_ns: Callable[[], int] = time.time_ns,
         on_incident: OnIncident | None = None,
         reread_s: float = AnalysisSettings.reread_s,
+        params: SpikeParams | None = None,
     ) -> None:
         """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
         so rows that land late — up to that lag — are still seen."""
@@ -56,12 +58,11 @@ class AnalysisLoop:
         self._horizon_ns = int(horizon_s * 1e9)
         self._step_s = step_s
         self._step_ns = int(step_s * 1e9)
-        self._params = SpikeParams()
+        self._params = params or SpikeParams()
         self._caches: dict[str, WindowCache] = {}
         self._clock = clock_ns
         self._on_incident = on_incident
         self._active: list[Incident] = []
-        self._seen: set[str] = set()
         self.passes = 0
         self._failures = (
             Counter("cotenant_analysis_failures", "Analysis passes that failed", registry=registry)
@@ -78,13 +79,13 @@ class AnalysisLoop:
             on_error=self._failures.inc if self._failures is not None else None,
         )
 
-    def run_once(self) -> list[Incident]:
-        """One pass over every model; returns the incidents written."""
+    def run_once(self) -> list[IncidentEvent]:
+        """One pass over every model; returns what changed, in reading order."""
         now = self._clock()
         now -= now % self._step_ns
         lo = now - self._horizon_ns
         rng = TimeRange(lo, now)
-        written: list[Incident] = []
+        events: list[IncidentEvent] = []
         full, first = history_range(rng, self._step_s, self._params)
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
@@ -106,25 +107,41 @@ class AnalysisLoop:
                         slo_ms=self._slo.get(model),
                         params=self._params,
                         lag_windows=int(self._reread_s / self._step_s),
+                        carry=self._carry(model, gpu, full.since_ns or 0),
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
                     continue
-                written += self._book.update(diags, model, gpu, lo, now)
-        self._active = self._book.find(state="open")
-        for inc in written:
-            new = inc.id not in self._seen
-            self._seen.add(inc.id)
-            if self._on_incident is not None:
-                self._on_incident(inc, new)
+                events += self._book.update(diags, model, gpu, lo, now)
+        self._active = self._book.live()
+        events.sort(key=lambda e: (e.at_ns, e.incident.start_ns))
+        if self._on_incident is not None:
+            for e in events:
+                self._on_incident(e)
         self.passes += 1
-        return written
+        return events
+
+    def _carry(self, model: str, gpu: str, since_ns: int) -> Carry | None:
+        """The live incident of (model, GPU) when it began before the windows read: the
+        detector continues it with its frozen baseline instead of learning a new one."""
+        inc = self._book.live_for(model, gpu)
+        if inc is None or inc.start_ns >= since_ns or inc.baseline_p99_ms is None:
+            return None
+        thr = inc.detail.get("threshold_ms")
+        if thr is None:
+            return None
+        return Carry(
+            start=int((inc.start_ns - since_ns) // self._step_ns),
+            baseline_ms=float(inc.baseline_p99_ms),
+            threshold_ms=float(thr),
+            severity=inc.severity,
+        )
 
     def collect(self) -> Iterator[Metric]:
         active = GaugeMetricFamily(
             "cotenant_incident_active",
             "1 while an incident is open, by its top cause",
-            labels=["victim", "gpu", "cause", "culprit"],
+            labels=["victim", "gpu", "cause", "culprit", "severity"],
         )
         share = GaugeMetricFamily(
             "cotenant_cause_share",
@@ -132,6 +149,8 @@ class AnalysisLoop:
             labels=["victim", "gpu", "cause", "culprit"],
         )
         for inc in self._active:
+            if inc.state != "open":
+                continue  # diagnosing: not published until attribution has its data
             top = inc.top
             active.add_metric(
                 [
@@ -139,6 +158,7 @@ class AnalysisLoop:
                     inc.gpu,
                     top["kind"] if top else "unknown",
                     top["culprit"] if top else "—",
+                    inc.severity,
                 ],
                 1.0,
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from analysis.spikes import SpikeParams
 from store.config_key import key
 
 
@@ -32,3 +33,29 @@ class AnalysisSettings:
         "this are not seen by the continuous loop)",
         min=1.0,
     )
+    cooldown_s: float = key(
+        30.0,
+        "a slowdown of the same model and GPU starting this soon after its incident resolved "
+        "re-opens that incident instead of opening another",
+        min=0.0,
+    )
+    degradation_ratio: float = key(
+        1.3,
+        "a degradation (slower than its baseline, within its SLO or without one): the median "
+        "p99 at least this many times the baseline frozen before it ...",
+        min=1.0,
+    )
+    degradation_margin_ms: float = key(2.0, "... and at least this much over it (ms) ...", min=0.0)
+    degradation_s: float = key(
+        30.0, "... for at least this long (0 = no degradations, breaches only)", min=0.0
+    )
+
+    def spike_params(self) -> SpikeParams:
+        """The detector's parameters these keys set (the rest keep their defaults)."""
+        return SpikeParams(
+            degrade_ratio=self.degradation_ratio,
+            degrade_abs_ms=self.degradation_margin_ms,
+            degrade_windows=(
+                max(1, round(self.degradation_s / self.step_s)) if self.degradation_s > 0 else 0
+            ),
+        )

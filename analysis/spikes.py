@@ -1,12 +1,11 @@
-"""Baselines and spike detection on one latency series.
+"""Baselines and the spike test on one latency series.
 
 Baseline: rolling median of the preceding ``history`` windows (windows with too few requests
 ignored), spread: rolling MAD scaled to a standard deviation. A window is a *spike* when its
 p99 exceeds the model's SLO (when one is set) **and** the baseline by a margin —
 ``baseline + max(k x MAD, rel_margin x baseline, abs_margin_ms)`` with ``k = k_mad`` (5), or
-``k_mad_slo`` (3) when an SLO is set and must be breached as well. Spikes are merged with
-hysteresis into incidents: open after ``open_windows`` spikes among the last
-``open_windows + 1`` windows, close after ``close_windows`` windows without a spike.
+``k_mad_slo`` (3) when an SLO is set and must be breached as well. How spikes and sustained
+slowdowns become episodes (opening, frozen baseline, closing) is :mod:`analysis.episodes`.
 
 Seasonal baseline, where history allows: with ``season`` set (windows per season, e.g. 1440
 one-minute windows for a daily cycle) and at least two seasons of usable windows, a robust STL
@@ -30,7 +29,7 @@ import pandas as pd
 @dataclass(frozen=True)
 class SpikeParams:
     history: int = 120  # windows in the rolling baseline
-    min_history: int = 10  # windows needed before anything is called a spike
+    min_history: int = 30  # windows of history before anything is called slow (warm-up)
     min_count: float = 3  # requests a window needs for its p99 to count
     k_mad: float = 5.0  # without an SLO the baseline margin alone decides: be strict
     k_mad_slo: float = 3.0  # with an SLO, breaching it is the main gate
@@ -38,6 +37,10 @@ class SpikeParams:
     abs_margin_ms: float = 2.0
     open_windows: int = 2
     close_windows: int = 5
+    degrade_ratio: float = 1.3  # a degradation: median p99 >= ratio x baseline ...
+    degrade_abs_ms: float = 2.0  # ... and this much over it ...
+    degrade_windows: int = 30  # ... over this many windows (0: no degradations)
+    min_episode_windows: int = 5  # a slowdown over sooner than this is a transient, not news
     season: int = 0  # windows per season (0: no seasonal baseline)
     season_max: int = 10_080  # longest season decomposed (a week of one-minute windows)
 
@@ -49,15 +52,6 @@ class SpikeParams:
     def history_windows(self) -> int:
         """Windows of history read before a range: two seasons when seasonal."""
         return max(self.history, 2 * self.season) if self.seasonal else self.history
-
-
-@dataclass(frozen=True)
-class Span:
-    """Window indices ``[start, end]`` (inclusive) of one incident, and its peak window."""
-
-    start: int
-    end: int
-    peak: int
 
 
 def baseline(p99: np.ndarray, count: np.ndarray, p: SpikeParams) -> tuple[np.ndarray, np.ndarray]:
@@ -95,10 +89,19 @@ def seasonal_component(v: np.ndarray, season: int) -> np.ndarray | None:
 
 
 def spike_mask(
-    p99: np.ndarray, count: np.ndarray, slo_ms: float | None, p: SpikeParams
+    p99: np.ndarray,
+    count: np.ndarray,
+    slo_ms: float | None,
+    p: SpikeParams,
+    *,
+    base: np.ndarray | None = None,
+    sigma: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(spike flags, threshold) per window."""
-    base, sigma = baseline(p99, count, p)
+    """(spike flags, threshold) per window: over the SLO (when set) and over the baseline by
+    the spike margin. ``base`` / ``sigma``: a baseline already computed (e.g. one learnt
+    only from windows outside incidents); by default :func:`baseline` of ``p99``."""
+    if base is None or sigma is None:
+        base, sigma = baseline(p99, count, p)
     k = p.k_mad if slo_ms is None else p.k_mad_slo
     margin = np.fmax(np.fmax(k * np.nan_to_num(sigma), p.rel_margin * base), p.abs_margin_ms)
     thr = base + margin
@@ -107,42 +110,3 @@ def spike_mask(
     with np.errstate(invalid="ignore"):
         spikes = (count >= p.min_count) & (p99 > thr)
     return np.nan_to_num(spikes, nan=0).astype(bool), thr
-
-
-def merge(
-    spikes: np.ndarray, p99: np.ndarray, p: SpikeParams, *, open_at_end: bool = True
-) -> list[Span]:
-    """Incidents by hysteresis; an incident still open at the end is returned too."""
-    out: list[Span] = []
-    start = -1
-    last = -1
-    quiet = 0
-    recent = 0
-    n = len(spikes)
-    hist: list[bool] = []
-    for i in range(n):
-        s = bool(spikes[i])
-        hist.append(s)
-        if len(hist) > p.open_windows + 1:
-            recent -= hist.pop(0)
-        recent += s
-        if start < 0:
-            if s and recent >= p.open_windows:
-                first = i - len(hist) + 1 + hist.index(True)
-                start, last, quiet = first, i, 0
-            continue
-        if s:
-            last, quiet = i, 0
-        else:
-            quiet += 1
-            if quiet >= p.close_windows:
-                out.append(_span(start, last, p99))
-                start = -1
-    if start >= 0 and open_at_end:
-        out.append(_span(start, last, p99))
-    return out
-
-
-def _span(start: int, end: int, p99: np.ndarray) -> Span:
-    seg = np.nan_to_num(p99[start : end + 1], nan=-np.inf)
-    return Span(start, end, start + int(np.argmax(seg)))

@@ -116,24 +116,39 @@ class WindowCache:
     """The continuous loop's windows of one GPU, read incrementally.
 
     Each call re-reads only from ``overlap_s`` before the end of the previous read (late rows
-    of the last seconds are picked up; older ones are not), keeps the frames' rows still inside
-    the new range, and pivots them. A range that does not continue the previous one is read in
-    full."""
+    of the last seconds are picked up), keeps the frames' rows still inside the new range, and
+    pivots them. A range that does not continue the previous one is read in full, and so is
+    every range ``refresh_s`` (of the caller's clock) after the last full read: rows that land
+    later than ``overlap_s`` (a backfill through OTLP, GPU samples held up on a busy host) are
+    seen within that time instead of never."""
 
     def __init__(
-        self, source: MetricSource, gpu: str, step_s: float, overlap_s: float = 30.0
+        self,
+        source: MetricSource,
+        gpu: str,
+        step_s: float,
+        overlap_s: float = 30.0,
+        refresh_s: float = 60.0,
     ) -> None:
         self._source = source
         self._gpu = gpu
         self._step_s = step_s
         self._overlap_ns = int(overlap_s * 1e9)
+        self._refresh_ns = int(refresh_s * 1e9)
         self._tables: tuple[pa.Table, pa.Table, pa.Table] | None = None
         self._until: int | None = None
+        self._full_at = 0
 
     def get(self, rng: TimeRange) -> GpuWindows:
         since, until, step = check_range(rng, self._step_s)
         src, gpu, s = self._source, self._gpu, self._step_s
-        if self._tables is None or self._until is None or not (since <= self._until <= until):
+        if (
+            self._tables is None
+            or self._until is None
+            or not (since <= self._until <= until)
+            or until - self._full_at >= self._refresh_ns
+        ):
+            self._full_at = until
             fresh = TimeRange(since, until)
             self._tables = (
                 src.request_windows(fresh, s, gpu=gpu),

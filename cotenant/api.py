@@ -199,11 +199,14 @@ def _analysis_routes(app: FastAPI, analyzer: Analyzer, alerts: AlertBook) -> Non
     def incidents(
         since: str | None = Query(None, description="only incidents still going at or after"),
         model: str | None = Query(None, description="only this victim model"),
-        state: str | None = Query(None, description="open or resolved"),
+        state: str | None = Query(None, description="diagnosing, open or resolved"),
+        severity: str | None = Query(None, description="breach or degradation"),
         limit: int = Query(500, description="1..10000"),
     ) -> SafeJSONResponse:
         since_ns = None if since is None else parse_time_ns(since, "since")
-        rows = analyzer.incidents(since_ns=since_ns, model=model, state=state, limit=limit)
+        rows = analyzer.incidents(
+            since_ns=since_ns, model=model, state=state, severity=severity, limit=limit
+        )
         return SafeJSONResponse({"count": len(rows), "incidents": rows})
 
     @app.get(

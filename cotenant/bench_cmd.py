@@ -40,6 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="folder of tabular cases (data.csv + label.json per case)",
     )
     p.add_argument(
+        "--live",
+        action="store_true",
+        help="with --suite: replay each scenario through the live analysis loop (the code "
+        "cotenant serve runs, on a virtual clock) and score the incident stream people see: "
+        "one incident per fault and victim, coverage, premature resolutions, first and final "
+        "cause, within-SLO victims, false incidents",
+    )
+    p.add_argument(
         "--baselines",
         default=",".join(BASELINES),
         help=f"comma-separated baselines to run side by side ({', '.join(BASELINES)}; '' for none)",
@@ -86,11 +94,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.json:
             args.json.write_text(json.dumps(tab, indent=2, default=str))
         return 0
+    if args.live and args.suite is None:
+        raise UsageError("--live applies only to --suite")
     from evaluation.accuracy import run_suite, summarize
 
     paths = sorted(args.suite.glob("*.yaml")) if args.suite.is_dir() else [args.suite]
     if not paths:
         raise UsageError(f"no scenario files (*.yaml) in {args.suite}")
+    if args.live:
+        return _bench_live(paths, args.json)
     rs = rankers(args.baselines)
     methods = ["cotenant", *(r.name for r in rs)]
     t0 = time.monotonic()
@@ -142,4 +154,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ],
         }
         args.json.write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def _bench_live(paths: list[Path], out: Path | None) -> int:
+    from evaluation import live
+
+    t0 = time.monotonic()
+    results = live.run_suite(paths, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    summary = live.summarize(results)
+    print(live.render(results, summary))
+    print(f"whole bench {time.monotonic() - t0:.0f} s")
+    if out:
+        out.write_text(
+            json.dumps(
+                {
+                    "summary": summary,
+                    "scenarios": [
+                        {
+                            "name": r.name,
+                            "hours": r.hours,
+                            "incidents": r.incidents,
+                            "false_incidents": r.false_incidents,
+                            "victims": [v.__dict__ for v in r.victims],
+                            "events": r.events,
+                        }
+                        for r in results
+                    ],
+                },
+                indent=2,
+                default=str,
+            )
+        )
     return 0

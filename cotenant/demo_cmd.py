@@ -17,10 +17,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
+from analysis.incidents import Incident, IncidentEvent
+from cotenant.argtypes import seconds
 from store.errors import CotenantError, UsageError
 
 DEMO_STORE = "./.cotenant/demo.duckdb"
@@ -42,9 +44,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--duration",
-        type=float,
+        type=seconds,
         default=None,
-        help="stop after this many wall seconds (default: the whole scenario)",
+        help="stop after this much wall time: seconds or with a unit (90s, 4m; "
+        "default: the whole scenario)",
     )
     p.add_argument(
         "--store", default=DEMO_STORE, help=f"store file, recreated (default {DEMO_STORE})"
@@ -254,32 +257,76 @@ class _LiveStats:
 
 
 class _IncidentPrinter:
-    def __init__(self, clock: VirtualClock) -> None:
-        self._clock = clock
-        self.count = 0
-        self._printed: dict[str, str] = {}
+    """Tells each incident's story, one line per change, in the order the loop saw them:
+    ``diagnosing`` -> ``INCIDENT … top cause`` -> ``cause changed`` -> ``resolved after N s``."""
 
-    def __call__(self, inc: Any, new: bool) -> None:
-        top = inc.top
-        key = f"{inc.state}:{top['kind'] if top else ''}:{top['culprit'] if top else ''}"
-        if self._printed.get(inc.id) == key:
-            return
-        self._printed[inc.id] = key
-        if new:
-            self.count += 1
+    def __init__(self, clock: VirtualClock, out: TextIO | None = None) -> None:
+        self._clock = clock
+        self._out = out
+        self._ids: set[str] = set()
+
+    @property
+    def count(self) -> int:
+        return len(self._ids)
+
+    def __call__(self, e: IncidentEvent) -> None:
+        inc = e.incident
+        if e.kind == "opened":  # transients withdrawn before publication do not count
+            self._ids.add(inc.id)
+        at = self._clock.virtual_s(e.at_ns)
         t0 = self._clock.virtual_s(inc.start_ns)
-        slo = f" (SLO {inc.slo_ms:.0f} ms)" if inc.slo_ms else ""
-        head = "INCIDENT" if inc.state == "open" else "resolved"
-        print(
-            f"[{t0:5.0f} s] {head} {inc.model} on {inc.gpu}: p99 {inc.peak_p99_ms:.0f} ms"
-            f"{slo}, baseline {inc.baseline_p99_ms or 0:.0f} ms",
-            flush=True,
-        )
-        for i, c in enumerate(inc.detail.get("causes", [])[:3], 1):
-            res = f" ({c['resource']})" if c.get("resource") else ""
-            print(
-                f"          {i}. {c['kind']} {c['culprit']}{res}: {c['share'] * 100:.0f}% "
-                f"of the excess, confidence {c['confidence']:.2f}",
-                flush=True,
+        who = f"{inc.model} on {inc.gpu}"
+        slo = f" (SLO {inc.slo_ms:.0f} ms)" if inc.slo_ms else " (no SLO)"
+        base = f"baseline {inc.baseline_p99_ms or 0:.0f} ms"
+        lines: list[str] = []
+        if e.kind == "diagnosing":
+            lines.append(
+                f"diagnosing {who}: {inc.severity}, p99 {inc.peak_p99_ms or 0:.0f} ms{slo}, "
+                f"{base}, since {t0:.0f} s; finding the cause…"
             )
-        sys.stdout.flush()
+        elif e.kind in ("opened", "reopened"):
+            head = "INCIDENT" if e.kind == "opened" else "INCIDENT again"
+            lines.append(
+                f"{head} {who} [{inc.severity}] since {t0:.0f} s: p99 {inc.peak_p99_ms or 0:.0f}"
+                f" ms{slo}, {base} — top cause {_cause_text(inc.top)}"
+            )
+            lines += [f"          {i}. {_cause_line(c)}" for i, c in enumerate(_causes(inc), 1)]
+        elif e.kind == "cause_changed":
+            lines.append(
+                f"cause changed {who}: {_cause_text(e.previous)} -> {_cause_text(inc.top)}"
+            )
+        elif e.kind == "escalated":
+            lines.append(f"escalated {who}: now over its SLO{slo}, p99 {inc.peak_p99_ms:.0f} ms")
+        elif e.kind == "dismissed":
+            lines.append(f"transient {who}: over in seconds, not an incident")
+        elif e.kind == "resolved":
+            back = inc.detail.get("resolved_p99_ms")
+            now = f"p99 back to {back:.0f} ms" if back is not None else "no longer slow"
+            lines.append(
+                f"resolved {who} after {(inc.end_ns - inc.start_ns) / 1e9:.0f} s ({now}; "
+                f"peak {inc.peak_p99_ms or 0:.0f} ms{slo}) — {_cause_text(inc.top)}"
+            )
+        out = self._out or sys.stdout
+        for i, line in enumerate(lines):
+            out.write((f"[{at:5.0f} s] " if i == 0 else "") + line + "\n")
+        out.flush()
+
+
+def _causes(inc: Incident) -> list[dict[str, Any]]:
+    return list(inc.detail.get("causes", []))[:3]
+
+
+def _cause_text(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "unknown"
+    res = f" ({c['resource']})" if c.get("resource") else ""
+    share = f" {c['share'] * 100:.0f}%" if c.get("share") is not None else ""
+    return f"{c['kind']} {c['culprit']}{res}{share}"
+
+
+def _cause_line(c: dict[str, Any]) -> str:
+    res = f" ({c['resource']})" if c.get("resource") else ""
+    return (
+        f"{c['kind']} {c['culprit']}{res}: {c['share'] * 100:.0f}% of the excess, "
+        f"confidence {c['confidence']:.2f}"
+    )

@@ -41,6 +41,7 @@ def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
     from analysis.incidents import IncidentBook
     from cotenant.config import load_config
     from store.db import Store
+    from store.slo_record import recorded_slos
     from store.source import StoreSource
 
     cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
@@ -49,10 +50,11 @@ def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
         a = Analyzer(
             StoreSource(store),
             IncidentBook(store),
-            slo_ms=cfg.analysis.slo_ms,
+            slo_ms={**recorded_slos(store), **cfg.analysis.slo_ms},
             step_s=cfg.analysis.step_s,
             max_range_s=cfg.analysis.max_range_h * 3600,
             season_s=cfg.analysis.season_s,
+            params=cfg.analysis.spike_params(),
         )
         return a.diagnose(args.model, start, end)
     finally:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cotenant.argtypes import duration
 from store.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -31,9 +32,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--upstream",
-        required=True,
-        metavar="URL",
-        help="the serving stack, e.g. http://127.0.0.1:8000",
+        action="append",
+        metavar="[NAME=]URL",
+        help="a replica of the serving stack, e.g. http://127.0.0.1:8000 or gpu0=http://10.0.0.1:"
+        "8000; repeat it for several replicas (named NAME, else host:port). Replicas may also be "
+        "given as [upstreams.NAME] in --config",
+    )
+    p.add_argument(
+        "--routing",
+        choices=("weighted", "least-loaded"),
+        help="how requests are shared among replicas: weighted (smooth weighted round robin, the "
+        "default) or least-loaded (fewest in flight, of two drawn by weight)",
+    )
+    p.add_argument(
+        "--eject-after",
+        type=int,
+        metavar="N",
+        help="eject a replica after N failures in a row (connect, timeout, reset), probe it "
+        "back later; 0: never (default 5)",
+    )
+    p.add_argument(
+        "--eject-time",
+        type=duration,
+        metavar="S",
+        help="seconds a replica stays ejected the first time; doubled each time in a row, up "
+        "to 10x (default 30)",
     )
     p.add_argument(
         "--listen",
@@ -57,7 +80,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--config",
         type=Path,
         metavar="FILE",
-        help="TOML file of starting limits and priorities (see docs/gateway.md)",
+        help="TOML file of starting limits and priorities, replicas and routes (see "
+        "docs/gateway.md)",
     )
     p.add_argument(
         "--model-from",
@@ -101,14 +125,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--queue-timeout",
-        type=float,
+        type=duration,
         default=30.0,
         metavar="S",
         help="longest wait in the queue before 503 (default 30 s)",
     )
     p.add_argument(
         "--rate-limit-wait",
-        type=float,
+        type=duration,
         default=0.0,
         metavar="S",
         help="a rate-limited request waits up to S seconds for a token instead "
@@ -116,14 +140,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--connect-timeout",
-        type=float,
+        type=duration,
         default=5.0,
         metavar="S",
         help="upstream connect timeout (default 5 s)",
     )
     p.add_argument(
         "--read-timeout",
-        type=float,
+        type=duration,
         default=300.0,
         metavar="S",
         help="longest upstream silence, before the response or between pieces of "
@@ -138,14 +162,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=duration,
         default=10.0,
         metavar="S",
         help="on SIGTERM/SIGINT, let requests in progress finish for up to S seconds (default 10)",
     )
     p.add_argument(
         "--idle-timeout",
-        type=float,
+        type=duration,
         default=75.0,
         metavar="S",
         help="close a client connection idle (or sending a partial request) this long "
@@ -161,8 +185,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=float,
         default=1.0,
         metavar="R",
-        help="fraction of requests traced, 0 < R <= 1 (default 1: every request; spans cost "
-        "about twice the proxying itself in CPU, see docs/performance.md)",
+        help="fraction of requests traced, 0 < R <= 1 (default 1: every request; see "
+        "docs/performance.md for what tracing costs)",
+    )
+    p.add_argument(
+        "--otlp-exporter",
+        choices=("builtin", "sdk"),
+        default="builtin",
+        help="builtin: spans encoded to OTLP protobuf as requests end and sent by a thread "
+        "(cheap; needs no SDK); sdk: the OpenTelemetry SDK's batch exporter (default builtin)",
     )
     p.add_argument(
         "--service-name",
@@ -212,15 +243,27 @@ def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     """Check the flags and build :class:`actuators.gateway.settings.GatewaySettings`."""
     from actuators.gateway.identify import parse_source
+    from actuators.gateway.routing_config import RoutingSpec, check_routing, parse_upstream_flag
     from actuators.gateway.settings import (
+        GatewayFile,
         GatewaySettings,
-        InitialState,
-        check_upstream,
-        load_initial_state,
+        load_gateway_file,
         parse_address,
     )
 
-    check_upstream(args.upstream)
+    cli = [parse_upstream_flag(u) for u in args.upstream or ()]
+    file = load_gateway_file(args.config) if args.config else GatewayFile()
+    routing = dict(file.routing)
+    if args.routing is not None:
+        routing["policy"] = args.routing
+    if args.eject_after is not None:
+        if args.eject_after < 0:
+            raise UsageError(f"--eject-after {args.eject_after}: give an integer >= 0")
+        routing["eject_after"] = args.eject_after
+    if args.eject_time is not None:
+        _positive(args.eject_time, "--eject-time")
+        routing["eject_s"] = args.eject_time
+    spec = check_routing(RoutingSpec((*cli, *file.replicas), file.routes, **routing))
     _positive(args.max_concurrency, "--max-concurrency")
     _positive(args.max_queue, "--max-queue", zero_ok=True)
     _positive(args.queue_timeout, "--queue-timeout")
@@ -233,7 +276,7 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     if not 0 < args.otlp_sample_ratio <= 1:
         raise UsageError(f"--otlp-sample-ratio {args.otlp_sample_ratio!r}: give 0 < R <= 1")
     return GatewaySettings(
-        upstream=args.upstream,
+        upstream=spec.replicas[0].url,
         token=read_token(args.token_file, os.environ),
         listen=parse_address(args.listen, "--listen"),
         control=parse_address(args.control, "--control"),
@@ -251,7 +294,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         idle_timeout_s=args.idle_timeout,
         otlp_endpoint=args.otlp_endpoint,
         service_name=args.service_name,
-        initial=load_initial_state(args.config) if args.config else InitialState(),
+        initial=file.initial,
+        routing=spec,
     )
 
 
@@ -300,18 +344,31 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from actuators.gateway.server import Gateway
+    from actuators.gateway.span_export import OtlpSpanExporter, SpanExportCollector
+    from actuators.gateway.telemetry import SpanEmitter
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = settings_from_args(args)
-    provider = (
-        _tracer_provider(settings.otlp_endpoint, settings.service_name, args.otlp_sample_ratio)
-        if settings.otlp_endpoint
-        else None
-    )
-    tracer = provider.get_tracer("cotenant.gateway") if provider is not None else None
-    gateway = Gateway(settings, registry=CollectorRegistry(), tracer=tracer)
+    registry = CollectorRegistry()
+    provider: Any = None
+    exporter: Any = None
+    spans: Any = None
+    if settings.otlp_endpoint and args.otlp_exporter == "sdk":
+        provider = _tracer_provider(
+            settings.otlp_endpoint, settings.service_name, args.otlp_sample_ratio
+        )
+        spans = SpanEmitter(provider.get_tracer("cotenant.gateway"))
+    elif settings.otlp_endpoint:
+        exporter = spans = OtlpSpanExporter(
+            settings.otlp_endpoint,
+            service_name=settings.service_name,
+            sample_ratio=args.otlp_sample_ratio,
+        )
+        registry.register(SpanExportCollector(exporter))
+        exporter.start()
+    gateway = Gateway(settings, registry=registry, spans=spans)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -321,7 +378,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         await gateway.start()
         print(
             f"listening proxy={gateway.listen_url} control={gateway.control_url} "
-            f"upstream={settings.upstream}",
+            f"upstream={settings.upstream} replicas={','.join(gateway.router.replicas)}",
             flush=True,
         )
         await stop.wait()
@@ -334,5 +391,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     finally:
         if provider is not None:
             provider.shutdown()  # flushes the spans still queued
+        if exporter is not None:
+            exporter.shutdown()  # sends the spans still queued
     print("gateway stopped", file=sys.stderr)
     return 0

@@ -41,17 +41,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def report_builder(cfg: Config, store: Store) -> ReportBuilder:
     """The weekly report's builder over ``store`` (``cotenant report`` and serve's API and
-    schedule): ``[analysis] slo_ms`` and ``[rules] slo_default_ms`` for the SLOs, the
+    schedule): the SLOs recorded in the store (:mod:`store.slo_record`) under
+    ``[analysis] slo_ms``, and ``[rules] slo_default_ms`` for the SLOs, the
     saturation thresholds the alerts use (``[rules]``), and the dashboard link
     (``[report] dashboard_url``, else ``[server]``)."""
     from reports.compute import ReportBuilder
     from reports.job import dashboard_base
     from reports.summary import Thresholds
+    from store.slo_record import recorded_slos
 
     rules = cfg.rules
     return ReportBuilder(
         store,
-        slo_ms=cfg.analysis.slo_ms,
+        # the SLOs the store was analysed with (serve, the demo), overridden by this config
+        slo_ms={**recorded_slos(store), **cfg.analysis.slo_ms},
         default_slo_ms=rules.slo_default_ms,
         dashboard_url=dashboard_base(cfg.report, cfg.server.host, cfg.server.port),
         thresholds=Thresholds(

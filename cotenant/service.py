@@ -55,6 +55,7 @@ from store.errors import NvmlUnavailable
 from store.http_json import SafeJSONResponse
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
+from store.slo_record import record_slos
 from store.source import StoreSource
 from store.writer import Writer
 
@@ -130,6 +131,8 @@ class Service:
         self.clock_ns = clock_ns
         sc = config.store
         self.store = store or Store(sc.path, memory_limit=sc.memory_limit, threads=sc.threads)
+        # readers of this file after us (report, diagnose --store) see the SLOs we ran with
+        record_slos(self.store, config.analysis.slo_ms)
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.metrics = IngestMetrics(self.registry)
         self.maintenance = Maintenance(
@@ -176,7 +179,11 @@ class Service:
         self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
         ac = config.analysis
         source = StoreSource(self.store)
-        book = IncidentBook(self.store, gap_ns=int(ac.step_s * 1e9) * 10)
+        book = IncidentBook(
+            self.store,
+            gap_ns=int(ac.step_s * 1e9) * 10,
+            cooldown_ns=int(ac.cooldown_s * 1e9),
+        )
         self.analyzer = Analyzer(
             source,
             book,
@@ -184,6 +191,7 @@ class Service:
             step_s=ac.step_s,
             max_range_s=ac.max_range_h * 3600,
             season_s=ac.season_s,
+            params=ac.spike_params(),
         )
         self.analysis = (
             AnalysisLoop(
@@ -197,6 +205,7 @@ class Service:
                 clock_ns=clock_ns,
                 on_incident=on_incident,
                 reread_s=ac.reread_s,
+                params=ac.spike_params(),
             )
             if ac.enabled
             else None

@@ -83,6 +83,7 @@ def incident_table(incidents: Sequence[Incident], *, id_: str) -> html.Table:
             [
                 link,
                 html.Span(i.state, className=f"state state-{i.state}"),
+                html.Span(i.severity, className=f"severity severity-{i.severity}"),
                 i.model,
                 i.gpu,
                 format_ns(i.start_ns),
@@ -96,6 +97,7 @@ def incident_table(incidents: Sequence[Incident], *, id_: str) -> html.Table:
     header = (
         "incident",
         "state",
+        "severity",
         "victim",
         "GPU",
         "start (UTC)",

@@ -1,4 +1,6 @@
-"""What the dashboard reads, aggregated in the store (DuckDB over the rollups and windows).
+"""What the dashboard reads, aggregated in the store (DuckDB over the rollups and windows,
+through :mod:`store.dashboard_queries`, :mod:`store.incident_rows` and
+:class:`store.source.StoreSource`).
 
 Every function returns small, chart-ready results — per-window series or one row per model /
 GPU / incident — never raw request rows. Ranges longer than :data:`ROLLUP_ABOVE_S` are read at
@@ -18,7 +20,18 @@ import pyarrow as pa
 from analysis.incidents import Incident, IncidentBook
 from dashboard.theme import Colours
 from dashboard.timerange import Range
+from store.dashboard_queries import (
+    gpu_tiles_raw,
+    gpu_tiles_rollup,
+    has_gpu_samples,
+    has_requests,
+    known_models,
+    latest_request_ns,
+    recent_latency,
+    rollup_models,
+)
 from store.db import Store
+from store.incident_rows import incidents_version, open_incident_counts
 from store.queries import TimeRange
 from store.source import StoreSource
 
@@ -87,65 +100,32 @@ class DashboardData:
         self.colours = Colours()
         self._colours_learned = False
 
-    def _rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        with self.store.cursor() as cur:
-            return cur.execute(sql, dict(params or {})).fetchall()
-
     def learn_colours(self) -> None:
         """Number every model the store knows once, so colours agree across pages."""
         if not self._colours_learned:
-            rows = self._rows("SELECT DISTINCT model FROM request_rollup_1m WHERE model NOTNULL")
-            rows += self._rows("SELECT DISTINCT model FROM requests WHERE model NOTNULL LIMIT 64")
-            self.colours.learn(str(r[0]) for r in rows)
-            self._colours_learned = bool(rows)
+            names = known_models(self.store)
+            self.colours.learn(names)
+            self._colours_learned = bool(names)
 
     # ---- what exists -------------------------------------------------------------------
     def has_requests(self) -> bool:
-        return bool(
-            self._rows("SELECT 1 FROM request_rollup_1m LIMIT 1")
-            or self._rows("SELECT 1 FROM requests LIMIT 1")
-        )
+        return has_requests(self.store)
 
     def has_gpu_samples(self) -> bool:
-        return bool(
-            self._rows("SELECT 1 FROM gpu_rollup_1m LIMIT 1")
-            or self._rows("SELECT 1 FROM gpu_samples LIMIT 1")
-        )
+        return has_gpu_samples(self.store)
 
     def latest_ns(self) -> int | None:
         """Newest request completion in the store (to say where the data is)."""
-        rows = self._rows(
-            "SELECT greatest((SELECT max(ts_end_ns) FROM requests),"
-            " (SELECT max(minute_ns) FROM request_rollup_1m))"
-        )
-        return None if not rows or rows[0][0] is None else int(rows[0][0])
+        return latest_request_ns(self.store)
 
     # ---- Overview ----------------------------------------------------------------------
     def model_tiles(self, rng: Range) -> list[dict[str, Any]]:
         """Per model seen in the range: p99 and requests/s over the range's last minute,
         its SLO, and its open incidents."""
         lo, hi = rng.until_ns - NOW_WINDOW_NS, rng.until_ns
-        now = {
-            str(m): (int(n), float(p99) if p99 is not None else None)
-            for m, n, p99 in self._rows(
-                "SELECT model, count(*), quantile_cont(latency_ms, 0.99) FROM requests "
-                "WHERE ts_end_ns >= $lo AND ts_end_ns < $hi GROUP BY model",
-                {"lo": lo, "hi": hi},
-            )
-        }
-        seen = {
-            str(r[0])
-            for r in self._rows(
-                "SELECT DISTINCT model FROM request_rollup_1m "
-                "WHERE minute_ns >= $lo AND minute_ns < $hi",
-                {"lo": rng.since_ns - rng.since_ns % 60_000_000_000, "hi": hi},
-            )
-        }
-        open_by: dict[str, int] = {}
-        for m, n in self._rows(
-            "SELECT model, count(*) FROM incidents WHERE state = 'open' GROUP BY 1"
-        ):
-            open_by[str(m)] = int(n)
+        now = recent_latency(self.store, lo, hi)
+        seen = rollup_models(self.store, rng.since_ns - rng.since_ns % 60_000_000_000, hi)
+        open_by = open_incident_counts(self.store)
         out = []
         for m in sorted(seen | set(now)):
             n, p99 = now.get(m, (0, None))
@@ -162,38 +142,10 @@ class DashboardData:
 
     def gpu_tiles(self, rng: Range) -> list[dict[str, Any]]:
         """Per GPU: mean counters over the range's last minute (from the rollup of the
-        newest minute when raw samples have expired)."""
+        newest minute when raw samples have expired); keys
+        :data:`store.dashboard_queries.GPU_TILE_KEYS`."""
         lo, hi = rng.until_ns - NOW_WINDOW_NS, rng.until_ns
-        cols = (
-            "gpu, avg(sm_util), avg(mem_util), avg(pcie_tx_bps + pcie_rx_bps), avg(power_w), "
-            "avg(sm_clock_mhz), max(max_sm_clock_mhz), bit_or(clock_event_reasons), "
-            "max(mem_used_bytes{mx}), max(mem_total_bytes)"
-        )
-        rows = self._rows(
-            f"SELECT {cols.format(mx='')} FROM gpu_samples "
-            "WHERE ts_ns >= $lo AND ts_ns < $hi GROUP BY gpu ORDER BY gpu",
-            {"lo": lo, "hi": hi},
-        )
-        if not rows:
-            rows = self._rows(
-                f"SELECT {cols.format(mx='_max')} FROM gpu_rollup_1m "
-                "WHERE minute_ns = (SELECT max(minute_ns) FROM gpu_rollup_1m "
-                "WHERE minute_ns >= $lo AND minute_ns < $hi) GROUP BY gpu ORDER BY gpu",
-                {"lo": rng.since_ns, "hi": hi},
-            )
-        keys = (
-            "gpu",
-            "sm_util",
-            "mem_util",
-            "pcie_bps",
-            "power_w",
-            "sm_clock_mhz",
-            "max_sm_clock_mhz",
-            "clock_event_reasons",
-            "mem_used_bytes",
-            "mem_total_bytes",
-        )
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        return gpu_tiles_raw(self.store, lo, hi) or gpu_tiles_rollup(self.store, rng.since_ns, hi)
 
     def latency(
         self,
@@ -227,8 +179,7 @@ class DashboardData:
     def incidents_changed_ns(self) -> int:
         """Newest ``updated_ns`` in the incidents table (0 when empty): refreshes re-read the
         list only when this moves."""
-        rows = self._rows("SELECT coalesce(max(updated_ns), 0) + count(*) FROM incidents")
-        return int(rows[0][0]) if rows else 0
+        return incidents_version(self.store)
 
     def incident(self, incident_id: str) -> Incident | None:
         return self.book.get(incident_id)

@@ -32,6 +32,7 @@ from analysis.windows import gpu_windows
 from simulator import output
 from simulator.scenario import Scenario
 from simulator.scenario_load import load_scenario
+from store.bulk_load import append_tables
 from store.db import Store
 from store.queries import TimeRange
 from store.source import StoreSource
@@ -87,15 +88,14 @@ def _baseline_rank(ranked: list[tuple[str, float]], truth: dict[str, Any]) -> in
 def load_outputs(result: output.SimOutput) -> Store:
     """An in-memory store holding a simulation's tables."""
     store = Store(":memory:")
-    with store.cursor() as cur:
-        for name, table in (
-            ("requests", result.requests),
-            ("gpu_samples", result.gpu_samples),
-            ("process_samples", result.process_samples),
-        ):
-            cur.register("_t", table)
-            cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _t")
-            cur.unregister("_t")
+    append_tables(
+        store,
+        {
+            "requests": result.requests,
+            "gpu_samples": result.gpu_samples,
+            "process_samples": result.process_samples,
+        },
+    )
     return store
 
 

@@ -26,12 +26,13 @@ import pyarrow as pa
 from actuators.controller import ActionController
 from actuators.policy import Policy, load_policy
 from actuators.settings import ActuatorSettings
-from analysis.incidents import Incident, IncidentBook
+from analysis.incidents import IncidentBook, IncidentEvent
 from analysis.loop import AnalysisLoop
 from evaluation.sim_backend import BackendEvent, SimulatorBackend
 from simulator.engine import Simulation
 from simulator.output import requests_table, samples_tables
 from simulator.scenario import Scenario
+from store.bulk_load import append_tables
 from store.db import Store
 from store.source import StoreSource
 
@@ -108,8 +109,9 @@ def run_closed_loop(
 
     detections: list[Detection] = []
 
-    def on_incident(inc: Incident, new: bool) -> None:
-        if new:
+    def on_incident(e: IncidentEvent) -> None:
+        if e.kind == "opened":  # published with its cause (not while diagnosing)
+            inc = e.incident
             top = inc.top or {}
             detections.append(
                 Detection(
@@ -184,10 +186,4 @@ def run_closed_loop(
 
 
 def _insert(store: Store, reqs: pa.Table, gpu: pa.Table, proc: pa.Table) -> None:
-    with store.cursor() as cur:
-        for name, table in (("requests", reqs), ("gpu_samples", gpu), ("process_samples", proc)):
-            if table.num_rows == 0:
-                continue
-            cur.register("_t", table)
-            cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _t")
-            cur.unregister("_t")
+    append_tables(store, {"requests": reqs, "gpu_samples": gpu, "process_samples": proc})

@@ -17,21 +17,10 @@ from analysis.spikes import SpikeParams
 from analysis.windows import gpu_windows
 from store.db import Store
 from store.errors import QueryError
-from store.queries import TimeRange
+from store.queries import TimeRange, rollup_model_gpus
 from store.source import StoreSource
 
 STEP_S = 60.0
-
-
-def model_gpus_in_rollups(store: Store, since_ns: int, until_ns: int) -> list[tuple[str, str]]:
-    """(model, gpu) pairs with requests in ``[since, until)`` according to the rollups."""
-    with store.cursor() as cur:
-        rows = cur.execute(
-            "SELECT DISTINCT model, coalesce(gpu, '') FROM request_rollup_1m "
-            "WHERE minute_ns >= $lo AND minute_ns < $hi ORDER BY 1, 2",
-            {"lo": since_ns, "hi": until_ns},
-        ).fetchall()
-    return [(str(m), str(g)) for m, g in rows]
 
 
 def backfill_incidents(
@@ -51,7 +40,7 @@ def backfill_incidents(
     book = IncidentBook(store, gap_ns=int(p.close_windows * STEP_S * 1e9))
     full, first = history_range(TimeRange(since_ns, until_ns), STEP_S, p)
     by_gpu: dict[str, list[str]] = {}
-    for model, gpu in model_gpus_in_rollups(store, since_ns, until_ns):
+    for model, gpu in rollup_model_gpus(store, TimeRange(since_ns, until_ns)):
         by_gpu.setdefault(gpu, []).append(model)
     written: list[Incident] = []
     for gpu, models in by_gpu.items():
@@ -61,5 +50,6 @@ def backfill_incidents(
                 continue
             slo = (slo_ms or {}).get(model)
             diags = diagnose_windows(source, w, model, first, slo_ms=slo, params=p)
-            written += book.update(diags, model, gpu, since_ns, until_ns)
+            events = book.update(diags, model, gpu, since_ns, until_ns)
+            written += list({e.incident.id: e.incident for e in events}.values())
     return written

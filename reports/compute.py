@@ -1,9 +1,9 @@
 """Compute a :class:`reports.summary.WeekSummary` from the store with DuckDB aggregations.
 
-Reads only the per-minute rollups (``request_rollup_1m``, ``gpu_rollup_1m``,
-``process_rollup_1m``), ``incidents``, ``actions`` and ``audit`` — never raw requests — so a
-week costs the same at 1 or 1,000 requests per second. Each section is one aggregation query;
-Python only shapes the (small) results.
+The aggregations are :class:`store.report_queries.ReportQueries`: they read only the per-minute
+rollups, ``incidents``, ``actions`` and ``audit`` — never raw requests — so a week costs the
+same at 1 or 1,000 requests per second. Each section is one aggregation query; Python only
+shapes the (small) results.
 """
 
 from __future__ import annotations
@@ -13,40 +13,24 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-import duckdb
-
 from reports.isoweek import IsoWeek
 from reports.operations import action_rows, count_actions, gpu_weeks
 from reports.recommend import recommend
 from reports.summary import (
     CauseMinutes,
-    Change,
     CulpritImpact,
     IncidentRow,
     MatrixCell,
     ModelWeek,
     Thresholds,
     Totals,
+    WeekOverWeek,
     WeekSummary,
 )
 from store.db import Store
-from store.errors import ReportError
+from store.report_queries import ReportQueries
 
 MINUTE_NS = 60_000_000_000
-
-_CAUSE_TYPE = '[{"kind":"VARCHAR","culprit":"VARCHAR","share":"DOUBLE","resource":"VARCHAR"}]'
-
-_INCIDENTS = """
-    SELECT id, model, gpu, start_ns, coalesce(end_ns, updated_ns) AS end_ns, peak_p99_ms,
-           baseline_p99_ms, slo_ms, top_cause, top_culprit, top_share, detail_json,
-           (least(coalesce(end_ns, updated_ns), $hi) - greatest(start_ns, $lo)) / 6e10 AS minutes
-    FROM incidents WHERE start_ns < $hi AND coalesce(end_ns, updated_ns) > $lo"""
-
-_CAUSES = f"""
-    SELECT i.id, i.model AS victim, i.gpu, c.kind, c.culprit, c.resource,
-           i.minutes * c.share AS minutes
-    FROM ({_INCIDENTS}) i,
-         unnest(from_json(json_extract(i.detail_json, '$.causes'), '{_CAUSE_TYPE}')) AS t(c)"""
 
 
 class ReportBuilder:
@@ -74,19 +58,13 @@ class ReportBuilder:
 
     def build(self, week: IsoWeek) -> WeekSummary:
         """The week's summary. Raises ReportError when the store cannot be read."""
-        try:
-            with self._store.cursor() as cur:
-                return self._build(cur, week)
-        except duckdb.Error as exc:
-            raise ReportError(f"cannot read the store {self._store.path}: {exc}") from exc
-
-    def _build(self, cur: duckdb.DuckDBPyConnection, week: IsoWeek) -> WeekSummary:
+        q = ReportQueries(self._store)
         lo, hi = week.start_ns, week.end_ns
         prev = week.previous()
-        models = self._models(cur, lo, hi)
-        before = self._models(cur, prev.start_ns, prev.end_ns)
+        models = self._models(q, lo, hi)
+        before = self._models(q, prev.start_ns, prev.end_ns)
         totals, last = _totals(models), _totals(before)
-        matrix, culprits, causes = self._causes(cur, lo, hi, {m.model for m in models})
+        matrix, culprits, causes = _causes(q, lo, hi, {m.model for m in models})
         s = WeekSummary(
             week=str(week),
             start_ns=lo,
@@ -101,152 +79,95 @@ class ReportBuilder:
             matrix=matrix,
             culprits=culprits,
             causes=causes,
-            worst=self._worst(cur, lo, hi),
-            gpus=gpu_weeks(cur, lo, hi, self._t),
-            actions=(actions := action_rows(cur, lo, hi)),
+            worst=self._worst(q, lo, hi),
+            gpus=gpu_weeks(q, lo, hi, self._t),
+            actions=(actions := action_rows(q, lo, hi)),
             action_counts=count_actions(actions),
             recommendations=[],
         )
         return _with(s, recommend(s))
 
-    def _slo_params(self, models: list[str]) -> dict[str, Any]:
-        names, slos = [], []
+    @property
+    def slo_ms(self) -> dict[str, float]:
+        """The per-model SLOs (ms) this builder judges attainment against."""
+        return dict(self._slo)
+
+    def _slos(self, models: list[str]) -> dict[str, float]:
+        """Model -> p99 SLO (ms) of those of ``models`` that have one (> 0)."""
+        out: dict[str, float] = {}
         for m in models:
             v = self._slo.get(m, self._default_slo if self._default_slo > 0 else None)
             if v is not None and v > 0:
-                names.append(m)
-                slos.append(float(v))
-        return {"names": names, "slos": slos}
+                out[m] = float(v)
+        return out
 
-    def _models(self, cur: duckdb.DuckDBPyConnection, lo: int, hi: int) -> list[ModelWeek]:
-        p: dict[str, Any] = {"lo": lo, "hi": hi}
-        names = [
-            str(r[0])
-            for r in cur.execute(
-                "SELECT DISTINCT model FROM request_rollup_1m "
-                "WHERE minute_ns >= $lo AND minute_ns < $hi UNION "
-                "SELECT DISTINCT model FROM incidents WHERE start_ns < $hi "
-                "AND coalesce(end_ns, updated_ns) > $lo ORDER BY 1",
-                p,
-            ).fetchall()
-        ]
-        p.update(self._slo_params(names))
-        rows = cur.execute(
-            f"""
-            WITH m AS (
-                SELECT minute_ns, model, sum(count) AS n, sum(errors) AS e, max(p99_ms) AS p99
-                FROM request_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi
-                GROUP BY minute_ns, model),
-            slo AS (SELECT unnest($names::VARCHAR[]) AS model,
-                           unnest($slos::DOUBLE[]) AS slo_ms),
-            agg AS (
-                SELECT m.model, sum(n)::BIGINT AS requests, sum(e)::BIGINT AS errors,
-                       count(*) FILTER (WHERE n > 0) AS minutes,
-                       count(*) FILTER (WHERE n > 0 AND p99 <= slo.slo_ms) AS met,
-                       max(n) / nullif(median(n), 0) AS burst
-                FROM m LEFT JOIN slo USING (model) GROUP BY m.model),
-            inc AS (SELECT model, count(*) AS k, sum(minutes) AS minutes
-                    FROM ({_INCIDENTS}) GROUP BY model),
-            names AS (SELECT unnest($all::VARCHAR[]) AS model)
-            SELECT names.model, coalesce(requests, 0), coalesce(errors, 0),
-                   coalesce(agg.minutes, 0), slo.slo_ms, coalesce(met, 0),
-                   coalesce(k, 0), coalesce(inc.minutes, 0.0), burst
-            FROM names LEFT JOIN agg USING (model) LEFT JOIN slo USING (model)
-                 LEFT JOIN inc USING (model)
-            ORDER BY names.model""",
-            {**p, "all": names},
-        ).fetchall()
+    def _models(self, q: ReportQueries, lo: int, hi: int) -> list[ModelWeek]:
+        names = q.model_names(lo, hi)
         return [
             ModelWeek(
-                model=str(r[0]),
-                requests=int(r[1]),
-                errors=int(r[2]),
-                minutes=int(r[3]),
-                slo_ms=r[4],
-                slo_minutes_met=int(r[5]),
-                slo_attainment=None if r[4] is None or not r[3] else r[5] / r[3],
-                incidents=int(r[6]),
-                impacted_minutes=float(r[7]),
-                peak_to_median_rate=None if r[8] is None else float(r[8]),
+                model=str(r["model"]),
+                requests=int(r["requests"]),
+                errors=int(r["errors"]),
+                minutes=int(r["minutes"]),
+                slo_ms=r["slo_ms"],
+                slo_minutes_met=int(r["met"]),
+                slo_attainment=(
+                    None if r["slo_ms"] is None or not r["minutes"] else r["met"] / r["minutes"]
+                ),
+                incidents=int(r["incidents"]),
+                impacted_minutes=float(r["impacted_minutes"]),
+                peak_to_median_rate=None if r["burst"] is None else float(r["burst"]),
             )
-            for r in rows
+            for r in q.model_weeks(lo, hi, names, self._slos(names))
         ]
 
-    def _causes(
-        self, cur: duckdb.DuckDBPyConnection, lo: int, hi: int, models: set[str]
-    ) -> tuple[list[MatrixCell], list[CulpritImpact], list[CauseMinutes]]:
-        p = {"lo": lo, "hi": hi}
-        matrix = [
-            MatrixCell(str(v), str(c), float(m))
-            for v, c, m in cur.execute(
-                f"""SELECT victim, culprit, sum(minutes) FROM ({_CAUSES})
-                    WHERE kind <> 'unknown' GROUP BY ALL ORDER BY 3 DESC, 1, 2""",
-                p,
-            ).fetchall()
-        ]
-        culprits = [
-            CulpritImpact(
-                culprit=str(r[0]),
-                culprit_type=_culprit_type(str(r[0]), list(r[1]), models),
-                kinds=sorted(r[1]),
-                victim_minutes=float(r[2]),
-                victims=sorted(r[3]),
-                gpus=sorted(r[4]),
-                incidents=int(r[5]),
-                main_kind=str(r[6]),
-                resource=r[7],
-            )
-            for r in cur.execute(
-                f"""WITH c AS (SELECT * FROM ({_CAUSES}) WHERE kind <> 'unknown'),
-                    k AS (SELECT culprit, kind, any_value(resource) AS res, sum(minutes) AS m
-                          FROM c GROUP BY culprit, kind),
-                    main AS (SELECT culprit, arg_max(kind, m) AS main_kind,
-                                    arg_max(res, m) AS main_res FROM k GROUP BY culprit)
-                    SELECT c.culprit, list(DISTINCT kind), sum(minutes), list(DISTINCT victim),
-                           list(DISTINCT gpu), count(DISTINCT id), main_kind, main_res
-                    FROM c JOIN main USING (culprit)
-                    GROUP BY c.culprit, main_kind, main_res ORDER BY 3 DESC, 1""",
-                p,
-            ).fetchall()
-        ]
-        causes = [
-            CauseMinutes(str(m), str(k), float(x))
-            for m, k, x in cur.execute(
-                f"SELECT victim, kind, sum(minutes) FROM ({_CAUSES}) "
-                "GROUP BY ALL ORDER BY 1, 3 DESC",
-                p,
-            ).fetchall()
-        ]
-        return matrix, culprits, causes
-
-    def _worst(self, cur: duckdb.DuckDBPyConnection, lo: int, hi: int) -> list[IncidentRow]:
-        rows = cur.execute(
-            f"""SELECT id, model, gpu, start_ns, end_ns, minutes, peak_p99_ms, baseline_p99_ms,
-                       slo_ms, top_cause, top_culprit, top_share
-                FROM ({_INCIDENTS})
-                ORDER BY minutes DESC, peak_p99_ms / nullif(baseline_p99_ms, 0) DESC NULLS LAST,
-                         id
-                LIMIT 10""",
-            {"lo": lo, "hi": hi},
-        ).fetchall()
+    def _worst(self, q: ReportQueries, lo: int, hi: int) -> list[IncidentRow]:
         return [
             IncidentRow(
-                id=str(r[0]),
-                model=str(r[1]),
-                gpu=str(r[2]),
-                start_ns=int(r[3]),
-                end_ns=int(r[4]),
-                minutes=float(r[5]),
-                peak_p99_ms=r[6],
-                baseline_p99_ms=r[7],
-                slo_ms=r[8],
-                top_kind=r[9],
-                top_culprit=r[10],
-                top_share=r[11],
-                url=incident_url(self._base, str(r[0]), int(r[3]), int(r[4])),
+                id=str(r["id"]),
+                model=str(r["model"]),
+                gpu=str(r["gpu"]),
+                start_ns=int(r["start_ns"]),
+                end_ns=int(r["end_ns"]),
+                minutes=float(r["minutes"]),
+                peak_p99_ms=r["peak_p99_ms"],
+                baseline_p99_ms=r["baseline_p99_ms"],
+                slo_ms=r["slo_ms"],
+                top_kind=r["top_cause"],
+                top_culprit=r["top_culprit"],
+                top_share=r["top_share"],
+                url=incident_url(self._base, str(r["id"]), int(r["start_ns"]), int(r["end_ns"])),
             )
-            for r in rows
+            for r in q.worst_incidents(lo, hi, limit=10)
         ]
+
+
+def _causes(
+    q: ReportQueries, lo: int, hi: int, models: set[str]
+) -> tuple[list[MatrixCell], list[CulpritImpact], list[CauseMinutes]]:
+    matrix = [
+        MatrixCell(str(r["victim"]), str(r["culprit"]), float(r["minutes"]))
+        for r in q.cause_matrix(lo, hi)
+    ]
+    culprits = [
+        CulpritImpact(
+            culprit=str(r["culprit"]),
+            culprit_type=_culprit_type(str(r["culprit"]), list(r["kinds"]), models),
+            kinds=sorted(r["kinds"]),
+            victim_minutes=float(r["victim_minutes"]),
+            victims=sorted(r["victims"]),
+            gpus=sorted(r["gpus"]),
+            incidents=int(r["incidents"]),
+            main_kind=str(r["main_kind"]),
+            resource=r["main_resource"],
+        )
+        for r in q.culprit_impacts(lo, hi)
+    ]
+    causes = [
+        CauseMinutes(str(r["victim"]), str(r["kind"]), float(r["minutes"]))
+        for r in q.cause_minutes(lo, hi)
+    ]
+    return matrix, culprits, causes
 
 
 def incident_url(base: str, incident_id: str, start_ns: int, end_ns: int) -> str:
@@ -285,23 +206,23 @@ def _totals(models: list[ModelWeek]) -> Totals:
 
 def _changes(
     now: list[ModelWeek], before: list[ModelWeek], t: Totals, last: Totals
-) -> list[Change]:
+) -> list[WeekOverWeek]:
     out = [
-        Change("all", "requests", t.requests, last.requests),
-        Change("all", "slo_attainment", t.slo_attainment, last.slo_attainment),
-        Change("all", "incidents", t.incidents, last.incidents),
-        Change("all", "impacted_minutes", t.impacted_minutes, last.impacted_minutes),
+        WeekOverWeek("all", "requests", t.requests, last.requests),
+        WeekOverWeek("all", "slo_attainment", t.slo_attainment, last.slo_attainment),
+        WeekOverWeek("all", "incidents", t.incidents, last.incidents),
+        WeekOverWeek("all", "impacted_minutes", t.impacted_minutes, last.impacted_minutes),
     ]
     prev = {m.model: m for m in before}
     for m in now:
         b = prev.get(m.model)
         out += [
-            Change(m.model, "requests", m.requests, None if b is None else b.requests),
-            Change(
+            WeekOverWeek(m.model, "requests", m.requests, None if b is None else b.requests),
+            WeekOverWeek(
                 m.model, "slo_attainment", m.slo_attainment, None if b is None else b.slo_attainment
             ),
-            Change(m.model, "incidents", m.incidents, None if b is None else b.incidents),
-            Change(
+            WeekOverWeek(m.model, "incidents", m.incidents, None if b is None else b.incidents),
+            WeekOverWeek(
                 m.model,
                 "impacted_minutes",
                 m.impacted_minutes,

@@ -6,6 +6,7 @@ from html import escape
 
 import plotly.graph_objects as go
 
+from reports.recommend import nothing_to_recommend
 from reports.summary import WeekSummary
 from reports.text import SECTIONS, delta, headline, ms, num, pct, when
 
@@ -250,7 +251,7 @@ def render_html(s: WeekSummary) -> str:
         )
         body = f"<ul>{items}</ul>"
     else:
-        body = '<p class="note">None: nothing this week calls for a change.</p>'
+        body = f'<p class="note">{escape(nothing_to_recommend(s))}</p>'
     parts.append(
         f'<section id="recommendations"><h2>{title["recommendations"]}</h2>{body}</section>'
     )

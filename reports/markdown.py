@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from reports.recommend import nothing_to_recommend
 from reports.summary import WeekSummary
 from reports.text import SECTIONS, delta, headline, ms, num, pct, when
 
@@ -96,8 +97,9 @@ def render_markdown(s: WeekSummary) -> str:
         out.append("")
     out += [f"## {title['recommendations']}", ""]
     if not s.recommendations:
-        out += ["None: nothing this week calls for a change.", ""]
+        out += [nothing_to_recommend(s), ""]
     for r in s.recommendations:
-        out.append(f"- **{r.title}** — {r.because}.")
+        gain = r.evidence.get("expected_gain")
+        out.append(f"- **{r.title}** — {r.because}." + (f" Expected gain: {gain}." if gain else ""))
     out.append("")
     return "\n".join(out)

@@ -1,7 +1,9 @@
 """Recommendations derived from a week's numbers, each with the evidence behind it.
 
-One rule per culprit that caused at least ``thresholds.min_victim_minutes`` victim-minutes,
-chosen by the kind of harm it did (its largest kind):
+One rule per culprit that caused at least ``thresholds.min_victim_minutes`` victim-minutes or
+was named in at least ``thresholds.min_incidents`` incidents (a repeat offender, even in a
+short week such as the demo's), chosen by the kind of harm it did (its largest kind); each
+carries its evidence and the expected gain (the victim-minutes it cost this week):
 
 * ``cotenant`` by a model whose per-minute request count peaks at >= 3x its median: rate-limit
   it (token bucket); otherwise move it to another GPU than its victims';
@@ -13,12 +15,13 @@ chosen by the kind of harm it did (its largest kind):
   cap (hours throttled); ``memory``: cap the culprit's memory or move it; ``load``: rate-limit
   the model or add a replica; ``cpu``: give the host more cores or move the process.
 
-A clean week (no culprit over the threshold) gives none.
+A week with no culprit over the thresholds gives none, and :func:`nothing_to_recommend` says
+why in a sentence.
 """
 
 from __future__ import annotations
 
-from reports.summary import Recommendation, WeekSummary
+from reports.summary import CulpritImpact, Recommendation, Thresholds, WeekSummary
 
 BURSTY = 3.0
 SATURATED_H = 1.0
@@ -30,15 +33,18 @@ def recommend(s: WeekSummary) -> list[Recommendation]:
     by_model = {m.model: m for m in s.models}
     gpus = {g.gpu: g for g in s.gpus}
     for c in s.culprits:
-        if c.victim_minutes < s.thresholds.min_victim_minutes:
+        if not _earns(c, s.thresholds):
             continue
         kind = c.main_kind
         ev: dict[str, object] = {
+            "culprit": c.culprit,
             "victim_minutes": round(c.victim_minutes, 1),
             "victims": c.victims,
             "incidents": c.incidents,
             "gpus": c.gpus,
             "kind": kind,
+            "expected_gain": f"up to {c.victim_minutes:.1f} victim-minutes a week "
+            f"({', '.join(c.victims)} back to their baselines)",
         }
         harm = (
             f"{c.culprit} caused {c.victim_minutes:.0f} victim-minutes ({kind}) to "
@@ -120,7 +126,16 @@ def recommend(s: WeekSummary) -> list[Recommendation]:
                 )
             )
         elif kind == "lock":
-            out.append(Recommendation(f"Fix lock {c.culprit}", "fix_lock", c.culprit, harm, ev))
+            out.append(
+                Recommendation(
+                    f"Move lock {c.culprit} out of the hot path",
+                    "fix_lock",
+                    c.culprit,
+                    f"{harm}; requests waited on it (hold it shorter, shard it, or give "
+                    "each model its own)",
+                    ev,
+                )
+            )
         elif kind == "memory":
             full = gpus[gpu].memory_full_h if gpu in gpus else 0.0
             ev["memory_full_h"] = round(full, 1)
@@ -151,3 +166,22 @@ def recommend(s: WeekSummary) -> list[Recommendation]:
                 )
             )
     return out
+
+
+def _earns(c: CulpritImpact, t: Thresholds) -> bool:
+    return c.victim_minutes >= t.min_victim_minutes or c.incidents >= t.min_incidents
+
+
+def nothing_to_recommend(s: WeekSummary) -> str:
+    """Why a week has no recommendation, in one sentence."""
+    t = s.thresholds
+    if not s.culprits:
+        if s.totals.incidents:
+            return "None: this week's incidents named no culprit (their causes were unknown)."
+        return "None: no incident this week, nothing calls for a change."
+    top = max(s.culprits, key=lambda c: c.victim_minutes)
+    return (
+        f"None: no culprit hurt other models for {t.min_victim_minutes:g} victim-minutes or "
+        f"in {t.min_incidents} incidents this week; the most was {top.culprit} "
+        f"({top.victim_minutes:.1f} victim-minutes in {top.incidents} incident(s))."
+    )

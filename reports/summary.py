@@ -35,7 +35,7 @@ class Totals:
 
 
 @dataclass(frozen=True)
-class Change:
+class WeekOverWeek:
     """Week-over-week: ``scope`` is a model or ``all``."""
 
     scope: str
@@ -151,7 +151,8 @@ class Thresholds:
     dram_saturated: float = 0.9  # fraction (DCGM dram_active, else NVML memory util / 100)
     pcie_saturated_bps: float = 20e9  # TX + RX
     memory_full: float = 0.95  # used / total
-    min_victim_minutes: float = 10.0  # below this a culprit earns no recommendation
+    min_victim_minutes: float = 10.0  # a culprit earns a recommendation from this ...
+    min_incidents: int = 2  # ... or from this many incidents (a repeat offender)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ class WeekSummary:
     models: list[ModelWeek]
     totals: Totals
     last_week: Totals
-    changes: list[Change]
+    changes: list[WeekOverWeek]
     matrix: list[MatrixCell]
     culprits: list[CulpritImpact]
     causes: list[CauseMinutes]
@@ -204,7 +205,7 @@ class WeekSummary:
             models=many(ModelWeek, "models"),
             totals=Totals(**d["totals"]),
             last_week=Totals(**d["last_week"]),
-            changes=many(Change, "changes"),
+            changes=many(WeekOverWeek, "changes"),
             matrix=many(MatrixCell, "matrix"),
             culprits=many(CulpritImpact, "culprits"),
             causes=many(CauseMinutes, "causes"),

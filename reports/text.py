@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from reports.summary import Change, WeekSummary
+from reports.summary import WeekOverWeek, WeekSummary
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -35,8 +35,8 @@ def ms(x: float | None) -> str:
     return "–" if x is None else f"{x:,.1f} ms"
 
 
-def delta(c: Change) -> str:
-    """``+12.0%`` style change for a Change (points for attainment)."""
+def delta(c: WeekOverWeek) -> str:
+    """``+12.0%`` style change for a WeekOverWeek (points for attainment)."""
     d = c.delta
     if d is None:
         return "new" if c.last_week is None and c.this_week is not None else "–"

@@ -4,6 +4,7 @@
 #   prometheus-alertmanager -> Alertmanager routing alerts to cotenant's webhook (e2e)
 #   chromium, chromium-driver -> headless browser tests of the dashboard and report
 #   nginx             -> the reference proxy the gateway benchmark compares against
+#   haproxy           -> the load balancer the HAProxy actuator backend drives (its tests start one)
 set -euo pipefail
 
 need=()
@@ -12,6 +13,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 from store.errors import UsageError
 
 
-class TokenBucket:
+class VirtualTokenBucket:
     """``rate_rps`` > 0 tokens per second, at most ``burst`` (>= 1) banked; starts full at
     time ``t`` (seconds of virtual time). ``max_wait_s`` >= 0: the longest a request waits
     for a token before it is refused. Raises UsageError for values out of range."""
@@ -51,13 +51,13 @@ class TokenBucket:
         return None
 
 
-class Admission:
+class ModelAdmission:
     """One model's admission state: its bucket (None = unlimited) and what it let through."""
 
     __slots__ = ("admitted", "bucket", "deferred", "rejected", "rejected_at")
 
     def __init__(self) -> None:
-        self.bucket: TokenBucket | None = None
+        self.bucket: VirtualTokenBucket | None = None
         self.admitted = 0
         self.deferred = 0
         self.rejected = 0

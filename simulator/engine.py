@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.admission import TokenBucket
+from simulator.admission import VirtualTokenBucket
 from simulator.arrivals import merged_arrivals
 from simulator.events import EventKind, EventQueue
 from simulator.faults import FaultEffects
@@ -169,7 +169,7 @@ class Simulation:
         ms.adm.bucket = (
             None
             if rate_rps is None
-            else TokenBucket(rate_rps, burst, max_wait_s=max_wait_s, t=self.t)
+            else VirtualTokenBucket(rate_rps, burst, max_wait_s=max_wait_s, t=self.t)
         )
 
     def set_priority(self, model: str, priority: int) -> None:

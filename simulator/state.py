@@ -11,7 +11,7 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 
-from simulator.admission import Admission
+from simulator.admission import ModelAdmission
 from simulator.fluid import Fluid, GpuState, Job
 from simulator.scenario import Gpu, Model, Process
 
@@ -61,7 +61,7 @@ class SimModel:
         self.priority = m.priority  # changed at run time by set_priority
         self.weight = 2.0**m.priority
         self.pid = pid
-        self.adm = Admission()
+        self.adm = ModelAdmission()
         self.cpu_s = 0.0
 
 

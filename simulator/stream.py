@@ -54,7 +54,7 @@ class StreamStats:
     wall_s: float = 0.0
 
 
-class SpanEmitter:
+class ScenarioSpanEmitter:
     """Turns simulator request columns into SDK spans and exports them with ``exporter``."""
 
     def __init__(
@@ -181,7 +181,7 @@ def stream_to(
     on_requests: Callable[[dict[str, list[Any]]], None] | None = None,
 ) -> StreamStats:
     sim = Simulation(scenario, start_ns=start_ns or time.time_ns())
-    emitter = SpanEmitter(scenario, exporter, gpu_names)
+    emitter = ScenarioSpanEmitter(scenario, exporter, gpu_names)
     stats = StreamStats()
     wall0 = time.monotonic()
     v = 0.0

@@ -39,6 +39,7 @@ from simulator.week_spec import (
     WeekSpec,
     check_week,
 )
+from store.bulk_load import append_tables
 from store.db import Store
 from store.schema import PHASE_COLUMNS, arrow_schema
 
@@ -333,14 +334,11 @@ def _table(name: str, parts: list[dict[str, np.ndarray]], const: dict[str, objec
 def write_week(store: Store, week: Week) -> None:
     """Append the week's rollup rows to ``store`` (rows already there for the same minutes
     are kept: write into a fresh store)."""
-    with store.cursor() as cur:
-        for table, rows in (
-            ("request_rollup_1m", week.request_rollup),
-            ("gpu_rollup_1m", week.gpu_rollup),
-            ("process_rollup_1m", week.process_rollup),
-        ):
-            cur.register("_week_rows", rows)
-            try:
-                cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _week_rows")
-            finally:
-                cur.unregister("_week_rows")
+    append_tables(
+        store,
+        {
+            "request_rollup_1m": week.request_rollup,
+            "gpu_rollup_1m": week.gpu_rollup,
+            "process_rollup_1m": week.process_rollup,
+        },
+    )

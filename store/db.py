@@ -15,9 +15,12 @@ from store.settings import StoreSettings
 log = logging.getLogger(__name__)
 
 
-_ADDITIVE_UPGRADES = frozenset({"2"})
-"""Older schema versions this one only adds tables to (2 -> 3: ``alerts``); opened for
-writing, such a file is upgraded in place."""
+_ADDITIVE_UPGRADES = frozenset({"2", "3"})
+"""Older schema versions this one only adds tables and columns to (2 -> 3: ``alerts``; 3 -> 4:
+``incidents.severity``); opened for writing, such a file is upgraded in place."""
+
+_ADDED_COLUMNS = (("incidents", "severity", "VARCHAR"),)
+"""Columns added since schema 3, created on an older file (new files get them from the DDL)."""
 
 
 class Store:
@@ -89,6 +92,8 @@ class Store:
             )
         for stmt in stmts[1:]:
             con.execute(stmt)
+        for table, column, kind in _ADDED_COLUMNS:
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
 
     def _check_version(self) -> None:
         try:

@@ -1,4 +1,5 @@
-"""Rollups and retention, run on the writer thread so the store has one writer.
+"""Rollups and retention, run on the writer thread: they never contend with its appends, and
+the rollups have one writer (:mod:`store.writer` says who else writes, and why it is safe).
 
 Rollups are per-minute aggregates (``request_rollup_1m``, ``gpu_rollup_1m``,
 ``process_rollup_1m``) recomputed from raw rows for every minute that received rows since the

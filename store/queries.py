@@ -124,6 +124,21 @@ def models(store: Store, rng: TimeRange | None = None) -> list[str]:
     return [str(r[0]) for r in rows if r[0] is not None]
 
 
+def rollup_model_gpus(store: Store, rng: TimeRange) -> list[tuple[str, str]]:
+    """Distinct (model, gpu) pairs of the rollup rows whose minute starts in ``rng``, sorted;
+    a null GPU reads as ``""``. The rollup twin of ``StoreSource.model_gpus``, for ranges
+    whose raw rows may have expired."""
+    params: dict[str, Any] = {}
+    where = _where([], params, rng, "minute_ns", None)
+    with store.cursor() as cur:
+        rows = cur.execute(
+            f"SELECT DISTINCT model, coalesce(gpu, '') FROM request_rollup_1m {where} "
+            "ORDER BY 1, 2",
+            params,
+        ).fetchall()
+    return [(str(m), str(g)) for m, g in rows]
+
+
 def pending_spans(store: Store) -> list[tuple[str, bytes]]:
     with store.cursor() as cur:
         rows = cur.execute("SELECT trace_id, payload FROM pending_spans").fetchall()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 PHASES: tuple[str, ...] = (
     "queue",
@@ -99,6 +99,7 @@ INCIDENTS: list[tuple[str, str]] = [
     ("top_culprit", "VARCHAR"),
     ("top_share", "DOUBLE"),
     ("detail_json", "VARCHAR"),
+    ("severity", "VARCHAR"),  # breach | degradation (schema 4)
 ]
 
 ACTIONS: list[tuple[str, str]] = [

@@ -14,7 +14,9 @@ class StoreSettings:
 
     path: str = key("./.cotenant/cotenant.duckdb", "the embedded DuckDB file")
     queue_max_rows: int = key(
-        500_000, "rows the writer queue holds before ingest answers 503", min=1
+        500_000,
+        "rows the writer queue holds before ingest answers 503 + Retry-After (gRPC UNAVAILABLE)",
+        min=1,
     )
     queue_max_bytes: int = key(
         64 * 1024 * 1024,

@@ -22,6 +22,7 @@ from store.frames import (
     SERVING_WINDOWS,
 )
 from store.queries import TimeRange
+from store.rollup_quantiles import quantile_estimate_sql
 from store.schema import PHASE_COLUMNS
 
 
@@ -76,7 +77,9 @@ class StoreSource:
     per-minute rollups (so long ranges never scan raw rows); other steps read raw rows.
 
     From rollups, quantiles of windows longer than a minute are the count-weighted mean of the
-    per-minute quantiles (an approximation; exact for one-minute steps)."""
+    per-minute quantiles (:func:`store.rollup_quantiles.quantile_estimate_sql`: a smoother
+    estimate, not a bound; exact for one-minute steps, where each (window, model, GPU) is one
+    rollup row)."""
 
     has_spans = True
 
@@ -117,9 +120,9 @@ class StoreSource:
                        sum(count)::DOUBLE AS count, sum(count) / $secs AS rate_rps,
                        sum(count) / $secs AS arrival_rps,
                        sum(errors)::DOUBLE AS errors, sum(latency_sum_ms) / sum(count) AS mean_ms,
-                       sum(p50_ms * count) / sum(count) AS p50_ms,
-                       sum(p95_ms * count) / sum(count) AS p95_ms,
-                       sum(p99_ms * count) / sum(count) AS p99_ms, {phases},
+                       {quantile_estimate_sql("p50_ms")} AS p50_ms,
+                       {quantile_estimate_sql("p95_ms")} AS p95_ms,
+                       {quantile_estimate_sql("p99_ms")} AS p99_ms, {phases},
                        sum(batch_size_mean * count) / sum(count) AS batch_size_mean
                 FROM request_rollup_1m
                 WHERE minute_ns >= $lo AND minute_ns < $hi {mf}

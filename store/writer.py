@@ -6,7 +6,7 @@ the queue is bounded by rows and by bytes (Arrow buffers), and a full queue rais
 instead of blocking. One thread drains the queue, concatenates batches per table and appends
 each with one ``INSERT … SELECT`` over Arrow: one transaction, in DuckDB's write-ahead log
 when it returns, so a ``kill -9`` after it loses nothing. The same thread refreshes rollups
-and applies retention (:mod:`store.maintenance`), so only one thread ever writes.
+and applies retention (:mod:`store.maintenance`).
 :meth:`close` drains everything still queued before it returns.
 
 **Group commit.** :meth:`submit` returns a :class:`Receipt`; a producer that must not answer
@@ -16,6 +16,44 @@ it. The writer then stops waiting for a full batch: while other producers are st
 ``group_commit_s``; as soon as none is, it commits everything in one append per table and
 settles every receipt of that append at once. A lone exporter is committed at once; concurrent
 ones share commits (an append costs DuckDB a few ms of CPU whatever its size).
+
+**Who else writes, and why that is safe.** This thread is the only one that writes the
+high-volume tables (``requests``, ``gpu_samples``, ``process_samples``), the rollups and
+``meta``, and the only one that expires old rows. It is not the only writer: in ``cotenant
+serve`` three record books upsert small rows from their own threads, each statement on that
+thread's own :meth:`Store.cursor` (a separate DuckDB connection to the one database, with its
+own transactions; a statement outside ``BEGIN … COMMIT`` is a transaction of its own):
+
+* ``incidents`` — the analysis loop's thread, through ``analysis.incidents.IncidentBook``,
+  whose lock serialises its read-merge-write (``cotenant serve`` has one book);
+* ``actions`` + ``audit`` — the actuators' control-loop thread and the API / dashboard threads
+  that approve or roll back, all under the controller's lock; each step rewrites the action
+  and appends its audit row in one transaction (:func:`store.action_rows.write_action`);
+* ``alerts`` — the webhook's request threads (a delivery is claimed under
+  ``alerts.records.AlertBook``'s lock), the request thread that links an alert to its incident
+  on a read, and the alert-diagnosis thread that stores the outcome;
+
+and at shutdown, after this thread has stopped, the main thread replaces ``pending_spans``.
+
+DuckDB runs concurrent transactions of one process under MVCC with optimistic concurrency
+control: readers see a snapshot and never block or conflict; appends never conflict, even on
+one table; writes to different rows or tables do not conflict. Two overlapping transactions
+that update or delete the *same* row conflict: the later statement fails with
+``duckdb.TransactionException`` ("Conflict on update") and its transaction is rolled back.
+Here that can happen only to one ``alerts`` row (a re-delivery, a link and a diagnosis outcome
+at the same moment); the loser's work is retried — Alertmanager re-sends a delivery that got an
+error, a link is attempted again at the next read — except a lost diagnosis outcome, which is
+logged and leaves the alert ``pending`` until the next start diagnoses it again. A failed write
+on the other threads is logged by their loop (:class:`store.periodic.Periodic`) and redone at
+its next pass, which rewrites the same rows; a failed rollup refresh here re-marks its minutes.
+
+Retention's deletes are safe by construction, not by conflict detection: they remove rows past
+their retention age, which no other thread rewrites (the loop rewrites incidents within its
+horizon, the controller stamps an action ``updated_ns = now``; the one exception, an alert
+still re-delivered after its retention, expires either way and the next delivery stores it
+afresh). DuckDB does not flag every overlap of a delete with an upsert of the same row — an
+``INSERT OR REPLACE`` racing a ``DELETE`` can be lost without an error — so that
+disjointness is what keeps them apart.
 """
 
 from __future__ import annotations
@@ -88,7 +126,9 @@ _Item = tuple[str, pa.Table, Receipt]
 
 
 class Writer:
-    """Owns all writes to ``store``. Thread-safe :meth:`submit`; one background thread."""
+    """Owns the appends to ``store``'s high-volume tables, its rollups and retention (the
+    record books write their own rows; see the module docstring). Thread-safe
+    :meth:`submit`; one background thread."""
 
     def __init__(
         self,

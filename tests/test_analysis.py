@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from analysis.attribution import attribute
 from analysis.diagnose import diagnose
+from analysis.episodes import Carry, track
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop
-from analysis.spikes import SpikeParams, merge, spike_mask
+from analysis.spikes import SpikeParams, spike_mask
 from evaluation.accuracy import load_outputs
 from simulator.output import run
 from simulator.scenario_load import find_scenario, load_scenario
@@ -111,19 +113,63 @@ def test_nothing_changed_means_nothing_blamed() -> None:
     assert all(c.share < 0.2 for c in att.causes if c.kind != "unknown")
 
 
-def test_spikes_need_the_slo_and_merge_with_hysteresis() -> None:
+def _eps(p99: np.ndarray, cnt: np.ndarray, slo: float | None, p: SpikeParams) -> list[tuple]:
+    return [(e.start, e.end, e.severity) for e in track(p99, cnt, slo, p).episodes]
+
+
+def test_episodes_are_breaches_over_the_slo_and_degradations_within_it() -> None:
     rng = np.random.default_rng(1)
     p99 = rng.normal(30, 1, 300)
     cnt = np.full(300, 40.0)
-    p99[100:120] = 90  # a burst within the SLO: no incident
-    p99[200:230] = 160  # over the SLO
+    p99[100:135] = 90  # 3x slower for 35 s, within the SLO: a degradation
+    p99[200:230] = 160  # over the SLO: a breach
     p99[215] = 30  # one quiet window inside does not split it
     p = SpikeParams()
-    spikes, _ = spike_mask(p99, cnt, 100.0, p)
-    spans = merge(spikes, p99, p)
-    assert [(s.start, s.end) for s in spans] == [(200, 229)]
-    spikes_no_slo, _ = spike_mask(p99, cnt, None, p)
-    assert len(merge(spikes_no_slo, p99, p)) == 2
+    assert _eps(p99, cnt, 100.0, p) == [(100, 134, "degradation"), (200, 229, "breach")]
+    # without an SLO both are degradations; without degradations only the breach is left
+    assert [e[2] for e in _eps(p99, cnt, None, p)] == ["degradation", "degradation"]
+    assert _eps(p99, cnt, 100.0, SpikeParams(degrade_windows=0)) == [(200, 229, "breach")]
+
+
+def test_a_short_burst_within_the_slo_is_not_a_degradation() -> None:
+    rng = np.random.default_rng(2)
+    p99 = rng.normal(30, 1, 300)
+    cnt = np.full(300, 40.0)
+    p99[100:112] = 90  # 12 s: shorter than the 30 s a degradation needs
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
+
+
+def test_a_long_slowdown_is_not_absorbed_into_the_baseline() -> None:
+    # 400 windows at 2x: a rolling median of 120 windows would call it normal after a minute
+    rng = np.random.default_rng(3)
+    p99 = rng.normal(40, 1, 700)
+    cnt = np.full(700, 40.0)
+    p99[200:600] = rng.normal(80, 2, 400)
+    [(start, end, sev)] = _eps(p99, cnt, 60.0, SpikeParams())
+    assert (start, sev) == (200, "breach") and 595 <= end <= 600
+    ep = track(p99, cnt, 60.0, SpikeParams()).episodes[0]
+    assert 39 <= ep.baseline_ms <= 41  # frozen before the slowdown
+
+
+def test_a_carried_episode_keeps_its_frozen_baseline() -> None:
+    # the live loop's incident began before the windows it reads: it stays open on them
+    rng = np.random.default_rng(4)
+    p99 = rng.normal(80, 2, 300)
+    cnt = np.full(300, 40.0)
+    p99[250:] = rng.normal(40, 1, 50)  # the fault ends at 250
+    carry = Carry(start=-100, baseline_ms=40.0, threshold_ms=52.0, severity="breach")
+    [ep] = track(p99, cnt, 60.0, SpikeParams(), carry=carry).episodes
+    assert ep.carried and ep.start == 0 and 245 <= ep.end <= 250 and not ep.open
+
+
+def test_a_transient_is_not_an_episode() -> None:
+    rng = np.random.default_rng(5)
+    p99 = rng.normal(30, 1, 300)
+    cnt = np.full(300, 40.0)
+    p99[150:153] = 200  # three windows over the SLO: one slow render next door
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
+    p99[150:160] = 200  # ten: an incident
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == [(150, 159, "breach")]
 
 
 def test_a_daily_pattern_is_not_an_incident_but_a_spike_on_top_of_it_is() -> None:
@@ -133,13 +179,15 @@ def test_a_daily_pattern_is_not_an_incident_but_a_spike_on_top_of_it_is() -> Non
     cnt = np.full(3 * day, 3000.0)
     for d in range(3):  # a nightly batch job: 02:00-02:40 every day at twice the latency
         p99[d * day + 24 : d * day + 32] = rng.normal(200, 5, 8)
-    p99[2 * day + 180 : 2 * day + 186] = 300  # a one-off spike on day 3 at 15:00
-    plain = merge(spike_mask(p99, cnt, None, SpikeParams())[0], p99, SpikeParams())
-    assert sum(1 for s in plain if s.start % day == 24) == 3  # every night is an "incident"
-    p = SpikeParams(season=day)
+    p99[2 * day + 180 : 2 * day + 186] = 300  # a one-off slowdown on day 3 at 15:00
+    # 30 s of degradation is one five-minute window; slowdowns of 2 windows are transients
+    base = SpikeParams(degrade_windows=1, min_episode_windows=2)
+    plain = _eps(p99, cnt, None, base)
+    # every night with a baseline behind it is an "incident" (the first comes in the warm-up)
+    assert [s[0] for s in plain if s[0] % day == 24] == [day + 24, 2 * day + 24]
+    p = replace(base, season=day)
     assert p.history_windows == 2 * day
-    spans = merge(spike_mask(p99, cnt, None, p)[0], p99, p)
-    assert [(s.start, s.end) for s in spans] == [(2 * day + 180, 2 * day + 185)]
+    assert [(s, e) for s, e, _ in _eps(p99, cnt, None, p)] == [(2 * day + 180, 2 * day + 185)]
 
 
 def test_the_seasonal_baseline_needs_two_seasons_of_history() -> None:
@@ -160,6 +208,14 @@ def demo_store() -> Store:
     return load_outputs(run(s, start_ns=0))
 
 
+@pytest.fixture
+def fresh_book(demo_store: Store) -> IncidentBook:
+    """An incident book on the shared demo store with no incidents from other tests."""
+    with demo_store.cursor() as cur:
+        cur.execute("DELETE FROM incidents")
+    return IncidentBook(demo_store)
+
+
 def test_diagnose_the_demo_names_each_fault(demo_store: Store) -> None:
     src = StoreSource(demo_store)
     diags = diagnose(src, "tts", TimeRange(0, 900_000_000_000), slo_ms=100.0)
@@ -173,41 +229,44 @@ def test_diagnose_the_demo_names_each_fault(demo_store: Store) -> None:
     assert first(595, 650) == ("throttle", "gpu0")
 
 
-def test_incident_book_keeps_one_incident_while_it_grows(demo_store: Store) -> None:
+def test_incident_book_keeps_one_incident_while_it_grows(
+    demo_store: Store, fresh_book: IncidentBook
+) -> None:
     src = StoreSource(demo_store)
-    book = IncidentBook(demo_store)
+    book = fresh_book
     ids = set()
     for now_s in (320, 340, 380, 420):
         now = now_s * 10**9
         rng = TimeRange(now - 300 * 10**9, now)
         diags = [d for d in diagnose(src, "tts", rng, slo_ms=100.0) if d.gpu == "gpu0"]
-        for inc in book.update(diags, "tts", "gpu0", rng.since_ns or 0, now):
-            if 300e9 <= inc.start_ns < 320e9:
+        for e in book.update(diags, "tts", "gpu0", rng.since_ns or 0, now):
+            inc = e.incident
+            if 280e9 <= inc.start_ns < 320e9:
                 ids.add(inc.id)
     assert len(ids) == 1
     [inc] = [i for i in book.find(model="tts") if i.id in ids]
     assert inc.state == "resolved" and inc.top is not None and inc.top["culprit"] == "sdxl"
 
 
-def test_loop_publishes_incident_metrics(demo_store: Store) -> None:
+def test_loop_publishes_incident_metrics(demo_store: Store, fresh_book: IncidentBook) -> None:
     reg = CollectorRegistry()
     seen = []
     loop = AnalysisLoop(
         StoreSource(demo_store),
-        IncidentBook(demo_store),
+        fresh_book,
         slo_ms={"tts": 100},
         horizon_s=120,
         registry=reg,
         clock_ns=lambda: 330 * 10**9,
-        on_incident=lambda inc, new: seen.append((inc.model, new)),
+        on_incident=lambda e: seen.append((e.incident.model, e.kind)),
     )
     loop.run_once()
     text = generate_latest(reg).decode()
     assert (
-        'cotenant_incident_active{cause="cotenant",culprit="sdxl",gpu="gpu0",victim="tts"} 1.0'
-        in text
+        'cotenant_incident_active{cause="cotenant",culprit="sdxl",gpu="gpu0",'
+        'severity="breach",victim="tts"} 1.0' in text
     )
-    assert ("tts", True) in seen
+    assert ("tts", "opened") in seen
 
 
 class _Lagging:
@@ -228,10 +287,12 @@ class _Lagging:
         return clipped
 
 
-def test_rows_still_in_flight_do_not_resolve_an_open_incident(demo_store: Store) -> None:
+def test_rows_still_in_flight_do_not_resolve_an_open_incident(
+    demo_store: Store, fresh_book: IncidentBook
+) -> None:
     # the loop's clock is at 330 s but rows have landed only up to 322 s (ingest lag): the
     # sdxl burst is still going on, so the incident stays open instead of flapping resolved
-    book = IncidentBook(demo_store)
+    book = fresh_book
     loop = AnalysisLoop(
         _Lagging(StoreSource(demo_store), 322 * 10**9),  # type: ignore[arg-type]
         book,

@@ -1042,3 +1042,24 @@ def test_a_schema_2_store_gains_the_alerts_table_and_keeps_its_rows(tmp_path: Pa
         assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
         assert fetch(s, "SELECT count(*) FROM alerts") == [(0,)]
         assert fetch(s, "SELECT id, model FROM incidents") == [("inc-1", "tts")]
+
+
+def test_a_schema_3_store_gains_incident_severity_and_its_incidents_read_as_breaches(
+    tmp_path: Path,
+) -> None:
+    from analysis.incidents import IncidentBook
+
+    path = tmp_path / "v3.duckdb"
+    with Store(path) as s:
+        fetch(s, "ALTER TABLE incidents DROP COLUMN severity")
+        fetch(
+            s,
+            "INSERT INTO incidents (id, model, gpu, state, start_ns, end_ns, updated_ns) "
+            "VALUES ('inc-1', 'tts', 'gpu0', 'resolved', 1, 2, 2)",
+        )
+    _set_version(path, "3")
+    with Store(path) as s:
+        assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
+        [inc] = IncidentBook(s).find()
+        assert (inc.id, inc.severity, inc.state) == ("inc-1", "breach", "resolved")
+        assert IncidentBook(s).find(severity="degradation") == []

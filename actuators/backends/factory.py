@@ -8,6 +8,7 @@ from pathlib import Path
 
 from actuators.backend import Backend
 from actuators.backends.gateway import GatewayBackend
+from actuators.backends.haproxy import HaproxyBackend, SocketRuntimeApi
 from actuators.backends.http import HttpCaller
 from actuators.backends.rayserve import RayServeBackend
 from actuators.backends.triton import TritonBackend
@@ -40,6 +41,14 @@ def make_backend(cfg: ActuatorSettings, env: Mapping[str, str] | None = None) ->
         raise ConfigError(
             f"config key actuators.backend_url: bad value '': the {kind} backend needs its URL"
         )
+    if kind == "haproxy":
+        try:
+            api = SocketRuntimeApi(
+                cfg.backend_url, timeout_s=cfg.backend_timeout_s, retries=cfg.backend_retries
+            )
+        except BackendError as exc:
+            raise ConfigError(f"config key actuators.backend_url: {exc}") from exc
+        return HaproxyBackend(api, backends=cfg.haproxy_backends)
     headers: dict[str, str] = {}
     if kind == "gateway":
         token = read_secret("", cfg.backend_token_file, "actuators.backend_token_file") or env.get(

@@ -25,13 +25,15 @@ from actuators.gateway.identify import (
     inject_priority,
     parse_json_body,
 )
-from actuators.gateway.telemetry import GatewayMetrics, SpanEmitter
+from actuators.gateway.telemetry import GatewayMetrics, SpanSink
 from actuators.gateway.upstream import UpstreamConnection, UpstreamFailure, UpstreamPool
 
 log = logging.getLogger(__name__)
 
 _SKIP_REQUEST_HEADERS = HOP_BY_HOP | {b"content-length", b"expect"}
 CLIENT_GONE = 499
+_MAX_REPLICA_TRIES = 2
+"""Other replicas tried when a replica refuses the connection (nothing was sent yet)."""
 """Status recorded for a request whose client went away before its answer ended (nginx's)."""
 
 
@@ -76,10 +78,10 @@ class ProxyCore:
     """What every client connection shares."""
 
     admission: Admission
+    """Admission, and through its router the replicas (each with its connection pool)."""
     identifier: Identifier
-    pool: UpstreamPool
     metrics: GatewayMetrics
-    spans: SpanEmitter | None
+    spans: SpanSink | None
     priority_field: PriorityField
     read_timeout_s: float
     max_body_bytes: int
@@ -110,7 +112,9 @@ class ProxiedRequest:
         "label",
         "model",
         "priority",
+        "replica_name",
         "request_bytes",
+        "retried",
         "reused",
         "sse",
         "start_ns",
@@ -140,9 +144,13 @@ class ProxiedRequest:
         self._dechunk: ChunkedReader | None = None
         self._out: list[bytes] = []
         self.attempt = 0
+        """Replicas tried after the first (their connection refused)."""
+        self.retried = False
+        """A reset keep-alive connection was retried on a fresh one."""
         self.reused = False
         self.finished = False
         self.request_bytes = b""
+        self.replica_name = ""
 
     # -- admission -----------------------------------------------------------------------
 
@@ -187,6 +195,7 @@ class ProxiedRequest:
         self.ticket = ticket
         self.admit_ns = time.time_ns()
         self.priority = ticket.priority
+        self.replica_name = ticket.replica.name if ticket.replica is not None else ""
         core.metrics.in_flight.inc()
         if ticket.explicit_priority and core.priority_field != "none" and self.body:
             self._write_priority()
@@ -200,8 +209,13 @@ class ProxiedRequest:
 
     # -- the upstream exchange -----------------------------------------------------------
 
+    def _pool(self) -> UpstreamPool:
+        ticket = self.ticket
+        assert ticket is not None and ticket.replica is not None and ticket.replica.pool
+        return ticket.replica.pool
+
     def _send(self) -> None:
-        conn = self.core.pool.idle_connection()
+        conn = self._pool().idle_connection()
         if conn is None:
             self.task = self.client.loop.create_task(self._connect_and_send())
         else:
@@ -209,15 +223,44 @@ class ProxiedRequest:
 
     async def _connect_and_send(self) -> None:
         try:
-            conn = await self.core.pool.connect()
+            conn = await self._pool().connect()
         except UpstreamFailure as exc:
             self.task = None
+            if self._replica_failed() and exc.kind == "connect" and self._try_elsewhere():
+                return  # nothing was sent: another replica may take it
             self._upstream_failed(exc)
             return
         except asyncio.CancelledError:
             return
         self.task = None
         self._send_on(conn)
+
+    def _replica_failed(self) -> bool:
+        """Tell the replica's passive health; always True (so it reads in a condition)."""
+        ticket = self.ticket
+        if ticket is not None:
+            replica = ticket.replica
+            if self.core.admission.failed(ticket) and replica is not None:
+                log.warning(
+                    "gateway: replica %s (%s) ejected after %d failures in a row",
+                    replica.name,
+                    replica.url,
+                    replica.health.failures,
+                )
+        return True
+
+    def _try_elsewhere(self) -> bool:
+        ticket = self.ticket
+        if ticket is None or self.attempt >= _MAX_REPLICA_TRIES:
+            return False
+        if not self.core.admission.retry_elsewhere(ticket):
+            return False
+        self.attempt += 1
+        self.reused = False
+        self.replica_name = ticket.replica.name if ticket.replica is not None else ""
+        self.request_bytes = self._upstream_request()  # its path prefix and Host may differ
+        self._send()
+        return True
 
     def _send_on(self, conn: UpstreamConnection) -> None:
         self.conn = conn
@@ -268,15 +311,18 @@ class ProxiedRequest:
     def on_end(self, reusable: bool) -> None:
         self.flush()
         self.conn = None
+        if self.ticket is not None:
+            self.core.admission.succeeded(self.ticket)
         self._finish()
 
     def on_error(self, failure: UpstreamFailure) -> None:
         self.conn = None
-        if self.attempt == 0 and self.reused and failure.kind == "reset" and not failure.started:
+        if not self.retried and self.reused and failure.kind == "reset" and not failure.started:
             # the upstream closed an idle keep-alive connection just as we used it: once more
-            self.attempt = 1
+            self.retried = True
             self._send()
             return
+        self._replica_failed()
         self._upstream_failed(failure)
 
     def _upstream_failed(self, exc: UpstreamFailure) -> None:
@@ -332,6 +378,7 @@ class ProxiedRequest:
             method, target, _ = self.head.start
             core.spans.emit(
                 model=self.model,
+                replica=self.replica_name,
                 tenant=self.tenant,
                 priority=self.priority,
                 method=method.decode("latin-1"),
@@ -363,7 +410,7 @@ class ProxiedRequest:
     def _upstream_request(self) -> bytes:
         head = self.head
         method, target, _ = head.start
-        pool = self.core.pool
+        pool = self._pool()
         parts = [method, b" ", pool.prefix + target, b" HTTP/1.1\r\n"]
         has_host = False
         for name, value in head.headers:

@@ -2,7 +2,7 @@
 
 ::
 
-    gw = Gateway(settings, registry=CollectorRegistry(), tracer=tracer_or_none)
+    gw = Gateway(settings, registry=CollectorRegistry(), spans=span_sink_or_none)
     await gw.start()          # binds both ports (port 0 picks a free one)
     print(gw.listen_url, gw.control_url)
     await gw.stop()           # stops accepting, closes idle upstream connections
@@ -24,8 +24,9 @@ from actuators.gateway.control import create_control_app
 from actuators.gateway.identify import Identifier
 from actuators.gateway.proxy import ClientConnection
 from actuators.gateway.request import ProxyCore
+from actuators.gateway.routing import Router
 from actuators.gateway.settings import GatewaySettings
-from actuators.gateway.telemetry import GatewayMetrics, SpanEmitter
+from actuators.gateway.telemetry import GatewayMetrics, ReplicaCollector, SpanEmitter, SpanSink
 from actuators.gateway.upstream import UpstreamPool
 
 
@@ -59,8 +60,9 @@ def _url(sock: socket.socket) -> str:
 
 
 class Gateway:
-    """See the module docstring. ``registry`` receives the metrics; ``tracer`` (optional)
-    receives one span per request."""
+    """See the module docstring. ``registry`` receives the metrics; ``spans`` (optional)
+    receives every finished request, as does ``tracer`` (an OTel SDK tracer, wrapped in a
+    :class:`SpanEmitter`) when ``spans`` is not given."""
 
     def __init__(
         self,
@@ -68,11 +70,14 @@ class Gateway:
         *,
         registry: CollectorRegistry,
         tracer: Tracer | None = None,
+        spans: SpanSink | None = None,
     ) -> None:
         s = settings
         self.settings = s
         self.registry = registry
+        self.router = Router(s.routing_spec())
         self.admission = Admission(
+            router=self.router,
             max_concurrency=s.max_concurrency,
             max_queue=s.max_queue,
             queue_timeout_s=s.queue_timeout_s,
@@ -89,11 +94,11 @@ class Gateway:
         for name, prio in init.tenant_priorities.items():
             self.admission.set_priority("tenants", name, prio)
         self.metrics = GatewayMetrics(registry)
-        self._tracer = tracer
+        registry.register(ReplicaCollector(self.router))
+        self._spans = spans if spans is not None or tracer is None else SpanEmitter(tracer)
         self._proxy: asyncio.Server | None = None
         self._control: _ControlServer | None = None
         self._control_task: asyncio.Task[None] | None = None
-        self._pool: UpstreamPool | None = None
         self._core: ProxyCore | None = None
         self.listen_url = ""
         self.control_url = ""
@@ -102,15 +107,18 @@ class Gateway:
         """Bind both ports and start serving. Raises OSError when a port is taken."""
         s = self.settings
         loop = asyncio.get_running_loop()
-        self._pool = UpstreamPool(
-            s.upstream, loop, connect_timeout_s=s.connect_timeout_s, max_idle=s.max_concurrency
-        )
+        for replica in self.router.replicas.values():
+            replica.pool = UpstreamPool(
+                replica.url,
+                loop,
+                connect_timeout_s=s.connect_timeout_s,
+                max_idle=replica.max_in_flight or s.max_concurrency,
+            )
         self._core = core = ProxyCore(
             admission=self.admission,
             identifier=Identifier(s.model_from, s.tenant_from),
-            pool=self._pool,
             metrics=self.metrics,
-            spans=None if self._tracer is None else SpanEmitter(self._tracer),
+            spans=self._spans,
             priority_field=s.priority_field,
             read_timeout_s=s.read_timeout_s,
             max_body_bytes=s.max_body_bytes,
@@ -125,7 +133,7 @@ class Gateway:
         self._proxy = await loop.create_server(
             lambda: ClientConnection(core, loop), sock=proxy_sock
         )
-        app = create_control_app(self.admission, s.token, self.registry, s.upstream)
+        app = create_control_app(self.admission, s.token, self.registry)
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", http="h11"
         )
@@ -156,6 +164,7 @@ class Gateway:
         if self._control is not None and self._control_task is not None:
             self._control.should_exit = True
             await self._control_task
-        if self._pool is not None:
-            self._pool.close()
+        for replica in self.router.replicas.values():
+            if replica.pool is not None:
+                replica.pool.close()
         await asyncio.sleep(0)  # let the aborted transports finish closing

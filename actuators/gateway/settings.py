@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from actuators.gateway.identify import PriorityField, Source, parse_source
+from actuators.gateway.routing_config import (
+    ReplicaSpec,
+    RouteSpec,
+    RoutingSpec,
+    parse_replica_table,
+    parse_route_table,
+    parse_routing_table,
+    parse_upstream_flag,
+)
 from store.errors import ConfigError, UsageError
 
 TOKEN_ENV = "COTENANT_GATEWAY_TOKEN"
@@ -79,7 +88,10 @@ class InitialState:
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    """Everything ``cotenant gateway`` runs with; see docs/gateway.md for each flag."""
+    """Everything ``cotenant gateway`` runs with; see docs/gateway.md for each flag.
+
+    ``upstream`` is the one-replica form (``--upstream URL``); ``routing`` (replicas, routes,
+    policy, passive health), when it names replicas, replaces it."""
 
     upstream: str
     token: str
@@ -100,6 +112,13 @@ class GatewaySettings:
     otlp_endpoint: str | None = None
     service_name: str = "cotenant-gateway"
     initial: InitialState = field(default_factory=InitialState)
+    routing: RoutingSpec = field(default_factory=RoutingSpec)
+
+    def routing_spec(self) -> RoutingSpec:
+        """``routing``, or one replica at ``upstream`` when it names none."""
+        if self.routing.replicas:
+            return self.routing
+        return replace(self.routing, replicas=(parse_upstream_flag(self.upstream),))
 
 
 _TABLES = {
@@ -110,8 +129,23 @@ _TABLES = {
 }
 
 
-def load_initial_state(path: Path) -> InitialState:
-    """Read a TOML file of starting limits and priorities::
+@dataclass(frozen=True)
+class GatewayFile:
+    """What a ``--config`` file holds: starting limits and priorities, replicas, routes, and
+    the ``[routing]`` keys it sets (``policy``, ``eject_after``, ``eject_s``)."""
+
+    initial: InitialState = field(default_factory=InitialState)
+    replicas: tuple[ReplicaSpec, ...] = ()
+    routes: dict[str, RouteSpec] = field(default_factory=dict)
+    routing: dict[str, Any] = field(default_factory=dict)
+
+
+_ROUTING_TABLES = ("upstreams", "routes", "routing")
+
+
+def load_gateway_file(path: Path) -> GatewayFile:
+    """Read a TOML file of starting limits and priorities, and of replicas and routes (see
+    :mod:`actuators.gateway.routing_config`)::
 
         [limits."llama-3-8b"]
         rate_rps = 20.0
@@ -133,14 +167,28 @@ def load_initial_state(path: Path) -> InitialState:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--config {path}: not valid TOML: {exc}") from None
     out: dict[str, Any] = {v: {} for v in _TABLES.values()}
+    where_file = f"--config {path}"
+    replicas: list[ReplicaSpec] = []
+    routes: dict[str, RouteSpec] = {}
+    routing: dict[str, Any] = {}
     for table, value in doc.items():
-        if table not in _TABLES:
+        if table not in _TABLES and table not in _ROUTING_TABLES:
             raise ConfigError(
-                f"--config {path}: unknown table [{table}] (use {', '.join(_TABLES)})"
+                f"--config {path}: unknown table [{table}] "
+                f"(use {', '.join([*_TABLES, *_ROUTING_TABLES])})"
             )
         if not isinstance(value, dict):
             raise ConfigError(f"--config {path}: [{table}] must be a table")
+        if table == "routing":
+            routing = parse_routing_table(value, where_file)
+            continue
         for name, item in value.items():
+            if table == "upstreams":
+                replicas.append(parse_replica_table(name, item, where_file))
+                continue
+            if table == "routes":
+                routes[name] = parse_route_table(name, item, where_file)
+                continue
             where = f"--config {path}: {table}.{name}"
             try:
                 if table.endswith("limits"):
@@ -154,4 +202,10 @@ def load_initial_state(path: Path) -> InitialState:
                     out[_TABLES[table]][name] = check_priority(item, where)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-    return InitialState(**out)
+    return GatewayFile(InitialState(**out), tuple(replicas), routes, routing)
+
+
+def load_initial_state(path: Path) -> InitialState:
+    """The starting limits and priorities of a ``--config`` file (see
+    :func:`load_gateway_file`)."""
+    return load_gateway_file(path).initial

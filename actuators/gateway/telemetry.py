@@ -8,10 +8,15 @@ gateway's queueing as ``queue_ms`` of the request.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from actuators.gateway.routing import Router
 
 QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
@@ -79,6 +84,81 @@ class GatewayMetrics:
         pair[1].observe(total_s)
 
 
+class ReplicaCollector:
+    """Per-replica series, read from the router when Prometheus scrapes (nothing is counted
+    twice on the data path): ``cotenant_gateway_replica_requests_total``, ``…_failures_total``,
+    ``…_ejections_total``, ``…_in_flight``, ``…_up`` (1: takes new requests) and
+    ``cotenant_gateway_route_weight`` (per route and replica; route ``*`` is the default)."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def collect(self) -> Iterator[Metric]:
+        router = self._router
+        sent = CounterMetricFamily(
+            "cotenant_gateway_replica_requests", "Requests sent to each replica", labels=["replica"]
+        )
+        failed = CounterMetricFamily(
+            "cotenant_gateway_replica_failures",
+            "Exchanges with each replica that failed (connect, timeout, reset, protocol)",
+            labels=["replica"],
+        )
+        ejections = CounterMetricFamily(
+            "cotenant_gateway_replica_ejections",
+            "Times passive health ejected each replica",
+            labels=["replica"],
+        )
+        in_flight = GaugeMetricFamily(
+            "cotenant_gateway_replica_in_flight",
+            "Requests at each replica now",
+            labels=["replica"],
+        )
+        up = GaugeMetricFamily(
+            "cotenant_gateway_replica_up",
+            "1 when the replica takes new requests, 0 while ejected (by an operator or health)",
+            labels=["replica"],
+        )
+        for name, r in router.replicas.items():
+            st = r.state(router.clock())
+            sent.add_metric([name], r.sent_total)
+            failed.add_metric([name], r.failed_total)
+            ejections.add_metric([name], r.health.ejections_total)
+            in_flight.add_metric([name], r.in_flight)
+            up.add_metric([name], 0 if st["state"] == "ejected" else 1)
+        weight = GaugeMetricFamily(
+            "cotenant_gateway_route_weight",
+            "Weight of each replica in each model's route (route '*': the default route)",
+            labels=["route", "replica"],
+        )
+        for route, rs in router.state()["routes"].items():
+            for name, w in rs["weights"].items():
+                weight.add_metric([route, name], w)
+        yield from (sent, failed, ejections, in_flight, up, weight)
+
+
+class SpanSink(Protocol):
+    """Receives one finished request (on the event loop thread; must be quick and must not
+    block): :class:`SpanEmitter` (the OTel SDK) or
+    :class:`actuators.gateway.span_export.OtlpSpanExporter` (pre-encoded OTLP). Times are Unix
+    nanoseconds; ``ttft_ns`` is the first byte of an event stream, else None."""
+
+    def emit(
+        self,
+        *,
+        model: str,
+        replica: str,
+        tenant: str,
+        priority: int,
+        method: str,
+        path: str,
+        status: int,
+        start_ns: int,
+        admit_ns: int,
+        end_ns: int,
+        ttft_ns: int | None,
+    ) -> None: ...
+
+
 class SpanEmitter:
     """Emits the request span and its ``queue`` child through ``tracer`` (an OTel SDK tracer
     with an OTLP exporter, set up by the caller)."""
@@ -90,6 +170,7 @@ class SpanEmitter:
         self,
         *,
         model: str,
+        replica: str,
         tenant: str,
         priority: int,
         method: str,
@@ -102,6 +183,7 @@ class SpanEmitter:
     ) -> None:
         attrs: dict[str, Any] = {
             "cotenant.model": model,
+            "cotenant.replica": replica,
             "cotenant.tenant": tenant,
             "cotenant.priority": priority,
             "http.request.method": method,

@@ -36,6 +36,20 @@ def layout(range: str | None = None, **_: Any) -> html.Div:
             html.Div(id="ov-p99-empty"),
             dcc.Graph(id="ov-p99", config={"displaylogo": False}, style={"display": "none"}),
             html.H3("Open and recent incidents"),
+            dcc.RadioItems(
+                id="ov-severity",
+                options=[
+                    {"label": "all", "value": "all"},
+                    {"label": "breaches (over the SLO)", "value": "breach"},
+                    {
+                        "label": "degradations (slower than usual, within the SLO)",
+                        "value": "degradation",
+                    },
+                ],
+                value="all",
+                inline=True,
+                className="severity-filter",
+            ),
             html.Div(id="ov-incidents"),
         ]
     )
@@ -122,9 +136,12 @@ def register(app: Dash, pc: PageContext) -> None:
         Output("ov-incidents-mark", "data"),
         Input("ov-params", "data"),
         Input("shell-tick", "n_intervals"),
+        Input("ov-severity", "value"),
         State("ov-incidents-mark", "data"),
     )
-    def incidents(params: dict[str, Any], _tick: int | None, mark: int | None) -> tuple[Any, Any]:
+    def incidents(
+        params: dict[str, Any], _tick: int | None, severity: str | None, mark: int | None
+    ) -> tuple[Any, Any]:
         try:
             rng = pc.range(params.get("range"))
         except QueryError as exc:
@@ -133,9 +150,14 @@ def register(app: Dash, pc: PageContext) -> None:
         if ctx.triggered_id == "shell-tick" and (changed == mark or not rng.live):
             return no_update, no_update
         found = data.incidents(rng)
+        if severity in ("breach", "degradation"):
+            found = [i for i in found if i.severity == severity]
         if not found:
+            what = {"breach": "breaches", "degradation": "degradations"}.get(severity or "")
             return empty(
-                "no incidents in this range — every model stayed within its baseline and SLO"
+                f"no {what} in this range"
+                if what
+                else "no incidents in this range — every model stayed within its baseline and SLO"
             ), changed
         return incident_table(found, id_="ov-incident-table"), changed
 

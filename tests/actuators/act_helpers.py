@@ -85,6 +85,7 @@ def add_incident(
     peak_p99_ms: float = 300.0,
     causes: list[dict[str, Any]] | None = None,
     base: int = T0,
+    severity: str = "breach",
 ) -> None:
     causes = causes or [
         {"kind": "cotenant", "culprit": "sdxl", "share": 0.8, "confidence": 0.9, "evidence": {}}
@@ -93,7 +94,7 @@ def add_incident(
     top = causes[0]
     with store.cursor() as cur:
         cur.execute(
-            "INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 id,
                 model,
@@ -109,6 +110,7 @@ def add_incident(
                 top["culprit"],
                 top["share"],
                 json.dumps(detail),
+                severity,
             ],
         )
 
@@ -160,7 +162,7 @@ GW_TOKEN = "gw-live-token-5e1d"
 class LiveGateway(RunningGateway):
     """The bundled gateway (:class:`actuators.gateway.server.Gateway`, the code ``cotenant
     gateway`` runs) on its own event loop in a thread, both ports free loopback ones. The
-    actuator drives its real control API (contract 3); tests read what it applied with
+    actuator drives its real control API (contract 4); tests read what it applied with
     ``GET /control/v1/state``. Its upstream is a port nobody listens on: these tests change
     limits and priorities, they send no model traffic."""
 
@@ -170,7 +172,7 @@ class LiveGateway(RunningGateway):
         sock.close()
         super().__init__(
             GatewaySettings(
-                upstream=nobody,
+                upstream=f"nobody={nobody}",  # one replica, named "nobody"
                 token=GW_TOKEN,
                 listen=("127.0.0.1", 0),
                 control=("127.0.0.1", 0),
@@ -201,9 +203,17 @@ class LiveGateway(RunningGateway):
         return dict(self._call("GET", "/control/v1/state")["models"])
 
     def model(self, name: str) -> dict[str, Any]:
-        """One model's ``rate_rps``, ``burst`` and ``priority`` (None when not set)."""
-        m = self.models().get(name, {})
-        return {k: m.get(k) for k in ("rate_rps", "burst", "priority")}
+        """One model's ``rate_rps``, ``burst`` and ``priority`` (None when not set), and its
+        route's ``weights`` and ``weights_set`` (as the gateway backend reports them)."""
+        st = self._call("GET", "/control/v1/state")
+        m = st["models"].get(name, {})
+        own = st["routes"].get(name)
+        route = own or st["routes"]["*"]
+        return {
+            **{k: m.get(k) for k in ("rate_rps", "burst", "priority")},
+            "weights": route["weights"],
+            "weights_set": bool(own and own["overridden"]),
+        }
 
     def changed(self) -> dict[str, dict[str, Any]]:
         """Every model with a limit or a priority set."""

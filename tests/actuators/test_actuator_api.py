@@ -35,7 +35,13 @@ from store.db import Store
 from store.source import StoreSource
 
 TOKEN = "tok-5a7c9e1f-never-logged"
-NOTHING = {"rate_rps": None, "burst": None, "priority": None}
+NOTHING = {
+    "rate_rps": None,
+    "burst": None,
+    "priority": None,
+    "weights": {"nobody": 1},  # the live gateway's one replica, in the default route
+    "weights_set": False,
+}
 
 Api = tuple[str, ActionController, LiveGateway]
 

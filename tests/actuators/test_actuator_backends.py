@@ -548,9 +548,12 @@ def test_gateway_backend_drives_the_real_gateway_control_api() -> None:
 
     from actuators.gateway.admission import Admission
     from actuators.gateway.control import create_control_app
+    from actuators.gateway.routing import Router
+    from actuators.gateway.routing_config import ReplicaSpec, RoutingSpec
 
-    admission = Admission(max_concurrency=4, max_queue=16, queue_timeout_s=1.0)
-    app = create_control_app(admission, TOKEN, CollectorRegistry(), "http://127.0.0.1:9")
+    router = Router(RoutingSpec((ReplicaSpec("u", "http://127.0.0.1:9"),)))
+    admission = Admission(router=router, max_concurrency=4, max_queue=16, queue_timeout_s=1.0)
+    app = create_control_app(admission, TOKEN, CollectorRegistry())
     with running(app) as url:
         gw = GatewayBackend(caller("gateway", url, headers={"Authorization": f"Bearer {TOKEN}"}))
         before = gw.current("meta-llama/Llama-3.1-8B")

@@ -58,7 +58,13 @@ def gw(live: LiveGateway) -> LiveGateway:
     return live
 
 
-NOTHING = {"rate_rps": None, "burst": None, "priority": None}
+NOTHING = {
+    "rate_rps": None,
+    "burst": None,
+    "priority": None,
+    "weights": {"nobody": 1},  # the live gateway's one replica, in the default route
+    "weights_set": False,
+}
 
 
 def make(
@@ -136,6 +142,18 @@ def test_dry_run_proposes_a_sized_rate_limit_and_applies_nothing(
         )
         == 1.0
     )
+
+
+def test_a_degradation_within_the_slo_is_listed_not_acted_on(store: Store, gw: LiveGateway) -> None:
+    clock = FakeClock(130)
+    add_incident(store, severity="degradation", peak_p99_ms=80.0)
+    c, gw, _ = make(store, "auto", clock, gw)
+    c.step(clock())
+    assert c.list_actions() == [] and gw.changed() == {}
+    add_incident(store, severity="breach")  # the same slowdown crossed the SLO
+    c.step(clock.set(135))
+    [a] = c.list_actions()
+    assert a["kind"] == "rate_limit" and a["target"] == "sdxl"
 
 
 def test_auto_applies_verifies_then_reverts_at_ttl(store: Store, gw: LiveGateway) -> None:

@@ -209,6 +209,7 @@ def test_a_failing_read_leaves_the_page_as_it_was(tmp_path: Path) -> None:
         "inputs": [
             {"id": "ov-params", "property": "data", "value": {"range": "1h"}},
             {"id": "shell-tick", "property": "n_intervals", "value": None},
+            {"id": "ov-severity", "property": "value", "value": "all"},
         ],
         "changedPropIds": ["ov-params.data"],
         "state": [{"id": "ov-incidents-mark", "property": "data", "value": None}],

@@ -228,9 +228,10 @@ def test_overview_lists_the_victims_incident(running: Running, browser: WebDrive
         "the p99 chart",
     )
     rows = _rows(browser, "#ov-incident-table")
-    assert VICTIM in [r[2] for r in rows], rows
-    chat = next(r for r in rows if r[2] == VICTIM)
-    assert chat[1] == "open" and chat[7] == "cotenant" and chat[8] == CULPRIT, chat
+    assert VICTIM in [r[3] for r in rows], rows
+    chat = next(r for r in rows if r[3] == VICTIM)
+    assert chat[1] == "open" and chat[2] == "breach", chat
+    assert chat[8] == "cotenant" and chat[9] == CULPRIT, chat
     tiles = _text(browser, "#ov-models")
     assert "chat" in tiles and "embed" in tiles and "SLO" in tiles
     assert "gpu0" in _text(browser, "#ov-gpus")
@@ -240,11 +241,37 @@ def test_overview_lists_the_victims_incident(running: Running, browser: WebDrive
     _no_console_errors(browser, "overview")
 
 
+def test_overview_filters_incidents_by_severity(running: Running, browser: WebDriver) -> None:
+    _open(browser, running.url + "/", "#ov-incident-table", VICTIM)
+    every = _rows(browser, "#ov-incident-table")
+    breach = next(r[0] for r in every if r[3] == VICTIM and r[2] == "breach")
+
+    def choose(value: str) -> None:
+        radio = browser.find_element(By.CSS_SELECTOR, f"#ov-severity input[value='{value}']")
+        radio.find_element(By.XPATH, "ancestor::label").click()
+
+    def listed(d: WebDriver) -> list[list[str]]:
+        return _rows(d, "#ov-incident-table") if d.find_elements(By.ID, "ov-incident-table") else []
+
+    # the neighbour slowed within its SLO is a degradation; the victim's SLO breach is not
+    choose("degradation")
+    _wait(
+        browser,
+        lambda d: listed(d) and breach not in [r[0] for r in listed(d)],
+        "degradations only",
+    )
+    assert {r[2] for r in listed(browser)} == {"degradation"}
+    assert "embed" in [r[3] for r in listed(browser)]
+    choose("breach")
+    _wait(browser, lambda d: breach in [r[0] for r in listed(d)], "breaches only")
+    assert {r[2] for r in listed(browser)} == {"breach"}
+
+
 def test_incident_shows_the_culprit_first_in_the_causes_chart(
     running: Running, browser: WebDriver
 ) -> None:
     _open(browser, running.url + "/", "#ov-incident-table", VICTIM)
-    iid = next(r[0] for r in _rows(browser, "#ov-incident-table") if r[2] == VICTIM)
+    iid = next(r[0] for r in _rows(browser, "#ov-incident-table") if r[3] == VICTIM)
     _wait(browser, lambda d: d.find_element(By.LINK_TEXT, iid).click() or True, "the link")
     _wait(
         browser,

@@ -17,7 +17,7 @@ from actuators.backend import Backend, Change
 from evaluation.actuation_score import rolling_p99, score
 from evaluation.closed_loop import START_NS, run_closed_loop
 from evaluation.sim_backend import SimulatorBackend
-from simulator.admission import TokenBucket
+from simulator.admission import VirtualTokenBucket
 from simulator.engine import Simulation
 from simulator.output import requests_table
 from simulator.scenario_load import find_scenario, load_scenario, parse_scenario
@@ -120,14 +120,14 @@ def test_bad_change_is_refused_and_changes_nothing(change: Change, says: str) ->
 
 
 def test_token_bucket_admits_its_burst_then_its_rate() -> None:
-    bucket = TokenBucket(10.0, 5)
+    bucket = VirtualTokenBucket(10.0, 5)
     at_once = [bucket.admit(0.0) for _ in range(8)]
     assert at_once == [0.0] * 5 + [None] * 3  # the burst, then refusals (no wait allowed)
     assert [bucket.admit(0.35) for _ in range(4)] == [0.0] * 3 + [None]  # 3.5 tokens back
-    waiting = TokenBucket(10.0, 1, max_wait_s=0.25)
+    waiting = VirtualTokenBucket(10.0, 1, max_wait_s=0.25)
     assert [waiting.admit(0.0) for _ in range(4)] == pytest.approx([0.0, 0.1, 0.2, None])
     with pytest.raises(UsageError, match="burst 0"):
-        TokenBucket(1.0, 0)
+        VirtualTokenBucket(1.0, 0)
 
 
 def test_backend_is_a_backend_and_names_unknown_targets() -> None:

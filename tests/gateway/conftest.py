@@ -168,3 +168,13 @@ def state(gw: RunningGateway) -> dict[str, Any]:
     r = httpx.get(f"{gw.control}/control/v1/state", headers=auth(), timeout=5)
     assert r.status_code == 200
     return dict(r.json())
+
+
+@pytest.fixture
+def replica_servers() -> Iterator[Any]:
+    """Replica stand-ins (:class:`tests.gateway.replicas.ReplicaServers`)."""
+    from tests.gateway.replicas import ReplicaServers
+
+    servers = ReplicaServers()
+    yield servers
+    servers.close()

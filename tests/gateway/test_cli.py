@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -26,7 +27,10 @@ def _run(
     monkeypatch.delenv("COTENANT_GATEWAY_TOKEN", raising=False)
     if token is not None:
         monkeypatch.setenv("COTENANT_GATEWAY_TOKEN", token)
-    code = main(["gateway", *args])
+    try:
+        code = main(["gateway", *args])
+    except SystemExit as exc:  # argparse refuses a value it cannot parse
+        code = int(exc.code or 0)
     return code, capsys.readouterr().err
 
 
@@ -53,7 +57,17 @@ def test_refuses_to_start_without_a_token(
         (["--model-from", "path:(["], "invalid regular expression"),
         (["--upstream", "ftp://x"], "give an http:// or https:// URL"),
         (["--max-concurrency", "0"], "--max-concurrency 0"),
-        (["--queue-timeout", "nan"], "--queue-timeout nan"),
+        (["--queue-timeout", "nan"], "--queue-timeout: 'nan' is not a finite duration"),
+        (["--idle-timeout", "5x"], "--idle-timeout: '5x' is not a duration"),
+        (["--upstream", "a b=http://h:1"], "--upstream name 'a b': a replica name is 1-64"),
+        (["--upstream", "gpu0=ftp://h"], "--upstream 'ftp://h': give an http://"),
+        (
+            ["--upstream", "a=http://h:1", "--upstream", "a=http://h:2"],
+            "upstream 'a' is given twice",
+        ),
+        (["--eject-after", "-1"], "--eject-after -1: give an integer >= 0"),
+        (["--eject-time", "0"], "--eject-time 0.0: give a finite number > 0"),
+        (["--idle-timeout", "soon"], "--idle-timeout: 'soon' is not a duration"),
     ],
 )
 def test_bad_flags_are_refused_with_a_message(
@@ -62,7 +76,7 @@ def test_bad_flags_are_refused_with_a_message(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    full = args if "--upstream" in args else ["--upstream", "http://127.0.0.1:9", *args]
+    full = args if "--upstream" in args[:1] else ["--upstream", "http://127.0.0.1:9", *args]
     code, err = _run(full, capsys, monkeypatch, token="t")
     assert code != 0
     assert needle in err, err
@@ -77,6 +91,86 @@ def test_bad_config_file_is_refused(
         ["--upstream", "http://127.0.0.1:9", "--config", str(cfg)], capsys, monkeypatch, token="t"
     )
     assert code != 0 and "limits.llama.rate_rps must be a finite number > 0" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[routes.llama]\nweights = {gpu9 = 1}\n", "weights: no upstream named 'gpu9'"),
+        ("[routes.llama]\nweights = {u = 0}\n", "routes.llama.weights: at least one weight"),
+        ("[routes.llama]\nweights = {u = 1}\npolicy = 'random'\n", "routes.llama.policy 'random'"),
+        ("[upstreams.g]\nurl = 'http://h:1'\nreserve_slots = 2\n", "set max_in_flight"),
+        ("[upstreams.g]\nurl = 'http://h:1'\nmax_in_flight = 2\nreserve_slots = 3\n", "is more"),
+        ("[upstreams.g]\nurl = 'http://h:1'\nweight = 300\n", "upstreams.g.weight must be"),
+        ("[upstreams.g]\nurl = 'http://h:1'\nport = 3\n", "unknown key 'port'"),
+        ("[upstreams.g]\nweight = 1\n", "upstreams.g: url is required"),
+        ("[upstreams.u]\nurl = 'http://h:1'\n", "upstream 'u' is given twice"),
+        ("[routing]\neject_after = -2\n", "routing.eject_after must be an integer from 0"),
+        ("[routing]\nmode = 1\n", "routing: unknown key 'mode'"),
+    ],
+)  # fmt: skip
+def test_bad_routing_config_is_refused(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    needle: str,
+) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(text)
+    args = ["--upstream", "u=http://127.0.0.1:9", "--config", str(cfg)]
+    code, err = _run(args, capsys, monkeypatch, token="t")
+    assert code != 0 and needle in err, err
+
+
+def test_no_upstream_at_all_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, err = _run([], capsys, monkeypatch, token="t")
+    assert code != 0 and "no upstream: give --upstream URL" in err
+
+
+def test_replicas_from_flags_and_config(model_server: ModelServer, tmp_path: Path) -> None:
+    """Two replicas by flag and one from the config file, least-loaded."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(
+        f"[upstreams.c]\nurl = '{model_server.url}'\nweight = 0\n"
+        f"[routes.victim]\nweights = {{c = 1}}\n[routing]\neject_after = 3\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cotenant", "gateway",
+         "--upstream", f"a={model_server.url}", "--upstream", f"b={model_server.url}",
+         "--routing", "least-loaded", "--config", str(cfg),
+         "--listen", f"127.0.0.1:{free_port()}", "--control", f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "COTENANT_GATEWAY_TOKEN": "tok"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        fields = dict(part.split("=", 1) for part in line.split()[1:])
+        assert fields["replicas"] == "a,b,c" and fields["upstream"] == model_server.url
+        for model in ("victim", "other", "other"):
+            r = httpx.post(f"{fields['proxy']}/v1/completions", json={"model": model}, timeout=10)
+            assert r.status_code == 200
+        st = httpx.get(
+            f"{fields['control']}/control/v1/state",
+            headers={"Authorization": "Bearer tok"},
+            timeout=5,
+        ).json()
+        assert st["routes"]["*"]["policy"] == "least-loaded"
+        assert st["routes"]["victim"]["weights"] == {"c": 1}
+        assert st["replicas"]["c"]["sent_total"] == 1
+        assert st["replicas"]["a"]["sent_total"] + st["replicas"]["b"]["sent_total"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
 
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])

@@ -108,7 +108,8 @@ def test_state_reflects_limits_and_priorities_and_delete_is_idempotent(
     st = state(gw)
     assert st["models"][model]["rate_rps"] == 12.5 and st["models"][model]["priority"] == -3
     assert st["tenants"]["batch"]["priority"] == 9
-    assert set(st) == {"models", "tenants", "upstream"}
+    assert set(st) == {"contract", "models", "tenants", "replicas", "routes", "upstream"}
+    assert st["contract"] == 4
     for _ in range(2):
         r = httpx.delete(f"{gw.control}/control/v1/limits/{model}", headers=auth())
         assert r.status_code == 200 and r.json()["rate_rps"] is None and r.json()["burst"] is None

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, start_serve
@@ -63,17 +64,30 @@ def test_metrics_count_requests_rejections_and_queue_wait(start_gateway: Start) 
     assert m[("cotenant_gateway_queue_wait_seconds_count", (("model", "llama"),))] == 5
     assert m[("cotenant_gateway_in_flight", ())] == 0
     assert m[("cotenant_gateway_queued", ())] == 0
+    (replica,) = state_replicas = httpx.get(
+        f"{gw.control}/control/v1/state", headers=auth()
+    ).json()["replicas"]
+    assert state_replicas[replica]["sent_total"] == 2
+    assert m[("cotenant_gateway_replica_requests_total", (("replica", replica),))] == 2
+    assert m[("cotenant_gateway_replica_up", (("replica", replica),))] == 1
+    assert m[("cotenant_gateway_replica_in_flight", (("replica", replica),))] == 0
+    assert m[("cotenant_gateway_route_weight", (("replica", replica), ("route", "*")))] == 1
 
 
-def test_spans_with_queue_time_reach_cotenant(model_server: ModelServer, tmp_path: Path) -> None:
-    """``cotenant gateway --otlp-endpoint`` (a real subprocess, the real OTel SDK) in front of
-    the model server, its spans received by a real ``cotenant serve``."""
+@pytest.mark.parametrize("exporter", ["builtin", "sdk"])
+def test_spans_with_queue_time_reach_cotenant(
+    model_server: ModelServer, tmp_path: Path, exporter: str
+) -> None:
+    """``cotenant gateway --otlp-endpoint`` (a real subprocess; its own pre-encoded OTLP, or
+    the real OTel SDK) in front of the model server, its spans received by a real
+    ``cotenant serve``."""
     model_server.reset()
     served = start_serve(tmp_path, tmp_path / "store.duckdb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "cotenant", "gateway", "--upstream", model_server.url,
          "--listen", f"127.0.0.1:{free_port()}", "--control", f"127.0.0.1:{free_port()}",
-         "--otlp-endpoint", served.otlp_http, "--max-concurrency", "1"],
+         "--otlp-endpoint", served.otlp_http, "--max-concurrency", "1",
+         "--otlp-exporter", exporter],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "COTENANT_GATEWAY_TOKEN": TOKEN},
     )  # fmt: skip

@@ -132,9 +132,13 @@ def test_recommendations_follow_the_numbers(summary: WeekSummary) -> None:
     assert by_target["gpu-1"].kind in ("mps", "cooling")
     assert any(r.kind == "mig" and r.target == "gpu-0" for r in summary.recommendations)
     assert any(r.kind == "cooling" for r in summary.recommendations)
+    t = summary.thresholds
     for r in summary.recommendations:
-        assert r.evidence["victim_minutes"] >= summary.thresholds.min_victim_minutes
-        assert r.because
+        assert (
+            r.evidence["victim_minutes"] >= t.min_victim_minutes
+            or r.evidence["incidents"] >= t.min_incidents
+        )
+        assert r.because and "victim-minutes a week" in r.evidence["expected_gain"]
 
 
 def test_week_over_week(summary: WeekSummary) -> None:
@@ -166,19 +170,37 @@ def test_an_empty_week_says_so(fortnight: Fortnight, tmp_path: Path) -> None:
     paths = write_report(s, tmp_path, ("html", "md"))
     md = paths["md"].read_text()
     assert "No requests and no incidents were recorded in 2026-W50" in md
-    assert "None: nothing this week calls for a change." in md
+    assert "None: no incident this week, nothing calls for a change." in md
     html = paths["html"].read_text()
     assert "No requests and no incidents" in html and "Plotly.newPlot" not in html
 
 
-def test_a_clean_week_gets_no_recommendations(fortnight: Fortnight) -> None:
+def test_a_clean_week_gets_no_recommendations_and_says_why(fortnight: Fortnight) -> None:
     store = fortnight.open()
     try:
-        strict = Thresholds(min_victim_minutes=10_000)
+        strict = Thresholds(min_victim_minutes=10_000, min_incidents=10_000)
         s = ReportBuilder(store, slo_ms=SLO, thresholds=strict).build(WEEK)
     finally:
         store.close()
     assert s.culprits and not s.recommendations
+    md = render_markdown(s)
+    assert "None: no culprit hurt other models for 10000 victim-minutes" in md
+    worst = max(s.culprits, key=lambda c: c.victim_minutes)
+    assert f"the most was {worst.culprit}" in md
+
+
+def test_a_repeat_offender_earns_a_recommendation_in_a_short_week(
+    fortnight: Fortnight,
+) -> None:
+    # the demo's week: minutes of harm, but the same culprit named again and again
+    store = fortnight.open()
+    try:
+        short = Thresholds(min_victim_minutes=10_000, min_incidents=2)
+        s = ReportBuilder(store, slo_ms=SLO, thresholds=short).build(WEEK)
+    finally:
+        store.close()
+    repeat = {c.culprit for c in s.culprits if c.incidents >= 2}
+    assert repeat and repeat == {r.evidence["culprit"] for r in s.recommendations}
 
 
 def test_files_follow_the_contract_layout(summary: WeekSummary, tmp_path: Path) -> None:
