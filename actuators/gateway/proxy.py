@@ -56,6 +56,10 @@ class ClientConnection(asyncio.Protocol):
         self.keep_alive = True
         self.http10 = False
         self._last = loop.time()
+        # when the first byte of a request not yet read in full arrived: the whole request
+        # head and body must come within the idle timeout (a byte every second is no
+        # keep-alive: slowloris)
+        self._begun: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -80,6 +84,8 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._buf += data
         self._last = self.loop.time()
+        if self._current is None and self._begun is None:
+            self._begun = self._last
         if self._current is None:
             self._next_request()
         elif len(self._buf) > _PAUSE_BUFFER and not self._paused and self.transport:
@@ -94,10 +100,14 @@ class ClientConnection(asyncio.Protocol):
         now = self.loop.time()
         if self._current is not None:  # a request in progress is the upstream's to time out
             self._idle_timer = self.loop.call_at(now + timeout, self._check_idle, timeout)
-        elif now >= self._last + timeout:
+            return
+        deadline = self._last + timeout
+        if self._begun is not None:  # a request still arriving, however slowly
+            deadline = min(deadline, self._begun + timeout)
+        if now >= deadline:
             self.close()
         else:
-            self._idle_timer = self.loop.call_at(self._last + timeout, self._check_idle, timeout)
+            self._idle_timer = self.loop.call_at(deadline, self._check_idle, timeout)
 
     def pause_writing(self) -> None:
         req = self._current
@@ -157,6 +167,7 @@ class ClientConnection(asyncio.Protocol):
         self._head = None
         self.keep_alive = head.keep_alive
         self.http10 = head.start[2] == b"HTTP/1.0"
+        self._begun = None
         req = self._current = ProxiedRequest(self, head, body)
         try:
             req.begin()
@@ -179,6 +190,7 @@ class ClientConnection(asyncio.Protocol):
         """The current request's answer is complete (or abandoned)."""
         self._current = None
         self._last = self.loop.time()
+        self._begun = self._last if self._buf else None  # a pipelined request already begun
         if self._closed:
             return
         if not self.keep_alive:

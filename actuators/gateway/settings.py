@@ -47,12 +47,21 @@ def check_upstream(url: str) -> SplitResult:
     return parts
 
 
+MIN_RATE = 0.001
+"""The smallest rate (or duration) accepted: one request in about 17 minutes. Below it a
+``Retry-After`` would run to hundreds of digits."""
+MAX_RATE = 1_000_000.0
+
+
 def check_rate(value: Any, where: str) -> float:
-    """A rate in requests/s: a finite number > 0 (not a bool); else :class:`ValueError`."""
+    """A rate in requests/s (or a duration in s): a finite number in [MIN_RATE, MAX_RATE]
+    (not a bool); else :class:`ValueError` naming ``where`` and the bounds."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{where} must be a number, not {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{where} must be a finite number > 0, not {value!r}")
+    if not MIN_RATE <= value <= MAX_RATE:
+        raise ValueError(f"{where} must be between {MIN_RATE:g} and {MAX_RATE:g}, not {value!r}")
     return float(value)
 
 

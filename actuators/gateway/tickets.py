@@ -17,6 +17,10 @@ Grant = tuple[Replica, bool, bool]
 """A replica given to a request: ``(replica, reserved, probe)`` (see :meth:`Replica.take`)."""
 
 
+MAX_RETRY_AFTER_S = 3600
+"""The longest Retry-After the gateway gives, in seconds."""
+
+
 class Rejected(Exception):
     """A request is refused: ``status`` (429 or 503), ``reason`` (a metric label), and the
     ``retry_after_s`` the client is told."""
@@ -29,8 +33,8 @@ class Rejected(Exception):
 
     @property
     def retry_after_header(self) -> str:
-        """``Retry-After`` in whole seconds, at least 1."""
-        return str(max(1, math.ceil(self.retry_after_s)))
+        """``Retry-After`` in whole seconds, at least 1 and at most an hour."""
+        return str(min(MAX_RETRY_AFTER_S, max(1, math.ceil(self.retry_after_s))))
 
 
 class Entry:

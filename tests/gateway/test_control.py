@@ -50,6 +50,8 @@ def test_every_control_call_needs_the_bearer_token(
         (b'{"rate_rps": NaN, "burst": 5}', "NaN is not a valid JSON number"),
         (b'{"rate_rps": Infinity, "burst": 5}', "Infinity is not a valid JSON number"),
         (b'{"rate_rps": 1e999, "burst": 5}', "field 'rate_rps' must be a finite number > 0"),
+        # issue 15: a tiny rate was accepted, then 429s carried a ~300-digit Retry-After
+        (b'{"rate_rps": 1e-300, "burst": 5}', "field 'rate_rps' must be between 0.001 and"),
         (b'{"rate_rps": 5, "burst": 0}', "field 'burst' must be an integer from 1"),
         (b'{"rate_rps": 5, "burst": 1.5}', "field 'burst' must be an integer, not float"),
         (b'{"rate_rps": 5, "burst": 2, "x": 1}', "field 'x' is not allowed"),
@@ -117,3 +119,10 @@ def test_state_reflects_limits_and_priorities_and_delete_is_idempotent(
     assert r.status_code == 200 and r.json()["priority"] is None
     r = httpx.delete(f"{gw.control}/control/v1/limits/never-limited", headers=auth())
     assert r.status_code == 200 and r.json()["rate_rps"] is None
+
+
+@pytest.mark.parametrize(("wait_s", "header"), [(0.05, "1"), (2.5, "3"), (1e300, "3600")])
+def test_retry_after_is_always_a_small_integer(wait_s: float, header: str) -> None:
+    from actuators.gateway.tickets import Rejected
+
+    assert Rejected(429, "rate_limited", wait_s, "slow down").retry_after_header == header

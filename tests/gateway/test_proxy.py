@@ -466,6 +466,37 @@ def test_idle_and_half_sent_connections_are_closed(start_gateway: Start) -> None
         assert client.post("/v1/completions", json={"model": "a"}).status_code == 200
 
 
+def test_a_request_trickling_in_byte_by_byte_is_closed_within_the_idle_timeout(
+    start_gateway: Start,
+) -> None:
+    # issue 15: one header byte every 0.1 s kept a connection open past --idle-timeout
+    gw = start_gateway(idle_timeout_s=0.5)
+    host, port = gw.url.removeprefix("http://").split(":")
+    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        t0 = time.monotonic()
+        closed = False
+        for i in range(len(head)):  # bounded: 200+ bytes, 0.1 s apart at most ~25 s
+            try:
+                s.sendall(head[i : i + 1])
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.1)
+            if time.monotonic() - t0 > 5:
+                break
+        if not closed:
+            s.settimeout(5)
+            try:
+                closed = s.recv(100) == b""
+            except TimeoutError:  # still open: the bug
+                closed = False
+            except OSError:  # reset by the gateway
+                closed = True
+        assert closed, "a slow-header client outlived the idle timeout"
+        assert time.monotonic() - t0 < 5
+
+
 def test_stop_lets_requests_in_progress_finish(
     start_gateway: Start, model_server: ModelServer
 ) -> None:
