@@ -104,7 +104,9 @@ def test_rate_limit_answers_429_with_retry_after_at_the_configured_rate(
     limited = [r for r in responses if r.status_code == 429]
     assert len(ok) + len(limited) == len(responses)
     expected = 5 + 20 * elapsed
-    assert expected - 4 <= len(ok) <= expected + 2, (len(ok), elapsed)
+    # never more than the bucket allows; at least half its refill (a client stalled by a busy
+    # machine leaves the bucket full, and a full bucket wastes its refill)
+    assert 5 + 10 * elapsed <= len(ok) <= expected + 2, (len(ok), elapsed)
     assert len(limited) > len(ok)  # the client asked for far more than 20 rps
     assert all(int(r.headers["retry-after"]) >= 1 for r in limited)
     assert "rate limit of model 'llama'" in limited[0].json()["error"]
