@@ -29,7 +29,16 @@ from typing import Any
 import numpy as np
 
 from analysis.candidates import Candidate, activity
-from analysis.change import robust_change, strength
+from analysis.change import absent_as_zero, mean_over, robust_change, strength, wmean_over
+from analysis.cpu_causes import CpuRiser, cpu_risers
+from analysis.demand import (
+    Demand,
+    arrival_surge,
+    cotenant_demands,
+    cpu_work_rose,
+    fellow_victims,
+    slowdown,
+)
 from analysis.windows import GpuWindows
 from store.schema import PHASE_COLUMNS
 
@@ -69,45 +78,16 @@ class Attribution:
     notes: list[str] = field(default_factory=list)
 
 
-def _wmean(x: np.ndarray, w: np.ndarray, mask: np.ndarray) -> float:
-    sel = mask & np.isfinite(x) & (w > 0)
-    if not sel.any():
-        return float("nan")
-    return float(np.average(x[sel], weights=w[sel]))
-
-
-def _mean(x: np.ndarray, mask: np.ndarray) -> float:
-    v = x[mask]
-    v = v[np.isfinite(v)]
-    return float(v.mean()) if len(v) else float("nan")
-
-
-ABSENT = 0.25
-"""A process sampled in fewer than this fraction of the before windows was not running then."""
-
-
-def _absent_as_zero(x: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """A series almost never sampled before the incident belongs to a process that appeared:
-    its missing before windows count as 0. Otherwise missing windows stay unknown (NVML had
-    no new sample), and averages skip them."""
-    b = x[before]
-    if len(b) == 0 or np.isfinite(b).mean() >= ABSENT:
-        return x
-    y = x.copy()
-    y[before & ~np.isfinite(x)] = 0.0
-    return y
-
-
 def _rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
-    x = _absent_as_zero(x, before)
-    b, d = _mean(x, before), _mean(x, during)
+    x = absent_as_zero(x, before)
+    b, d = mean_over(x, before), mean_over(x, during)
     return 0.0 if not (np.isfinite(b) and np.isfinite(d)) else max(0.0, d - b)
 
 
 def _conf(x: np.ndarray | None, before: np.ndarray, during: np.ndarray) -> float:
     if x is None:
         return 0.3
-    x = _absent_as_zero(np.asarray(x, dtype=np.float64), before)
+    x = absent_as_zero(np.asarray(x, dtype=np.float64), before)
     c = robust_change(x, before, during, during_stat="mean")
     return 0.0 if c is None else strength(c.score)
 
@@ -117,12 +97,12 @@ def _ev(
 ) -> dict[str, Any]:
     if x is None:
         return {"series": series}
-    x = _absent_as_zero(x, before)
+    x = absent_as_zero(x, before)
     return {
         "series": series,
         "unit": unit,
-        "before": round(_mean(x, before), 4),
-        "during": round(_mean(x, during), 4),
+        "before": round(mean_over(x, before), 4),
+        "during": round(mean_over(x, during), 4),
     }
 
 
@@ -147,34 +127,44 @@ def attribute(
     phases: dict[str, float] = {}
     if has_phases:
         for c in PHASE_COLUMNS:
-            b, d = _wmean(v[c], cnt, before), _wmean(v[c], cnt, during)
+            b, d = wmean_over(v[c], cnt, before), wmean_over(v[c], cnt, during)
             phases[c] = max(0.0, d - b) if np.isfinite(b) and np.isfinite(d) else 0.0
     else:
         notes.append(
             "no per-request phases (spans absent): the latency excess is explained "
             "from GPU and co-tenant series only"
         )
-        b, d = _wmean(v["mean_ms"], cnt, before), _wmean(v["mean_ms"], cnt, during)
+        b, d = wmean_over(v["mean_ms"], cnt, before), wmean_over(v["mean_ms"], cnt, during)
         phases["compute_ms"] = max(0.0, d - b) if np.isfinite(b) and np.isfinite(d) else 0.0
     total = sum(phases.values())
     excess: dict[Candidate, float] = defaultdict(float)
     conf: dict[Candidate, float] = {}
     evidence: dict[Candidate, dict[str, Any]] = {}
+    near = _widen(during, SAMPLE_LAG_WINDOWS) & ~before
+    demands = cotenant_demands(w, victim, before, during, near)
+    # co-tenants whose own demand did not rise: their busier time is a symptom
+    flat = {m for m, d in demands.items() if not d.rose}
+    # a model's CPU counts only where it rose beyond its slowdown (spin-waits are symptoms)
+    cpu_flat = {
+        m
+        for m, x in (host_cpu or {}).items()
+        if m in w.models and not cpu_work_rose(w.models[m], x, before, during, w.step_ns)
+    }
+    risers = cpu_risers(host_cpu, before, during, exclude=cpu_flat)
+    ctx = _Context(w, victim, before, during, near, flat, conf, evidence, notes)
 
-    compute = _compute_causes(
-        w, victim, before, during, phases.get("compute_ms", 0.0), conf, evidence, notes
-    )
+    compute = _compute_causes(ctx, phases.get("compute_ms", 0.0), risers, host_cpu or {})
     for cand, ms in compute.items():
         excess[cand] += ms
     # queue: own load vs lost capacity
     q = phases.get("queue_ms", 0.0)
     if q > 0:
-        rate_b, rate_d = _mean(v["arrival_rps"], before), _mean(v["arrival_rps"], during)
+        rate_b, rate_d = mean_over(v["arrival_rps"], before), mean_over(v["arrival_rps"], during)
         item = (
             np.nan_to_num(v["compute_ms"]) + np.nan_to_num(v["h2d_ms"]) + np.nan_to_num(v["d2h_ms"])
         ) / np.fmax(np.nan_to_num(v["batch_size_mean"], nan=1.0), 1.0)
-        svc_b, svc_d = _wmean(item, cnt, before), _wmean(item, cnt, during)
-        lw = max(0.0, rate_d / rate_b - 1) if _surge(v, before, during, w.step_ns) else 0.0
+        svc_b, svc_d = wmean_over(item, cnt, before), wmean_over(item, cnt, during)
+        lw = max(0.0, rate_d / rate_b - 1) if arrival_surge(v, before, during, w.step_ns) else 0.0
         cw = max(0.0, svc_d / svc_b - 1) if svc_b > 0 else 0.0
         load = Candidate("load", victim)
         if lw + cw > 0:
@@ -209,29 +199,20 @@ def attribute(
     # host CPU
     cpu_ms = phases.get("preprocess_ms", 0.0) + phases.get("postprocess_ms", 0.0)
     if cpu_ms > 0:
-        best: str | None = None
-        best_rise = 0.0
-        for name, cpu in (host_cpu or {}).items():
-            r = _rise(cpu, before, during)
-            if r > best_rise:
-                best, best_rise = name, r
-        cand = Candidate("cpu", best or "host")
+        top_cpu = risers[0] if risers else None
+        cand = Candidate("cpu", top_cpu.name if top_cpu else "host")
         excess[cand] += cpu_ms
-        cpu_series = None if best is None else (host_cpu or {})[best]
-        conf[cand] = _conf(cpu_series, before, during) if cpu_series is not None else 0.2
-        evidence[cand] = _ev(
-            cpu_series,
-            before,
-            during,
-            f"{best} host CPU" if best else f"{victim} preprocess",
-            "cores",
-        )
-        if cpu_series is None:
-            notes.append("preprocess grew but no host CPU series names a culprit")
+        if top_cpu is not None:
+            _cpu_evidence(ctx, cand, top_cpu, (host_cpu or {})[top_cpu.name], risers)
+        else:
+            conf[cand] = 0.2
+            evidence[cand] = _ev(None, before, during, f"{victim} preprocess", "cores")
+            if cpu_ms >= MIN_SHARE * total:
+                notes.append("preprocess grew but no host CPU series names a culprit")
     # transfers
     xfer = phases.get("h2d_ms", 0.0) + phases.get("d2h_ms", 0.0)
     if xfer > 0:
-        pcand, pconf, pev = _pcie_culprit(w, victim, before, during)
+        pcand, pconf, pev = _pcie_culprit(w, victim, before, during, flat)
         excess[pcand] += xfer
         conf[pcand] = pconf
         evidence[pcand] = pev
@@ -259,21 +240,39 @@ def attribute(
         )
     rest = max(0.0, 1.0 - explained) if total > 0 else 1.0
     if rest > 1e-9:
-        causes.append(Cause("unknown", "—", rest, 0.0, {}, None, rest * total))
+        ev = _contention(demands, slowdown(v, before, during), explained, notes)
+        causes.append(Cause("unknown", "—", rest, 0.0, ev, None, rest * total))
     return Attribution(phases, causes, notes)
 
 
-def _surge(
-    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
-) -> bool:
-    """Did arrivals rise beyond Poisson noise? (more than ``z`` sigmas over the before rate)"""
-    rate_b = _mean(v["arrival_rps"], before)
-    if not np.isfinite(rate_b) or rate_b <= 0:
-        return False
-    secs = float(during.sum()) * step_ns / 1e9
-    got = float(np.nansum(v["arrival_rps"][during])) * step_ns / 1e9
-    expected = rate_b * secs
-    return (got - expected) / np.sqrt(max(expected, 1.0)) > z and got > 1.1 * expected
+CONTENTION_NOTE = (
+    "every co-tenant slowed at once with no rise in anyone's demand: contention from "
+    "something not instrumented (a host process, a GPU process NVML does not see); "
+    "enable [procfs] and NVML to name it"
+)
+
+
+def _contention(
+    demands: dict[str, Demand], victim_slowdown: float, explained: float, notes: list[str]
+) -> dict[str, Any]:
+    """Evidence for ``unknown``: the co-tenants slowed alongside the victim whose demand did
+    not rise (fellow victims), and whether that is every co-tenant (contention exists, but
+    nothing visible explains it)."""
+    fellows = fellow_victims(demands)
+    if not fellows:
+        return {}
+    for d in fellows:
+        notes.append(
+            f"{d.model} slowed too (compute per item x{d.slowed:.2f}) with no rise in its own "
+            "demand: a fellow victim, given no share"
+        )
+    ev: dict[str, Any] = {"fellow_victims": [d.to_evidence() for d in fellows]}
+    if np.isfinite(victim_slowdown):
+        ev["victim_compute_per_item_ratio"] = round(victim_slowdown, 2)
+    if len(fellows) == len(demands) and explained < 0.5:
+        ev["contention"] = "every co-tenant slowed at once, no demand change"
+        notes.append(CONTENTION_NOTE)
+    return ev
 
 
 SAMPLE_LAG_WINDOWS = 3
@@ -288,28 +287,56 @@ def _widen(mask: np.ndarray, after: int) -> np.ndarray:
     return out
 
 
+@dataclass
+class _Context:
+    """One attribution's inputs and the confidence / evidence / notes it fills in."""
+
+    w: GpuWindows
+    victim: str
+    before: np.ndarray
+    during: np.ndarray
+    near: np.ndarray  # during, widened for per-process samples stamped after the work
+    flat: set[str]  # co-tenant models whose own demand did not rise
+    conf: dict[Candidate, float]
+    evidence: dict[Candidate, dict[str, Any]]
+    notes: list[str]
+
+
+def _cpu_evidence(
+    ctx: _Context, cand: Candidate, top: CpuRiser, series: np.ndarray, risers: list[CpuRiser]
+) -> None:
+    ctx.conf[cand] = _conf(series, ctx.before, ctx.during)
+    ev = _ev(series, ctx.before, ctx.during, f"{top.name} host CPU", "cores")
+    if len(risers) > 1:
+        ev["also_rose"] = [
+            {"process": r.name, "before": round(r.before, 3), "during": round(r.during, 3)}
+            for r in risers[1:6]
+        ]
+    ctx.evidence[cand] = ev
+
+
 def _compute_causes(
-    w: GpuWindows,
-    victim: str,
-    before: np.ndarray,
-    during: np.ndarray,
-    comp_excess: float,
-    conf: dict[Candidate, float],
-    evidence: dict[Candidate, dict[str, Any]],
-    notes: list[str],
+    ctx: _Context, comp_excess: float, risers: list[CpuRiser], host_cpu: dict[str, np.ndarray]
 ) -> dict[Candidate, float]:
-    """Compute excess (ms per request) shared among physical explanations."""
+    """Compute excess (ms per request) shared among physical explanations.
+
+    GPU-side explanations first (clock, co-tenants and processes whose demand rose, memory, own
+    bigger batches); what they leave unexplained goes to the host process whose CPU use rose
+    most, up to ``TRUST x`` its prediction ``compute_before x cores it took`` (compute spans
+    hold host work too: kernel launches, CPU-side inference)."""
     if comp_excess <= 0:
         return {}
+    w, victim, before, during = ctx.w, ctx.victim, ctx.before, ctx.during
+    conf, evidence = ctx.conf, ctx.evidence
     v = w.models[victim]
     cnt = v["count"]
-    comp_b = _wmean(v["compute_ms"], cnt, before)
+    comp_b = wmean_over(v["compute_ms"], cnt, before)
     if not np.isfinite(comp_b) or comp_b <= 0:
         comp_b = comp_excess
     pred: dict[Candidate, float] = {}
     clock = w.counters.get("sm_clock_mhz")
     if clock is not None:
-        cb, cd = _mean(clock, before), _mean(clock, during)
+        cb, cd = mean_over(clock, before), mean_over(clock, during)
         if np.isfinite(cb) and np.isfinite(cd) and cd > 0 and cb / cd > 1.03:
             cand = Candidate("throttle", w.gpu)
             pred[cand] = comp_b * (cb / cd - 1)
@@ -320,9 +347,10 @@ def _compute_causes(
                 r = np.nan_to_num(reasons[during]).astype(np.int64)
                 ev["clock_event_reasons"] = int(np.bitwise_or.reduce(r)) if len(r) else 0
             evidence[cand] = ev
-    # process samples are stamped when polled, a few windows after the work they measure
-    near = _widen(during, SAMPLE_LAG_WINDOWS) & ~before
+    near = ctx.near
     for name, (sm, dram) in activity(w, victim).items():
+        if name in ctx.flat:
+            continue
         d_sm, d_dram = _rise(sm, before, near), _rise(dram, before, near)
         if d_sm <= 0.02 and d_dram <= 0.02:
             continue
@@ -341,7 +369,7 @@ def _compute_causes(
         with np.errstate(invalid="ignore", divide="ignore"):
             full = used / total
         cap = float(np.nanmax(total)) if np.isfinite(total).any() else 0.0
-        if _mean(full, during) >= 0.95 and cap > 0:
+        if mean_over(full, during) >= 0.95 and cap > 0:
             # a nearly full GPU alone is normal for KV-cache servers; the cause is memory that
             # *grew* into it (at least 2 % of the GPU)
             best, best_rise = None, 0.02 * cap
@@ -355,10 +383,11 @@ def _compute_causes(
                 conf[cand] = _conf(full, before, during)
                 evidence[cand] = _ev(full * 100, before, during, f"{w.gpu} memory used", "%")
                 evidence[cand]["grew_gib"] = round(best_rise / 1024**3, 2)
-    bb, bd = _wmean(v["batch_size_mean"], cnt, before), _wmean(v["batch_size_mean"], cnt, during)
+    bb = wmean_over(v["batch_size_mean"], cnt, before)
+    bd = wmean_over(v["batch_size_mean"], cnt, during)
     # bigger batches from a queue alone are a symptom, not a cause
     if (
-        _surge(v, before, during, w.step_ns)
+        arrival_surge(v, before, during, w.step_ns)
         and np.isfinite(bb)
         and np.isfinite(bd)
         and bb > 0
@@ -371,16 +400,25 @@ def _compute_causes(
             v["batch_size_mean"], before, during, f"{victim} batch size", "requests"
         )
     s = sum(pred.values())
-    if s <= 0:
-        notes.append("compute time grew with no co-tenant, clock or memory change to explain it")
-        return {}
-    allocated = min(comp_excess, TRUST * s)
-    return {c: allocated * p / s for c, p in pred.items()}
+    out = {c: min(comp_excess, TRUST * s) * p / s for c, p in pred.items()} if s > 0 else {}
+    rest = comp_excess - sum(out.values())
+    if risers and rest > 1e-9:
+        top = risers[0]
+        cand = Candidate("cpu", top.name)
+        out[cand] = min(rest, TRUST * comp_b * top.rise)
+        _cpu_evidence(ctx, cand, top, host_cpu[top.name], risers)
+    if not out:
+        ctx.notes.append(
+            "compute time grew with no co-tenant, clock, memory or host CPU change to explain it"
+        )
+    return out
 
 
 def _pcie_culprit(
-    w: GpuWindows, victim: str, before: np.ndarray, during: np.ndarray
+    w: GpuWindows, victim: str, before: np.ndarray, during: np.ndarray, flat: set[str]
 ) -> tuple[Candidate, float, dict[str, Any]]:
+    """The process most active while PCIe traffic rose; co-tenants in ``flat`` (no rise in
+    their own demand) are skipped."""
     tx = w.counters.get("pcie_tx_bps")
     rx = w.counters.get("pcie_rx_bps")
     pcie = (
@@ -390,8 +428,12 @@ def _pcie_culprit(
     )
     best, best_rise = None, 0.0
     for name, (sm, dram) in activity(w, victim).items():
+        if name in flat:
+            continue
         r = _rise(sm + dram, before, during) + (
-            0.05 if _mean(sm + dram, before) < 0.005 and _mean(sm + dram, during) > 0.005 else 0.0
+            0.05
+            if mean_over(sm + dram, before) < 0.005 and mean_over(sm + dram, during) > 0.005
+            else 0.0
         )
         if r > best_rise:
             best, best_rise = name, r

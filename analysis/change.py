@@ -58,6 +58,38 @@ def robust_change(
     return Change(med, dur, peak, scale, (dur - med) / scale)
 
 
+def mean_over(x: np.ndarray, mask: np.ndarray) -> float:
+    """Mean of the finite values of ``x`` in ``mask``; NaN when there are none."""
+    v = x[mask]
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if len(v) else float("nan")
+
+
+def wmean_over(x: np.ndarray, w: np.ndarray, mask: np.ndarray) -> float:
+    """Mean of ``x`` in ``mask`` weighted by ``w`` (e.g. request counts), over the finite
+    values with positive weight; NaN when there are none."""
+    sel = mask & np.isfinite(x) & (w > 0)
+    if not sel.any():
+        return float("nan")
+    return float(np.average(x[sel], weights=w[sel]))
+
+
+ABSENT = 0.25
+"""A process sampled in fewer than this fraction of the before windows was not running then."""
+
+
+def absent_as_zero(x: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """A series almost never sampled before the incident belongs to a process that appeared:
+    its missing before windows count as 0. Otherwise missing windows stay unknown (no new
+    sample), and averages skip them."""
+    b = x[before]
+    if len(b) == 0 or np.isfinite(b).mean() >= ABSENT:
+        return x
+    y = x.copy()
+    y[before & ~np.isfinite(x)] = 0.0
+    return y
+
+
 def strength(score: float, half: float = 3.0) -> float:
     """Map a standardised shift to a confidence-like strength in [0, 1):
     0 for no change, 0.5 at ``half`` robust sigmas, approaching 1 for large shifts."""
