@@ -113,6 +113,25 @@ class NvmlConfig:
 
 
 @dataclass(frozen=True)
+class ProcfsConfig:
+    enabled: bool = _key(
+        True,
+        "sample host CPU per process from procfs (Linux), so CPU hogs that emit no spans "
+        "can be named as a cpu cause",
+    )
+    interval_s: float = _key(1.0, "procfs sample period", min=0.1, max=3600.0)
+    top_n: int = _key(
+        10,
+        "processes recorded per sample by CPU use (those that served spans are always recorded)",
+        min=0,
+        max=1000,
+    )
+    root: str = _key(
+        "/proc", "procfs mount to read (in a container: the host's /proc mounted, e.g. /host/proc)"
+    )
+
+
+@dataclass(frozen=True)
 class PrometheusConfig:
     url: str = _key("", "Prometheus-compatible query URL for the fleet path ('' = not used)")
     timeout_s: float = _key(10.0, "timeout of one PromQL query", min=0.1, max=600.0)
@@ -251,6 +270,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
+    procfs: ProcfsConfig = field(default_factory=ProcfsConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     actuators: ActuatorsConfig = field(default_factory=ActuatorsConfig)
