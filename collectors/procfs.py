@@ -2,14 +2,15 @@
 
 :class:`ProcfsCollector` reads ``<proc>/<pid>/stat`` of every process (at most ``max_pids``)
 every ``interval_s`` and turns the change of ``utime + stime`` since its previous read into
-cores (CPU seconds per second of wall time). Each poll submits one ``process_samples`` row per
-process worth recording: the ``top_n`` processes by CPU use (of at least ``min_cores``), and
-every process that spans have named (:meth:`collectors.gpu_resolve.GpuResolver.served_pids`)
-whatever its use. Rows are host-level, as the simulator writes its host processes: no ``gpu``
-and no GPU columns, only ``cpu_cores``. ``process_name`` is the model's name for a process
-that served spans (so a model's host CPU lines up with its requests, as in the simulator) and
-otherwise the program: its ``comm``, or for an interpreter (python, node, java, ...) the
-interpreter and its script or module, e.g. ``python3 burn.py``.
+cores (CPU seconds per second of wall time). ``process_name`` is the model's name for a process
+that spans have named (:meth:`collectors.gpu_resolve.GpuResolver.served_pids`; so a model's
+host CPU lines up with its requests, as in the simulator) and otherwise the program: its
+``comm``, or for an interpreter (python, node, java, ...) the interpreter and its script or
+module, e.g. ``python3 burn.py``. Analysis keys host CPU series by that name, so each poll
+submits one ``process_samples`` row per *name*: the cores of its processes (those using at
+least ``min_cores``) summed, under the pid of the busiest. Rows go out for the ``top_n`` names
+by CPU use and for every model, whatever its use. Rows are host-level, as the simulator
+writes its host processes: no ``gpu`` and no GPU columns, only ``cpu_cores``.
 
 A process's first read gives no rate (and no row); a pid reused by a new process (another
 start time) starts over. Cost per poll: one directory listing and one read of ``stat`` per
@@ -29,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,22 @@ INTERPRETERS = frozenset(("node", "java", "ruby", "perl", "php", "bash", "sh", "
 NAME_MAX = 80
 
 _Key = tuple[int, int]  # (pid, start time in clock ticks): one process, even if a pid is reused
+
+
+@dataclass
+class _Group:
+    """The processes of one program in one poll: cores summed, the busiest one's pid."""
+
+    cores: float
+    pid: int
+    pid_cores: float
+    model: str | None
+
+    def add(self, pid: int, cores: float, model: str | None) -> None:
+        self.cores += cores
+        if cores > self.pid_cores:
+            self.pid, self.pid_cores = pid, cores
+        self.model = self.model or model
 
 
 class ProcfsMetrics:
@@ -211,15 +229,25 @@ class ProcfsCollector:
             if k in prev
         }
         served = self._resolver.served_pids(self._hosts)
-        busy = sorted((k for k, c in cores.items() if c >= self.min_cores), key=lambda k: -cores[k])
-        keep = busy[: self.top_n] + [
-            k for k in cores if k[0] in served and k not in busy[: self.top_n]
-        ]
+        # one row per program: analysis keys host CPU series by name, so the processes of one
+        # program (8 burners, a server's workers) are summed, under the busiest one's pid
+        groups: dict[str, _Group] = {}
+        for k, c in cores.items():
+            model = served.get(k[0])
+            if model is None and c < self.min_cores:
+                continue
+            name = model or self._name(k, comms[k])
+            g = groups.get(name)
+            if g is None:
+                groups[name] = _Group(c, k[0], c, model)
+            else:
+                g.add(k[0], c, model)
+        busy = sorted(
+            (n for n, g in groups.items() if g.model is None), key=lambda n: -groups[n].cores
+        )
+        keep = busy[: self.top_n] + [n for n, g in groups.items() if g.model is not None]
         if keep:
-            names = [served.get(k[0]) or self._name(k, comms[k]) for k in keep]
-            self._submit(
-                ts, keep, names, [served.get(k[0]) for k in keep], [cores[k] for k in keep]
-            )
+            self._submit(ts, keep, [groups[n] for n in keep])
         return len(ticks)
 
     def _pids(self) -> list[int]:
@@ -245,22 +273,15 @@ class ProcfsCollector:
             name = self._names[key] = program_name(comm, cmdline)
         return name
 
-    def _submit(
-        self,
-        ts: int,
-        keys: list[_Key],
-        names: list[str],
-        models: list[str | None],
-        cores: list[float],
-    ) -> None:
-        n = len(keys)
+    def _submit(self, ts: int, names: list[str], groups: list[_Group]) -> None:
+        n = len(names)
         cols: dict[str, list[Any]] = {
             "ts_ns": [ts] * n,
             "host": [self.host] * n,
-            "pid": [k[0] for k in keys],
+            "pid": [g.pid for g in groups],
             "process_name": names,
-            "model": models,
-            "cpu_cores": cores,
+            "model": [g.model for g in groups],
+            "cpu_cores": [g.cores for g in groups],
         }
         arrays = [
             pa.array(cols[f.name], type=f.type) if f.name in cols else pa.nulls(n, type=f.type)

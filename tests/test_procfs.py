@@ -120,6 +120,25 @@ def test_only_the_top_n_by_cpu_are_recorded(proc: FakeProc) -> None:
     assert sorted(r["pid"] for r in sink.rows()) == [117, 118, 119]
 
 
+def test_the_processes_of_one_program_are_one_row_with_their_cores_summed(
+    proc: FakeProc,
+) -> None:
+    for pid in (200, 201, 202, 203):  # eight burners would be eight of these
+        proc.process(pid, "python3", 0.0, cmdline="python3 burn.py")
+    proc.process(300, "mypy", 0.0, cmdline="/usr/bin/mypy")
+    sink = Sink()
+    c = collector(proc, sink, top_n=1)
+    c.poll_once()
+    proc.tick()
+    for pid, used in ((200, 0.4), (201, 0.5), (202, 0.3), (203, 0.3)):
+        proc.process(pid, "python3", used, cmdline="python3 burn.py")
+    proc.process(300, "mypy", 0.9)  # busier than any one burner, not than all of them
+    c.poll_once()
+    (row,) = sink.rows()
+    assert row["process_name"] == "python3 burn.py" and row["pid"] == 201
+    assert row["cpu_cores"] == pytest.approx(1.5)
+
+
 def test_a_process_that_served_spans_is_always_recorded_under_its_model(proc: FakeProc) -> None:
     resolver = GpuResolver()
     resolver.note_model("", 30, "tts")  # a span without host.name counts as this host's
