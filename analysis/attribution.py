@@ -151,7 +151,7 @@ def attribute(
         if m in w.models and not cpu_work_rose(w.models[m], x, before, during, w.step_ns)
     }
     risers = cpu_risers(host_cpu, before, during, exclude=cpu_flat)
-    ctx = _Context(w, victim, before, during, near, flat, conf, evidence, notes)
+    ctx = _Context(w, victim, before, during, near, flat, demands, conf, evidence, notes)
 
     compute = _compute_causes(ctx, phases.get("compute_ms", 0.0), risers, host_cpu or {})
     for cand, ms in compute.items():
@@ -246,9 +246,9 @@ def attribute(
 
 
 CONTENTION_NOTE = (
-    "every co-tenant slowed at once with no rise in anyone's demand: contention from "
-    "something not instrumented (a host process, a GPU process NVML does not see); "
-    "enable [procfs] and NVML to name it"
+    "every co-tenant slowed at once with no rise in anyone's demand: something these series "
+    "do not show is contending (a process outside NVML's and procfs's view, or one already "
+    "running in the baseline windows)"
 )
 
 
@@ -297,6 +297,7 @@ class _Context:
     during: np.ndarray
     near: np.ndarray  # during, widened for per-process samples stamped after the work
     flat: set[str]  # co-tenant models whose own demand did not rise
+    demands: dict[str, Demand]
     conf: dict[Candidate, float]
     evidence: dict[Candidate, dict[str, Any]]
     notes: list[str]
@@ -364,6 +365,8 @@ def _compute_causes(
             pred[cand] = comp_b * d_sm
             conf[cand] = _conf(sm, before, near)
             evidence[cand] = _ev(sm * 100, before, near, f"{name} SM utilisation", "%")
+        if name in ctx.demands:  # why this co-tenant is a culprit, not a fellow victim
+            evidence[cand]["demand_rose"] = ctx.demands[name].reasons
     used, total = w.counters.get("mem_used_bytes"), w.counters.get("mem_total_bytes")
     if used is not None and total is not None:
         with np.errstate(invalid="ignore", divide="ignore"):

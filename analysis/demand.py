@@ -8,10 +8,12 @@ of these holds between the before and the during windows:
 
 * **arrivals** — more requests arrived than Poisson noise allows (:func:`arrival_surge`:
   ``z`` sigmas and 10 % over the before rate);
-* **work per request** — its mean batch size grew by more than 10 % while its queue did not
-  (batches that grow in a queue are a symptom of slowness, not more work);
+* **work per request** — its mean batch size grew by more than 10 % while neither its queue
+  nor its compute per item did (a slowed server batches more of the requests that wait for
+  it: a symptom, not more work);
 * **work per item at its baseline speed** — its compute per item grew more than
-  ``2 x`` the victim's (the slowdown both saw), so it is not only slowed;
+  ``2 x`` the victim's (the slowdown both saw), over at least 10 requests before and during,
+  so it is not only slowed;
 * **GPU work** — where NVML measures its process, its SM or DRAM activity grew by more than
   its own slowdown explains (``x 1.25`` and 2 points over ``before x`` its compute-per-item
   ratio). Per-process GPU activity counts the work a process runs, which a slower GPU stretches
@@ -38,6 +40,9 @@ BATCH_RISE = 1.1
 """Mean batch size over the before level by this factor is more work per request."""
 WORK_RISE = 2.0
 """Compute per item over the victim's own slowdown by this factor is more work per item."""
+MIN_ITEMS = 10
+"""...judged only with at least this many requests completed before and during (a few slow
+requests of a sparse model say little)."""
 OWN_USE_RISE = 1.25
 """Measured GPU activity over ``before x`` its own slowdown by this factor is more work."""
 OWN_USE_MIN = 0.02
@@ -130,10 +135,14 @@ def demand_of(
     d.evidence["batch_size"] = [_r(bb), _r(bd)]
     qb, qd = wmean_over(v["queue_ms"], cnt, before), wmean_over(v["queue_ms"], cnt, during)
     queue_grew = not (np.isfinite(qb) and np.isfinite(qd)) or qd > 1.25 * qb + 0.5
-    if np.isfinite(bb) and np.isfinite(bd) and bb > 0 and bd > BATCH_RISE * bb and not queue_grew:
-        d.reasons.append(f"batch size {_r(bb)} -> {_r(bd)} with no queue growth")
+    # a slowed server batches more of the requests that wait for it: a symptom
+    not_slowed = not (np.isfinite(d.slowed) and d.slowed >= SLOWED)
+    bigger = np.isfinite(bb) and np.isfinite(bd) and bb > 0 and bd > BATCH_RISE * bb
+    if bigger and not queue_grew and not_slowed:
+        d.reasons.append(f"batch size {_r(bb)} -> {_r(bd)} with no queue growth or slowdown")
     s = victim_slowdown if np.isfinite(victim_slowdown) and victim_slowdown > 1 else 1.0
-    if np.isfinite(d.slowed) and d.slowed > WORK_RISE * s:
+    enough = min(np.nansum(cnt[before]), np.nansum(cnt[during])) >= MIN_ITEMS
+    if enough and np.isfinite(d.slowed) and d.slowed > WORK_RISE * s:
         d.reasons.append(
             f"compute per item x{d.slowed:.2f} while the victim's grew x{s:.2f}: more work per item"
         )
