@@ -9,7 +9,10 @@ Given the victim's windows *during* an incident and a *before* baseline on the s
    DRAM ``bandwidth`` when its rise is mostly memory traffic; memory pressure (GPU nearly full)
    the whole excess, to the process whose memory grew; the victim's own bigger batches
    ``compute_before x (batch ratio - 1) / 2`` as ``load``. Predictions are trusted within a
-   factor of two: the excess is shared in proportion to them, up to twice their sum.
+   factor of two: the excess is shared in proportion to them, up to twice their sum; what they
+   leave goes to the host process whose CPU use rose most (:mod:`analysis.compute_causes`).
+   Only actors whose own demand rose take a share: a co-tenant slowed like the victim, with
+   flat demand, is a *fellow victim* (:mod:`analysis.demand`).
 3. **Queue excess** is split between own load (arrival-rate ratio - 1) and lost capacity
    (per-item service-time ratio - 1); lost capacity goes to the compute causes.
 4. **Lock wait** goes to the lock most waited on (its holder in the evidence); **preprocess**
@@ -17,7 +20,10 @@ Given the victim's windows *during* an incident and a *before* baseline on the s
    PCIe bandwidth (the process most active while PCIe traffic rose); **other** is unknown.
 
 Shares are fractions of the summed phase excess and add up to at most 1; ``unknown`` holds the
-rest. Confidence is the strength of the supporting signal's change (:func:`change.strength`).
+rest, with the fellow victims in its evidence (``fellow_victims``) and, when every co-tenant
+slowed that way and the named causes explain under half, ``contention``: something unseen is
+contending. Confidence is the strength of the supporting signal's change
+(:func:`change.strength`).
 """
 
 from __future__ import annotations
@@ -28,9 +34,19 @@ from typing import Any
 
 import numpy as np
 
-from analysis.candidates import Candidate, activity
-from analysis.change import absent_as_zero, mean_over, robust_change, strength, wmean_over
-from analysis.cpu_causes import CpuRiser, cpu_risers
+from analysis.candidates import Candidate
+from analysis.change import confidence, mean_over, wmean_over
+from analysis.change import evidence as change_evidence
+from analysis.compute_causes import (
+    SAMPLE_LAG_WINDOWS,
+    Context,
+    compute_causes,
+    cpu_candidate,
+    cpu_evidence,
+    pcie_culprit,
+    widen,
+)
+from analysis.cpu_causes import cpu_risers
 from analysis.demand import (
     Demand,
     arrival_surge,
@@ -42,7 +58,6 @@ from analysis.demand import (
 from analysis.windows import GpuWindows
 from store.schema import PHASE_COLUMNS
 
-TRUST = 2.0
 MIN_SHARE = 0.01
 """Causes explaining less than this fraction of the excess are folded into ``unknown``."""
 
@@ -76,34 +91,6 @@ class Attribution:
     phases_ms: dict[str, float]  # excess per phase column, ms per request
     causes: list[Cause]  # ranked, ``unknown`` last
     notes: list[str] = field(default_factory=list)
-
-
-def _rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
-    x = absent_as_zero(x, before)
-    b, d = mean_over(x, before), mean_over(x, during)
-    return 0.0 if not (np.isfinite(b) and np.isfinite(d)) else max(0.0, d - b)
-
-
-def _conf(x: np.ndarray | None, before: np.ndarray, during: np.ndarray) -> float:
-    if x is None:
-        return 0.3
-    x = absent_as_zero(np.asarray(x, dtype=np.float64), before)
-    c = robust_change(x, before, during, during_stat="mean")
-    return 0.0 if c is None else strength(c.score)
-
-
-def _ev(
-    x: np.ndarray | None, before: np.ndarray, during: np.ndarray, series: str, unit: str
-) -> dict[str, Any]:
-    if x is None:
-        return {"series": series}
-    x = absent_as_zero(x, before)
-    return {
-        "series": series,
-        "unit": unit,
-        "before": round(mean_over(x, before), 4),
-        "during": round(mean_over(x, during), 4),
-    }
 
 
 def attribute(
@@ -140,7 +127,7 @@ def attribute(
     excess: dict[Candidate, float] = defaultdict(float)
     conf: dict[Candidate, float] = {}
     evidence: dict[Candidate, dict[str, Any]] = {}
-    near = _widen(during, SAMPLE_LAG_WINDOWS) & ~before
+    near = widen(during, SAMPLE_LAG_WINDOWS) & ~before
     demands = cotenant_demands(w, victim, before, during, near)
     # co-tenants whose own demand did not rise: their busier time is a symptom
     flat = {m for m, d in demands.items() if not d.rose}
@@ -150,10 +137,13 @@ def attribute(
         for m, x in (host_cpu or {}).items()
         if m in w.models and not cpu_work_rose(w.models[m], x, before, during, w.step_ns)
     }
-    risers = cpu_risers(host_cpu, before, during, exclude=cpu_flat)
-    ctx = _Context(w, victim, before, during, near, flat, demands, conf, evidence, notes)
+    # the victim's own CPU counts when its own arrivals surged: its load, not a culprit's
+    own_surge = arrival_surge(v, before, during, w.step_ns)
+    mine = {victim} if own_surge else set()
+    risers = cpu_risers(host_cpu, before, during, exclude=cpu_flat - mine)
+    ctx = Context(w, victim, before, during, near, flat, demands, conf, evidence, notes)
 
-    compute = _compute_causes(ctx, phases.get("compute_ms", 0.0), risers, host_cpu or {})
+    compute = compute_causes(ctx, phases.get("compute_ms", 0.0), risers, host_cpu or {})
     for cand, ms in compute.items():
         excess[cand] += ms
     # queue: own load vs lost capacity
@@ -169,9 +159,12 @@ def attribute(
         load = Candidate("load", victim)
         if lw + cw > 0:
             excess[load] += q * lw / (lw + cw)
-            conf.setdefault(load, _conf(v["arrival_rps"], before, during))
+            conf.setdefault(load, confidence(v["arrival_rps"], before, during))
             evidence.setdefault(
-                load, _ev(v["arrival_rps"], before, during, f"{victim} arrival rate", "req/s")
+                load,
+                change_evidence(
+                    v["arrival_rps"], before, during, f"{victim} arrival rate", "req/s"
+                ),
             )
             lost = q * cw / (lw + cw)
             ctotal = sum(compute.values())
@@ -188,8 +181,8 @@ def attribute(
         name, holder = (locks[0][0], locks[0][1]) if locks else ("unknown lock", "")
         cand = Candidate("lock", name)
         excess[cand] += lw_ms
-        conf[cand] = _conf(v["lock_wait_ms"], before, during)
-        ev = _ev(v["lock_wait_ms"], before, during, f"{victim} lock wait", "ms")
+        conf[cand] = confidence(v["lock_wait_ms"], before, during)
+        ev = change_evidence(v["lock_wait_ms"], before, during, f"{victim} lock wait", "ms")
         ev["holder"] = holder
         if locks:
             ev["holders"] = [
@@ -200,19 +193,19 @@ def attribute(
     cpu_ms = phases.get("preprocess_ms", 0.0) + phases.get("postprocess_ms", 0.0)
     if cpu_ms > 0:
         top_cpu = risers[0] if risers else None
-        cand = Candidate("cpu", top_cpu.name if top_cpu else "host")
+        cand = cpu_candidate(top_cpu.name, victim) if top_cpu else Candidate("cpu", "host")
         excess[cand] += cpu_ms
         if top_cpu is not None:
-            _cpu_evidence(ctx, cand, top_cpu, (host_cpu or {})[top_cpu.name], risers)
+            cpu_evidence(ctx, cand, top_cpu, (host_cpu or {})[top_cpu.name], risers)
         else:
             conf[cand] = 0.2
-            evidence[cand] = _ev(None, before, during, f"{victim} preprocess", "cores")
+            evidence[cand] = change_evidence(None, before, during, f"{victim} preprocess", "cores")
             if cpu_ms >= MIN_SHARE * total:
                 notes.append("preprocess grew but no host CPU series names a culprit")
     # transfers
     xfer = phases.get("h2d_ms", 0.0) + phases.get("d2h_ms", 0.0)
     if xfer > 0:
-        pcand, pconf, pev = _pcie_culprit(w, victim, before, during, flat)
+        pcand, pconf, pev = pcie_culprit(w, victim, before, during, flat)
         excess[pcand] += xfer
         conf[pcand] = pconf
         evidence[pcand] = pev
@@ -240,7 +233,8 @@ def attribute(
         )
     rest = max(0.0, 1.0 - explained) if total > 0 else 1.0
     if rest > 1e-9:
-        ev = _contention(demands, slowdown(v, before, during), explained, notes)
+        own = explained if not own_surge else 1.0  # its own load rose: not unseen contention
+        ev = _contention(demands, slowdown(v, before, during), own, notes)
         causes.append(Cause("unknown", "—", rest, 0.0, ev, None, rest * total))
     return Attribution(phases, causes, notes)
 
@@ -273,175 +267,3 @@ def _contention(
         ev["contention"] = "every co-tenant slowed at once, no demand change"
         notes.append(CONTENTION_NOTE)
     return ev
-
-
-SAMPLE_LAG_WINDOWS = 3
-"""Windows after an incident that still count as 'during' for per-process samples."""
-
-
-def _widen(mask: np.ndarray, after: int) -> np.ndarray:
-    """``mask`` extended by ``after`` windows past each run's end."""
-    out = mask.copy()
-    for k in range(1, after + 1):
-        out[k:] |= mask[:-k]
-    return out
-
-
-@dataclass
-class _Context:
-    """One attribution's inputs and the confidence / evidence / notes it fills in."""
-
-    w: GpuWindows
-    victim: str
-    before: np.ndarray
-    during: np.ndarray
-    near: np.ndarray  # during, widened for per-process samples stamped after the work
-    flat: set[str]  # co-tenant models whose own demand did not rise
-    demands: dict[str, Demand]
-    conf: dict[Candidate, float]
-    evidence: dict[Candidate, dict[str, Any]]
-    notes: list[str]
-
-
-def _cpu_evidence(
-    ctx: _Context, cand: Candidate, top: CpuRiser, series: np.ndarray, risers: list[CpuRiser]
-) -> None:
-    ctx.conf[cand] = _conf(series, ctx.before, ctx.during)
-    ev = _ev(series, ctx.before, ctx.during, f"{top.name} host CPU", "cores")
-    if len(risers) > 1:
-        ev["also_rose"] = [
-            {"process": r.name, "before": round(r.before, 3), "during": round(r.during, 3)}
-            for r in risers[1:6]
-        ]
-    ctx.evidence[cand] = ev
-
-
-def _compute_causes(
-    ctx: _Context, comp_excess: float, risers: list[CpuRiser], host_cpu: dict[str, np.ndarray]
-) -> dict[Candidate, float]:
-    """Compute excess (ms per request) shared among physical explanations.
-
-    GPU-side explanations first (clock, co-tenants and processes whose demand rose, memory, own
-    bigger batches); what they leave unexplained goes to the host process whose CPU use rose
-    most, up to ``TRUST x`` its prediction ``compute_before x cores it took`` (compute spans
-    hold host work too: kernel launches, CPU-side inference)."""
-    if comp_excess <= 0:
-        return {}
-    w, victim, before, during = ctx.w, ctx.victim, ctx.before, ctx.during
-    conf, evidence = ctx.conf, ctx.evidence
-    v = w.models[victim]
-    cnt = v["count"]
-    comp_b = wmean_over(v["compute_ms"], cnt, before)
-    if not np.isfinite(comp_b) or comp_b <= 0:
-        comp_b = comp_excess
-    pred: dict[Candidate, float] = {}
-    clock = w.counters.get("sm_clock_mhz")
-    if clock is not None:
-        cb, cd = mean_over(clock, before), mean_over(clock, during)
-        if np.isfinite(cb) and np.isfinite(cd) and cd > 0 and cb / cd > 1.03:
-            cand = Candidate("throttle", w.gpu)
-            pred[cand] = comp_b * (cb / cd - 1)
-            conf[cand] = _conf(-clock, before, during)
-            ev = _ev(clock, before, during, f"{w.gpu} SM clock", "MHz")
-            reasons = w.counters.get("clock_event_reasons")
-            if reasons is not None:
-                r = np.nan_to_num(reasons[during]).astype(np.int64)
-                ev["clock_event_reasons"] = int(np.bitwise_or.reduce(r)) if len(r) else 0
-            evidence[cand] = ev
-    near = ctx.near
-    for name, (sm, dram) in activity(w, victim).items():
-        if name in ctx.flat:
-            continue
-        d_sm, d_dram = _rise(sm, before, near), _rise(dram, before, near)
-        if d_sm <= 0.02 and d_dram <= 0.02:
-            continue
-        if d_dram > 1.5 * d_sm:
-            cand = Candidate("bandwidth", name, "dram")
-            pred[cand] = comp_b * d_dram
-            conf[cand] = _conf(dram, before, near)
-            evidence[cand] = _ev(dram * 100, before, near, f"{name} DRAM utilisation", "%")
-        else:
-            cand = Candidate("cotenant", name)
-            pred[cand] = comp_b * d_sm
-            conf[cand] = _conf(sm, before, near)
-            evidence[cand] = _ev(sm * 100, before, near, f"{name} SM utilisation", "%")
-        if name in ctx.demands:  # why this co-tenant is a culprit, not a fellow victim
-            evidence[cand]["demand_rose"] = ctx.demands[name].reasons
-    used, total = w.counters.get("mem_used_bytes"), w.counters.get("mem_total_bytes")
-    if used is not None and total is not None:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            full = used / total
-        cap = float(np.nanmax(total)) if np.isfinite(total).any() else 0.0
-        if mean_over(full, during) >= 0.95 and cap > 0:
-            # a nearly full GPU alone is normal for KV-cache servers; the cause is memory that
-            # *grew* into it (at least 2 % of the GPU)
-            best, best_rise = None, 0.02 * cap
-            for name, ps in w.processes.items():
-                r = _rise(ps["mem_used_bytes"], before, during)
-                if r > best_rise:
-                    best, best_rise = w.process_model.get(name) or name, r
-            if best is not None:
-                cand = Candidate("memory", best)
-                pred[cand] = comp_excess
-                conf[cand] = _conf(full, before, during)
-                evidence[cand] = _ev(full * 100, before, during, f"{w.gpu} memory used", "%")
-                evidence[cand]["grew_gib"] = round(best_rise / 1024**3, 2)
-    bb = wmean_over(v["batch_size_mean"], cnt, before)
-    bd = wmean_over(v["batch_size_mean"], cnt, during)
-    # bigger batches from a queue alone are a symptom, not a cause
-    if (
-        arrival_surge(v, before, during, w.step_ns)
-        and np.isfinite(bb)
-        and np.isfinite(bd)
-        and bb > 0
-        and bd > 1.1 * bb
-    ):
-        cand = Candidate("load", victim)
-        pred[cand] = comp_b * (bd / bb - 1) / 2
-        conf[cand] = _conf(v["batch_size_mean"], before, during)
-        evidence[cand] = _ev(
-            v["batch_size_mean"], before, during, f"{victim} batch size", "requests"
-        )
-    s = sum(pred.values())
-    out = {c: min(comp_excess, TRUST * s) * p / s for c, p in pred.items()} if s > 0 else {}
-    rest = comp_excess - sum(out.values())
-    if risers and rest > 1e-9:
-        top = risers[0]
-        cand = Candidate("cpu", top.name)
-        out[cand] = min(rest, TRUST * comp_b * top.rise)
-        _cpu_evidence(ctx, cand, top, host_cpu[top.name], risers)
-    if not out:
-        ctx.notes.append(
-            "compute time grew with no co-tenant, clock, memory or host CPU change to explain it"
-        )
-    return out
-
-
-def _pcie_culprit(
-    w: GpuWindows, victim: str, before: np.ndarray, during: np.ndarray, flat: set[str]
-) -> tuple[Candidate, float, dict[str, Any]]:
-    """The process most active while PCIe traffic rose; co-tenants in ``flat`` (no rise in
-    their own demand) are skipped."""
-    tx = w.counters.get("pcie_tx_bps")
-    rx = w.counters.get("pcie_rx_bps")
-    pcie = (
-        None
-        if tx is None
-        else np.nan_to_num(tx) + np.nan_to_num(rx if rx is not None else np.zeros(w.n))
-    )
-    best, best_rise = None, 0.0
-    for name, (sm, dram) in activity(w, victim).items():
-        if name in flat:
-            continue
-        r = _rise(sm + dram, before, during) + (
-            0.05
-            if mean_over(sm + dram, before) < 0.005 and mean_over(sm + dram, during) > 0.005
-            else 0.0
-        )
-        if r > best_rise:
-            best, best_rise = name, r
-    cand = Candidate("bandwidth", best or "unknown", "pcie")
-    ev = _ev(
-        None if pcie is None else pcie / 1e9, before, during, f"{w.gpu} PCIe throughput", "GB/s"
-    )
-    return cand, _conf(pcie, before, during) if pcie is not None else 0.2, ev

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -115,3 +116,35 @@ def rank_changes(
         out.append((name, c))
     out.sort(key=lambda nc: -abs(nc[1].score))
     return out
+
+
+def rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
+    """How much the mean of ``x`` rose from before to during (0 if it fell or is unknown);
+    a process absent before counts as 0 then (:func:`absent_as_zero`)."""
+    x = absent_as_zero(x, before)
+    b, d = mean_over(x, before), mean_over(x, during)
+    return 0.0 if not (np.isfinite(b) and np.isfinite(d)) else max(0.0, d - b)
+
+
+def confidence(x: np.ndarray | None, before: np.ndarray, during: np.ndarray) -> float:
+    """:func:`strength` of the rise of ``x`` (during mean); 0.3 when there is no series."""
+    if x is None:
+        return 0.3
+    x = absent_as_zero(np.asarray(x, dtype=np.float64), before)
+    c = robust_change(x, before, during, during_stat="mean")
+    return 0.0 if c is None else strength(c.score)
+
+
+def evidence(
+    x: np.ndarray | None, before: np.ndarray, during: np.ndarray, series: str, unit: str
+) -> dict[str, Any]:
+    """What a cause shows for the series ``x``: its name, unit and before / during means."""
+    if x is None:
+        return {"series": series}
+    x = absent_as_zero(x, before)
+    return {
+        "series": series,
+        "unit": unit,
+        "before": round(mean_over(x, before), 4),
+        "during": round(mean_over(x, during), 4),
+    }

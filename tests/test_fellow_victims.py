@@ -74,7 +74,7 @@ def culprit_bigger_batches(w: GpuWindows) -> None:
 
 def culprit_more_work_per_item(w: GpuWindows) -> None:
     no_nvml(w)
-    w.models["sdxl"]["compute_ms"][FAULT] *= 8.0
+    w.models["sdxl"]["compute_ms"][FAULT] *= 12.0  # four times the victim's x3
 
 
 def culprit_gpu_work_of_its_own(w: GpuWindows) -> None:
@@ -175,3 +175,17 @@ def test_host_cpu_jitter_names_nobody() -> None:
     cpu = {"sshd": np.abs(rng.normal(0.05, 0.05, N)), "tts": np.full(N, 0.2)}
     att = attribute(w, "tts", *masks(), host_cpu=cpu)
     assert named(att) == [("cpu", "host")]
+
+
+def test_a_victim_slowed_by_its_own_surge_on_the_host_is_its_own_load() -> None:
+    w = windows()
+    bystander_without_nvml(w)
+    w.models["tts"]["arrival_rps"][FAULT] *= 4  # its own traffic, served by more processes
+    w.models["tts"]["compute_ms"][FAULT] *= 3.0  # which compete for the host's cores
+    _refresh(w)
+    cpu = cpu_burner()
+    del cpu["python3 burn.py"]
+    cpu["tts"][FAULT] = 0.8  # 4x the CPU for 4x the requests
+    att = attribute(w, "tts", *masks(), host_cpu=cpu)
+    assert named(att)[0] == ("load", "tts")
+    assert "contention" not in att.causes[-1].evidence
