@@ -21,9 +21,11 @@ Then, ``--fault-at`` seconds in and for ``--fault-s`` seconds, one of the situat
 
 After the run (and two analysis intervals for the loop to catch up) the incidents are read
 through ``GET /api/v1/incidents``, serve is stopped, and tts's p99 before and during the
-fault is read from the store. One line per run says what was found against the truth; with
-``--json FILE`` everything is written there too. Every loop is bounded in count and time and
-every process is stopped at the end, also on error or Ctrl-C.
+fault is read from the store. One line per run says what was found against the truth (whether
+the first tts incident of the fault names it, whether every one does, how many there were, any
+bystander blamed, incidents outside the fault); with ``--json FILE`` everything is written
+there too, and ``--rescore FILE`` scores saved runs again. Every loop is bounded in count and
+time and every process is stopped at the end, also on error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,9 @@ class Run:
     culprit_name: str | None = None  # the burners' process name, as procfs records it
     incidents: list[dict[str, Any]] = field(default_factory=list)
     verdict: str = ""
-    correct: bool = False
+    first_ok: bool = False  # the first tts incident of the fault names the truth
+    correct: bool = False  # every tts incident of the fault does, and no bystander is blamed
+    tts_incidents: int = 0  # tts incidents overlapping the fault
     bystander_blamed: bool = False
     false_incidents: int = 0
 
@@ -179,7 +183,10 @@ def _name_of(pid: int) -> str:
 
 def _brief(inc: dict[str, Any], t0_ns: int) -> dict[str, Any]:
     causes = [
-        {k: c.get(k) for k in ("kind", "culprit", "share", "confidence")}
+        {
+            **{k: c.get(k) for k in ("kind", "culprit", "share", "confidence")},
+            "demand_rose": (c.get("evidence") or {}).get("demand_rose"),
+        }
         for c in inc.get("causes") or []
     ]
     unknown = next((c for c in inc.get("causes") or [] if c.get("kind") == "unknown"), {})
@@ -226,22 +233,30 @@ def score(run: Run, a: argparse.Namespace) -> Run:
         blamed += [i for i in during if i["model"] == "imagegen" and i["top"]
                    and i["top"][1] in ("tts", "ocr")]  # fmt: skip
     run.bystander_blamed = bool(blamed)
-    victim = [i for i in during if i["model"] == "tts"]
-    tops = [i["top"] for i in victim]
+    victim = sorted((i for i in during if i["model"] == "tts"), key=lambda i: i["start_s"])
+    run.tts_incidents = len(victim)
+    tops = [_top(i) for i in victim]
     if run.situation == "control":
-        run.correct = not run.incidents
+        run.correct = run.first_ok = not run.incidents
         run.verdict = f"{len(run.incidents)} incidents"
-    elif not victim:
+        return run
+    if not victim:
         run.verdict = "missed: no tts incident (detection)"
-    elif run.situation == "silent":
+        return run
+    if run.situation == "silent":
         want = ("cpu", run.culprit_name) if run.procfs else None
-        run.correct = all(t == want for t in tops) and not run.bystander_blamed
-        run.verdict = ", ".join(_fmt(t) for t in tops)
+        hits = [t == want for t in tops]
     else:
-        run.correct = all(t is not None and t[1] == "imagegen" for t in tops)
-        run.correct = run.correct and not run.bystander_blamed
-        run.verdict = ", ".join(_fmt(t) for t in tops)
+        hits = [t is not None and t[1] == "imagegen" for t in tops]
+    run.first_ok = hits[0] and not run.bystander_blamed
+    run.correct = all(hits) and not run.bystander_blamed
+    run.verdict = ", ".join(_fmt(t) for t in tops)
     return run
+
+
+def _top(inc: dict[str, Any]) -> tuple[str, str] | None:
+    t = inc.get("top")
+    return None if t is None else (str(t[0]), str(t[1]))
 
 
 def _fmt(t: tuple[str, str] | None) -> str:
@@ -266,9 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="150 s runs (fault 90-135 s), one strength per situation")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--rescore", type=Path, nargs="+", metavar="JSON",
+                    help="score runs saved by --json again instead of running")  # fmt: skip
     a = ap.parse_args(argv)
     if a.quick:
         a.duration, a.fault_at, a.fault_s = 150.0, 90.0, 45.0
+    if a.rescore:
+        return rescore(a.rescore, a)
     if not 0 < a.fault_at < a.fault_at + a.fault_s <= a.duration <= 3600 or a.runs > 20:
         ap.error("need 0 < fault_at < fault_at + fault_s <= duration <= 3600 and runs <= 20")
     plan: list[Run] = []
@@ -288,23 +307,55 @@ def main(argv: list[str] | None = None) -> int:
                     plan.append(Run(sit, st, pf, seed))
                     seed += 1
     print(f"{len(plan)} runs of {a.duration:g} s on {os.cpu_count()} CPUs", flush=True)
-    print(f"{'situation':9} {'str':>3} {'procfs':6} {'tts p99 ms':>15}  {'ok':3} {'bystander':9}"
-          f" {'false':>5}  found (tts incidents during the fault)")  # fmt: skip
     results = []
+    print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="cotenant-contention-") as d:
         for run in plan:
             one_run(run, a, Path(d))
             results.append(run)
-            p99 = f"{run.tts_p99_before_ms}->{run.tts_p99_during_ms}"
-            print(f"{run.situation:9} {run.strength:>3} {'on' if run.procfs else 'off':6} "
-                  f"{p99:>15}  {'yes' if run.correct else 'NO':3} "
-                  f"{'BLAMED' if run.bystander_blamed else 'no':9} {run.false_incidents:>5}  "
-                  f"{run.verdict}", flush=True)  # fmt: skip
-    ok = sum(r.correct for r in results)
-    print(f"correct {ok}/{len(results)}; bystander blamed in "
-          f"{sum(r.bystander_blamed for r in results)}")  # fmt: skip
+            print(line(run), flush=True)
+    print(totals(results))
     if a.json:
         a.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 0
+
+
+HEADER = (
+    f"{'situation':9} {'str':>3} {'procfs':6} {'tts p99 ms':>16}  {'first':5} {'all':3} "
+    f"{'n':>2} {'bystander':9} {'false':>5}  found (tts incidents during the fault, in order)"
+)
+
+
+def line(run: Run) -> str:
+    p99 = f"{run.tts_p99_before_ms}->{run.tts_p99_during_ms}"
+    return (
+        f"{run.situation:9} {run.strength:>3} {'on' if run.procfs else 'off':6} {p99:>16}  "
+        f"{'yes' if run.first_ok else 'NO':5} {'yes' if run.correct else 'NO':3} "
+        f"{run.tts_incidents:>2} {'BLAMED' if run.bystander_blamed else 'no':9} "
+        f"{run.false_incidents:>5}  {run.verdict}"
+    )
+
+
+def totals(results: list[Run]) -> str:
+    n = len(results)
+    return (
+        f"first incident right {sum(r.first_ok for r in results)}/{n}; every incident right "
+        f"{sum(r.correct for r in results)}/{n}; bystander blamed in "
+        f"{sum(r.bystander_blamed for r in results)}/{n}"
+    )
+
+
+def rescore(paths: list[Path], a: argparse.Namespace) -> int:
+    """Score the runs saved with ``--json`` again (with these timing options) and print them."""
+    names = {f.name for f in fields(Run)}
+    results = []
+    print(HEADER)
+    for p in paths:
+        for raw in json.loads(p.read_text()):
+            run = score(Run(**{k: v for k, v in raw.items() if k in names}), a)
+            results.append(run)
+            print(line(run))
+    print(totals(results))
     return 0
 
 
