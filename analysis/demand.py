@@ -7,7 +7,8 @@ runtime counts wall time, its SM or CPU use) go up. That is a symptom. Only an a
 of these holds between the before and the during windows:
 
 * **arrivals** — more requests arrived than Poisson noise allows (:func:`arrival_surge`:
-  ``z`` sigmas and 10 % over the before rate);
+  ``z`` sigmas and 10 % over the before rate; after no arrival at all, over the highest rate
+  the before windows could hide);
 * **work per request** — its mean batch size grew by more than 10 % while neither its queue
   nor its compute per item did (a slowed server batches more of the requests that wait for
   it: a symptom, not more work);
@@ -67,6 +68,22 @@ def arrival_surge(
     got = float(np.nansum(v["arrival_rps"][during])) * step_ns / 1e9
     expected = rate_b * secs
     return (got - expected) / np.sqrt(max(expected, 1.0)) > z and got > 1.1 * expected
+
+
+def _woke_up(
+    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
+) -> bool:
+    """No arrival before, and more during than a rate that could have hidden in the before
+    windows allows (its 95 % upper bound, 3 / their length: the rule of three). A sparse model
+    with a short history (a warm-up) has not woken up by sending one request."""
+    if mean_over(v["arrival_rps"], before) > 0:
+        return False
+    secs_b = float(before.sum()) * step_ns / 1e9
+    if secs_b <= 0:
+        return False
+    expected = 3.0 / secs_b * float(during.sum()) * step_ns / 1e9
+    got = float(np.nansum(v["arrival_rps"][during])) * step_ns / 1e9
+    return got - expected > z * np.sqrt(max(expected, 1.0))
 
 
 def per_item_ms(v: dict[str, np.ndarray]) -> np.ndarray:
@@ -129,8 +146,7 @@ def demand_of(
     d = Demand(model, False, slowed=slowdown(v, before, during))
     rate_b, rate_d = mean_over(v["arrival_rps"], before), mean_over(v["arrival_rps"], during)
     d.evidence["arrival_rps"] = [_r(rate_b), _r(rate_d)]
-    idle_before = not (np.isfinite(rate_b) and rate_b > 0)
-    if arrival_surge(v, before, during, w.step_ns) or (idle_before and rate_d > 0):
+    if arrival_surge(v, before, during, w.step_ns) or _woke_up(v, before, during, w.step_ns):
         d.reasons.append(f"arrivals {_r(rate_b)} -> {_r(rate_d)} req/s")
     bb = wmean_over(v["batch_size_mean"], cnt, before)
     bd = wmean_over(v["batch_size_mean"], cnt, during)

@@ -60,6 +60,20 @@ def bystander_spin_waits_on_the_cpu(w: GpuWindows) -> None:
     sdxl_slowed(w)
 
 
+def bystander_sparse_after_quiet_baseline(w: GpuWindows) -> None:
+    no_nvml(w)
+    sdxl_slowed(w)
+    w.models["sdxl"]["arrival_rps"][:] = 0.0
+    w.models["sdxl"]["arrival_rps"][130] = 1.0
+
+
+def culprit_wakes_up(w: GpuWindows) -> None:
+    no_nvml(w)
+    w.models["sdxl"]["arrival_rps"][:] = 0.0
+    w.models["sdxl"]["arrival_rps"][FAULT] = 4.0
+    w.models["sdxl"]["rate_rps"][FAULT] = 4.0
+
+
 def culprit_more_arrivals(w: GpuWindows) -> None:
     no_nvml(w)
     w.models["sdxl"]["arrival_rps"][FAULT] = 4.0
@@ -86,9 +100,11 @@ BYSTANDERS: dict[str, Callable[[GpuWindows], None]] = {
     "slowed, no NVML (seconds in flight rise)": bystander_without_nvml,
     "slowed, NVML SM time stretched as much as its kernels": bystander_throttled_with_nvml,
     "slowed, batches grow in its queue": bystander_batches_grow_in_its_queue,
+    "sparse: one request after a quiet baseline": bystander_sparse_after_quiet_baseline,
 }
 CULPRITS: dict[str, Callable[[GpuWindows], None]] = {
     "more arrivals": culprit_more_arrivals,
+    "wakes up from idle": culprit_wakes_up,
     "bigger batches with no queue growth": culprit_bigger_batches,
     "more compute per item than the slowdown explains": culprit_more_work_per_item,
     "GPU work its requests do not show": culprit_gpu_work_of_its_own,
