@@ -9,7 +9,10 @@ Given the victim's windows *during* an incident and a *before* baseline on the s
    DRAM ``bandwidth`` when its rise is mostly memory traffic; memory pressure (GPU nearly full)
    the whole excess, to the process whose memory grew; the victim's own bigger batches
    ``compute_before x (batch ratio - 1) / 2`` as ``load``. Predictions are trusted within a
-   factor of two: the excess is shared in proportion to them, up to twice their sum.
+   factor of two: the excess is shared in proportion to them, up to twice their sum; what they
+   leave goes to the host process whose CPU use rose most (:mod:`analysis.compute_causes`).
+   Only actors whose own demand rose take a share: a co-tenant slowed like the victim, with
+   flat demand, is a *fellow victim* (:mod:`analysis.demand`).
 3. **Queue excess** is split between own load (arrival-rate ratio - 1) and lost capacity
    (per-item service-time ratio - 1); lost capacity goes to the compute causes.
 4. **Lock wait** goes to the lock most waited on (its holder in the evidence); **preprocess**
@@ -17,7 +20,10 @@ Given the victim's windows *during* an incident and a *before* baseline on the s
    PCIe bandwidth (the process most active while PCIe traffic rose); **other** is unknown.
 
 Shares are fractions of the summed phase excess and add up to at most 1; ``unknown`` holds the
-rest. Confidence is the strength of the supporting signal's change (:func:`change.strength`).
+rest, with the fellow victims in its evidence (``fellow_victims``) and, when every co-tenant
+slowed that way and the named causes explain under half, ``contention``: something unseen is
+contending. Confidence is the strength of the supporting signal's change
+(:func:`change.strength`).
 """
 
 from __future__ import annotations
@@ -28,12 +34,30 @@ from typing import Any
 
 import numpy as np
 
-from analysis.candidates import Candidate, activity
-from analysis.change import robust_change, strength
+from analysis.candidates import Candidate
+from analysis.change import confidence, mean_over, wmean_over
+from analysis.change import evidence as change_evidence
+from analysis.compute_causes import (
+    SAMPLE_LAG_WINDOWS,
+    Context,
+    compute_causes,
+    cpu_candidate,
+    cpu_evidence,
+    pcie_culprit,
+    widen,
+)
+from analysis.cpu_causes import cpu_risers
+from analysis.demand import (
+    Demand,
+    arrival_surge,
+    cotenant_demands,
+    cpu_work_rose,
+    fellow_victims,
+    slowdown,
+)
 from analysis.windows import GpuWindows
 from store.schema import PHASE_COLUMNS
 
-TRUST = 2.0
 MIN_SHARE = 0.01
 """Causes explaining less than this fraction of the excess are folded into ``unknown``."""
 
@@ -69,63 +93,6 @@ class Attribution:
     notes: list[str] = field(default_factory=list)
 
 
-def _wmean(x: np.ndarray, w: np.ndarray, mask: np.ndarray) -> float:
-    sel = mask & np.isfinite(x) & (w > 0)
-    if not sel.any():
-        return float("nan")
-    return float(np.average(x[sel], weights=w[sel]))
-
-
-def _mean(x: np.ndarray, mask: np.ndarray) -> float:
-    v = x[mask]
-    v = v[np.isfinite(v)]
-    return float(v.mean()) if len(v) else float("nan")
-
-
-ABSENT = 0.25
-"""A process sampled in fewer than this fraction of the before windows was not running then."""
-
-
-def _absent_as_zero(x: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """A series almost never sampled before the incident belongs to a process that appeared:
-    its missing before windows count as 0. Otherwise missing windows stay unknown (NVML had
-    no new sample), and averages skip them."""
-    b = x[before]
-    if len(b) == 0 or np.isfinite(b).mean() >= ABSENT:
-        return x
-    y = x.copy()
-    y[before & ~np.isfinite(x)] = 0.0
-    return y
-
-
-def _rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
-    x = _absent_as_zero(x, before)
-    b, d = _mean(x, before), _mean(x, during)
-    return 0.0 if not (np.isfinite(b) and np.isfinite(d)) else max(0.0, d - b)
-
-
-def _conf(x: np.ndarray | None, before: np.ndarray, during: np.ndarray) -> float:
-    if x is None:
-        return 0.3
-    x = _absent_as_zero(np.asarray(x, dtype=np.float64), before)
-    c = robust_change(x, before, during, during_stat="mean")
-    return 0.0 if c is None else strength(c.score)
-
-
-def _ev(
-    x: np.ndarray | None, before: np.ndarray, during: np.ndarray, series: str, unit: str
-) -> dict[str, Any]:
-    if x is None:
-        return {"series": series}
-    x = _absent_as_zero(x, before)
-    return {
-        "series": series,
-        "unit": unit,
-        "before": round(_mean(x, before), 4),
-        "during": round(_mean(x, during), 4),
-    }
-
-
 def attribute(
     w: GpuWindows,
     victim: str,
@@ -147,41 +114,57 @@ def attribute(
     phases: dict[str, float] = {}
     if has_phases:
         for c in PHASE_COLUMNS:
-            b, d = _wmean(v[c], cnt, before), _wmean(v[c], cnt, during)
+            b, d = wmean_over(v[c], cnt, before), wmean_over(v[c], cnt, during)
             phases[c] = max(0.0, d - b) if np.isfinite(b) and np.isfinite(d) else 0.0
     else:
         notes.append(
             "no per-request phases (spans absent): the latency excess is explained "
             "from GPU and co-tenant series only"
         )
-        b, d = _wmean(v["mean_ms"], cnt, before), _wmean(v["mean_ms"], cnt, during)
+        b, d = wmean_over(v["mean_ms"], cnt, before), wmean_over(v["mean_ms"], cnt, during)
         phases["compute_ms"] = max(0.0, d - b) if np.isfinite(b) and np.isfinite(d) else 0.0
     total = sum(phases.values())
     excess: dict[Candidate, float] = defaultdict(float)
     conf: dict[Candidate, float] = {}
     evidence: dict[Candidate, dict[str, Any]] = {}
+    near = widen(during, SAMPLE_LAG_WINDOWS) & ~before
+    demands = cotenant_demands(w, victim, before, during, near)
+    # co-tenants whose own demand did not rise: their busier time is a symptom
+    flat = {m for m, d in demands.items() if not d.rose}
+    # a model's CPU counts only where it rose beyond its slowdown (spin-waits are symptoms)
+    cpu_flat = {
+        m
+        for m, x in (host_cpu or {}).items()
+        if m in w.models and not cpu_work_rose(w.models[m], x, before, during, w.step_ns)
+    }
+    # the victim's own CPU counts when its own arrivals surged: its load, not a culprit's
+    own_surge = arrival_surge(v, before, during, w.step_ns)
+    mine = {victim} if own_surge else set()
+    risers = cpu_risers(host_cpu, before, during, exclude=cpu_flat - mine)
+    ctx = Context(w, victim, before, during, near, flat, demands, conf, evidence, notes)
 
-    compute = _compute_causes(
-        w, victim, before, during, phases.get("compute_ms", 0.0), conf, evidence, notes
-    )
+    compute = compute_causes(ctx, phases.get("compute_ms", 0.0), risers, host_cpu or {})
     for cand, ms in compute.items():
         excess[cand] += ms
     # queue: own load vs lost capacity
     q = phases.get("queue_ms", 0.0)
     if q > 0:
-        rate_b, rate_d = _mean(v["arrival_rps"], before), _mean(v["arrival_rps"], during)
+        rate_b, rate_d = mean_over(v["arrival_rps"], before), mean_over(v["arrival_rps"], during)
         item = (
             np.nan_to_num(v["compute_ms"]) + np.nan_to_num(v["h2d_ms"]) + np.nan_to_num(v["d2h_ms"])
         ) / np.fmax(np.nan_to_num(v["batch_size_mean"], nan=1.0), 1.0)
-        svc_b, svc_d = _wmean(item, cnt, before), _wmean(item, cnt, during)
-        lw = max(0.0, rate_d / rate_b - 1) if _surge(v, before, during, w.step_ns) else 0.0
+        svc_b, svc_d = wmean_over(item, cnt, before), wmean_over(item, cnt, during)
+        lw = max(0.0, rate_d / rate_b - 1) if arrival_surge(v, before, during, w.step_ns) else 0.0
         cw = max(0.0, svc_d / svc_b - 1) if svc_b > 0 else 0.0
         load = Candidate("load", victim)
         if lw + cw > 0:
             excess[load] += q * lw / (lw + cw)
-            conf.setdefault(load, _conf(v["arrival_rps"], before, during))
+            conf.setdefault(load, confidence(v["arrival_rps"], before, during))
             evidence.setdefault(
-                load, _ev(v["arrival_rps"], before, during, f"{victim} arrival rate", "req/s")
+                load,
+                change_evidence(
+                    v["arrival_rps"], before, during, f"{victim} arrival rate", "req/s"
+                ),
             )
             lost = q * cw / (lw + cw)
             ctotal = sum(compute.values())
@@ -198,8 +181,8 @@ def attribute(
         name, holder = (locks[0][0], locks[0][1]) if locks else ("unknown lock", "")
         cand = Candidate("lock", name)
         excess[cand] += lw_ms
-        conf[cand] = _conf(v["lock_wait_ms"], before, during)
-        ev = _ev(v["lock_wait_ms"], before, during, f"{victim} lock wait", "ms")
+        conf[cand] = confidence(v["lock_wait_ms"], before, during)
+        ev = change_evidence(v["lock_wait_ms"], before, during, f"{victim} lock wait", "ms")
         ev["holder"] = holder
         if locks:
             ev["holders"] = [
@@ -209,29 +192,20 @@ def attribute(
     # host CPU
     cpu_ms = phases.get("preprocess_ms", 0.0) + phases.get("postprocess_ms", 0.0)
     if cpu_ms > 0:
-        best: str | None = None
-        best_rise = 0.0
-        for name, cpu in (host_cpu or {}).items():
-            r = _rise(cpu, before, during)
-            if r > best_rise:
-                best, best_rise = name, r
-        cand = Candidate("cpu", best or "host")
+        top_cpu = risers[0] if risers else None
+        cand = cpu_candidate(top_cpu.name, victim) if top_cpu else Candidate("cpu", "host")
         excess[cand] += cpu_ms
-        cpu_series = None if best is None else (host_cpu or {})[best]
-        conf[cand] = _conf(cpu_series, before, during) if cpu_series is not None else 0.2
-        evidence[cand] = _ev(
-            cpu_series,
-            before,
-            during,
-            f"{best} host CPU" if best else f"{victim} preprocess",
-            "cores",
-        )
-        if cpu_series is None:
-            notes.append("preprocess grew but no host CPU series names a culprit")
+        if top_cpu is not None:
+            cpu_evidence(ctx, cand, top_cpu, (host_cpu or {})[top_cpu.name], risers)
+        else:
+            conf[cand] = 0.2
+            evidence[cand] = change_evidence(None, before, during, f"{victim} preprocess", "cores")
+            if cpu_ms >= MIN_SHARE * total:
+                notes.append("preprocess grew but no host CPU series names a culprit")
     # transfers
     xfer = phases.get("h2d_ms", 0.0) + phases.get("d2h_ms", 0.0)
     if xfer > 0:
-        pcand, pconf, pev = _pcie_culprit(w, victim, before, during)
+        pcand, pconf, pev = pcie_culprit(w, victim, before, during, flat)
         excess[pcand] += xfer
         conf[pcand] = pconf
         evidence[pcand] = pev
@@ -259,144 +233,37 @@ def attribute(
         )
     rest = max(0.0, 1.0 - explained) if total > 0 else 1.0
     if rest > 1e-9:
-        causes.append(Cause("unknown", "—", rest, 0.0, {}, None, rest * total))
+        own = explained if not own_surge else 1.0  # its own load rose: not unseen contention
+        ev = _contention(demands, slowdown(v, before, during), own, notes)
+        causes.append(Cause("unknown", "—", rest, 0.0, ev, None, rest * total))
     return Attribution(phases, causes, notes)
 
 
-def _surge(
-    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
-) -> bool:
-    """Did arrivals rise beyond Poisson noise? (more than ``z`` sigmas over the before rate)"""
-    rate_b = _mean(v["arrival_rps"], before)
-    if not np.isfinite(rate_b) or rate_b <= 0:
-        return False
-    secs = float(during.sum()) * step_ns / 1e9
-    got = float(np.nansum(v["arrival_rps"][during])) * step_ns / 1e9
-    expected = rate_b * secs
-    return (got - expected) / np.sqrt(max(expected, 1.0)) > z and got > 1.1 * expected
+CONTENTION_NOTE = (
+    "every co-tenant slowed at once with no rise in anyone's demand: something these series "
+    "do not show is contending (a process outside NVML's and procfs's view, or one already "
+    "running in the baseline windows)"
+)
 
 
-SAMPLE_LAG_WINDOWS = 3
-"""Windows after an incident that still count as 'during' for per-process samples."""
-
-
-def _widen(mask: np.ndarray, after: int) -> np.ndarray:
-    """``mask`` extended by ``after`` windows past each run's end."""
-    out = mask.copy()
-    for k in range(1, after + 1):
-        out[k:] |= mask[:-k]
-    return out
-
-
-def _compute_causes(
-    w: GpuWindows,
-    victim: str,
-    before: np.ndarray,
-    during: np.ndarray,
-    comp_excess: float,
-    conf: dict[Candidate, float],
-    evidence: dict[Candidate, dict[str, Any]],
-    notes: list[str],
-) -> dict[Candidate, float]:
-    """Compute excess (ms per request) shared among physical explanations."""
-    if comp_excess <= 0:
+def _contention(
+    demands: dict[str, Demand], victim_slowdown: float, explained: float, notes: list[str]
+) -> dict[str, Any]:
+    """Evidence for ``unknown``: the co-tenants slowed alongside the victim whose demand did
+    not rise (fellow victims), and whether that is every co-tenant (contention exists, but
+    nothing visible explains it)."""
+    fellows = fellow_victims(demands)
+    if not fellows:
         return {}
-    v = w.models[victim]
-    cnt = v["count"]
-    comp_b = _wmean(v["compute_ms"], cnt, before)
-    if not np.isfinite(comp_b) or comp_b <= 0:
-        comp_b = comp_excess
-    pred: dict[Candidate, float] = {}
-    clock = w.counters.get("sm_clock_mhz")
-    if clock is not None:
-        cb, cd = _mean(clock, before), _mean(clock, during)
-        if np.isfinite(cb) and np.isfinite(cd) and cd > 0 and cb / cd > 1.03:
-            cand = Candidate("throttle", w.gpu)
-            pred[cand] = comp_b * (cb / cd - 1)
-            conf[cand] = _conf(-clock, before, during)
-            ev = _ev(clock, before, during, f"{w.gpu} SM clock", "MHz")
-            reasons = w.counters.get("clock_event_reasons")
-            if reasons is not None:
-                r = np.nan_to_num(reasons[during]).astype(np.int64)
-                ev["clock_event_reasons"] = int(np.bitwise_or.reduce(r)) if len(r) else 0
-            evidence[cand] = ev
-    # process samples are stamped when polled, a few windows after the work they measure
-    near = _widen(during, SAMPLE_LAG_WINDOWS) & ~before
-    for name, (sm, dram) in activity(w, victim).items():
-        d_sm, d_dram = _rise(sm, before, near), _rise(dram, before, near)
-        if d_sm <= 0.02 and d_dram <= 0.02:
-            continue
-        if d_dram > 1.5 * d_sm:
-            cand = Candidate("bandwidth", name, "dram")
-            pred[cand] = comp_b * d_dram
-            conf[cand] = _conf(dram, before, near)
-            evidence[cand] = _ev(dram * 100, before, near, f"{name} DRAM utilisation", "%")
-        else:
-            cand = Candidate("cotenant", name)
-            pred[cand] = comp_b * d_sm
-            conf[cand] = _conf(sm, before, near)
-            evidence[cand] = _ev(sm * 100, before, near, f"{name} SM utilisation", "%")
-    used, total = w.counters.get("mem_used_bytes"), w.counters.get("mem_total_bytes")
-    if used is not None and total is not None:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            full = used / total
-        cap = float(np.nanmax(total)) if np.isfinite(total).any() else 0.0
-        if _mean(full, during) >= 0.95 and cap > 0:
-            # a nearly full GPU alone is normal for KV-cache servers; the cause is memory that
-            # *grew* into it (at least 2 % of the GPU)
-            best, best_rise = None, 0.02 * cap
-            for name, ps in w.processes.items():
-                r = _rise(ps["mem_used_bytes"], before, during)
-                if r > best_rise:
-                    best, best_rise = w.process_model.get(name) or name, r
-            if best is not None:
-                cand = Candidate("memory", best)
-                pred[cand] = comp_excess
-                conf[cand] = _conf(full, before, during)
-                evidence[cand] = _ev(full * 100, before, during, f"{w.gpu} memory used", "%")
-                evidence[cand]["grew_gib"] = round(best_rise / 1024**3, 2)
-    bb, bd = _wmean(v["batch_size_mean"], cnt, before), _wmean(v["batch_size_mean"], cnt, during)
-    # bigger batches from a queue alone are a symptom, not a cause
-    if (
-        _surge(v, before, during, w.step_ns)
-        and np.isfinite(bb)
-        and np.isfinite(bd)
-        and bb > 0
-        and bd > 1.1 * bb
-    ):
-        cand = Candidate("load", victim)
-        pred[cand] = comp_b * (bd / bb - 1) / 2
-        conf[cand] = _conf(v["batch_size_mean"], before, during)
-        evidence[cand] = _ev(
-            v["batch_size_mean"], before, during, f"{victim} batch size", "requests"
+    for d in fellows:
+        notes.append(
+            f"{d.model} slowed too (compute per item x{d.slowed:.2f}) with no rise in its own "
+            "demand: a fellow victim, given no share"
         )
-    s = sum(pred.values())
-    if s <= 0:
-        notes.append("compute time grew with no co-tenant, clock or memory change to explain it")
-        return {}
-    allocated = min(comp_excess, TRUST * s)
-    return {c: allocated * p / s for c, p in pred.items()}
-
-
-def _pcie_culprit(
-    w: GpuWindows, victim: str, before: np.ndarray, during: np.ndarray
-) -> tuple[Candidate, float, dict[str, Any]]:
-    tx = w.counters.get("pcie_tx_bps")
-    rx = w.counters.get("pcie_rx_bps")
-    pcie = (
-        None
-        if tx is None
-        else np.nan_to_num(tx) + np.nan_to_num(rx if rx is not None else np.zeros(w.n))
-    )
-    best, best_rise = None, 0.0
-    for name, (sm, dram) in activity(w, victim).items():
-        r = _rise(sm + dram, before, during) + (
-            0.05 if _mean(sm + dram, before) < 0.005 and _mean(sm + dram, during) > 0.005 else 0.0
-        )
-        if r > best_rise:
-            best, best_rise = name, r
-    cand = Candidate("bandwidth", best or "unknown", "pcie")
-    ev = _ev(
-        None if pcie is None else pcie / 1e9, before, during, f"{w.gpu} PCIe throughput", "GB/s"
-    )
-    return cand, _conf(pcie, before, during) if pcie is not None else 0.2, ev
+    ev: dict[str, Any] = {"fellow_victims": [d.to_evidence() for d in fellows]}
+    if np.isfinite(victim_slowdown):
+        ev["victim_compute_per_item_ratio"] = round(victim_slowdown, 2)
+    if len(fellows) == len(demands) and explained < 0.5:
+        ev["contention"] = "every co-tenant slowed at once, no demand change"
+        notes.append(CONTENTION_NOTE)
+    return ev

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,38 @@ def robust_change(
     return Change(med, dur, peak, scale, (dur - med) / scale)
 
 
+def mean_over(x: np.ndarray, mask: np.ndarray) -> float:
+    """Mean of the finite values of ``x`` in ``mask``; NaN when there are none."""
+    v = x[mask]
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if len(v) else float("nan")
+
+
+def wmean_over(x: np.ndarray, w: np.ndarray, mask: np.ndarray) -> float:
+    """Mean of ``x`` in ``mask`` weighted by ``w`` (e.g. request counts), over the finite
+    values with positive weight; NaN when there are none."""
+    sel = mask & np.isfinite(x) & (w > 0)
+    if not sel.any():
+        return float("nan")
+    return float(np.average(x[sel], weights=w[sel]))
+
+
+ABSENT = 0.25
+"""A process sampled in fewer than this fraction of the before windows was not running then."""
+
+
+def absent_as_zero(x: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """A series almost never sampled before the incident belongs to a process that appeared:
+    its missing before windows count as 0. Otherwise missing windows stay unknown (no new
+    sample), and averages skip them."""
+    b = x[before]
+    if len(b) == 0 or np.isfinite(b).mean() >= ABSENT:
+        return x
+    y = x.copy()
+    y[before & ~np.isfinite(x)] = 0.0
+    return y
+
+
 def strength(score: float, half: float = 3.0) -> float:
     """Map a standardised shift to a confidence-like strength in [0, 1):
     0 for no change, 0.5 at ``half`` robust sigmas, approaching 1 for large shifts."""
@@ -83,3 +116,35 @@ def rank_changes(
         out.append((name, c))
     out.sort(key=lambda nc: -abs(nc[1].score))
     return out
+
+
+def rise(x: np.ndarray, before: np.ndarray, during: np.ndarray) -> float:
+    """How much the mean of ``x`` rose from before to during (0 if it fell or is unknown);
+    a process absent before counts as 0 then (:func:`absent_as_zero`)."""
+    x = absent_as_zero(x, before)
+    b, d = mean_over(x, before), mean_over(x, during)
+    return 0.0 if not (np.isfinite(b) and np.isfinite(d)) else max(0.0, d - b)
+
+
+def confidence(x: np.ndarray | None, before: np.ndarray, during: np.ndarray) -> float:
+    """:func:`strength` of the rise of ``x`` (during mean); 0.3 when there is no series."""
+    if x is None:
+        return 0.3
+    x = absent_as_zero(np.asarray(x, dtype=np.float64), before)
+    c = robust_change(x, before, during, during_stat="mean")
+    return 0.0 if c is None else strength(c.score)
+
+
+def evidence(
+    x: np.ndarray | None, before: np.ndarray, during: np.ndarray, series: str, unit: str
+) -> dict[str, Any]:
+    """What a cause shows for the series ``x``: its name, unit and before / during means."""
+    if x is None:
+        return {"series": series}
+    x = absent_as_zero(x, before)
+    return {
+        "series": series,
+        "unit": unit,
+        "before": round(mean_over(x, before), 4),
+        "during": round(mean_over(x, during), 4),
+    }

@@ -44,6 +44,13 @@ class GpuResolver:
     def model_of(self, host: str, pid: int) -> str | None:
         return self._pid_model.get((host, pid))
 
+    def served_pids(self, hosts: tuple[str, ...]) -> dict[int, str]:
+        """pid -> model of every process on one of ``hosts`` that spans have named (``""``
+        is the host of spans without ``host.name``)."""
+        with self._lock:
+            items = list(self._pid_model.items())
+        return {pid: model for (host, pid), model in items if host in hosts}
+
     def resolve(self, span_gpu: str | None, host: str, pid: int | None, model: str) -> str:
         if span_gpu:
             return span_gpu

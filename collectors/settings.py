@@ -82,3 +82,25 @@ class PrometheusSettings:
         min=0.1,
         max=3600.0,
     )
+
+
+@dataclass(frozen=True)
+class ProcfsSettings:
+    """``[procfs]``: host CPU per process, read by :mod:`collectors.procfs` in serve."""
+
+    enabled: bool = key(
+        True,
+        "sample host CPU per process from procfs (Linux), so CPU hogs that emit no spans "
+        "can be named as a cpu cause",
+    )
+    interval_s: float = key(1.0, "procfs sample period", min=0.1, max=3600.0)
+    top_n: int = key(
+        10,
+        "processes recorded per sample by CPU use (those that served spans are always recorded)",
+        min=0,
+        max=1000,
+    )
+    root: str = key(
+        "/proc", "procfs mount to read (in a container: the host's /proc mounted, e.g. /host/proc)"
+    )
+

@@ -137,6 +137,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"false incidents per simulated hour: {summary['false_per_hour']:.2f} overall, "
         f"{_fmt(summary['false_per_hour_controls'])} on fault-free controls"
     )
+    print(
+        f"bystanders named: {summary['bystander_named']} of {summary['fault_incidents']} "
+        f"incidents during faults give a share to a model that is no fault's culprit "
+        f"({summary['bystander_first']} rank it first)"
+    )
     print(f"analysis time {summary['analysis_s']:.1f} s; whole bench {time.monotonic() - t0:.0f} s")
     if args.json:
         out = {
@@ -147,6 +152,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "hours": r.hours,
                     "incidents": r.incidents,
                     "false_incidents": r.false_incidents,
+                    "bystander_named": r.bystander_named,
                     "analysis_s": r.analysis_s,
                     "faults": [f.__dict__ for f in r.faults],
                 }

@@ -24,7 +24,13 @@ from typing import Any
 from actuators.settings import ActuatorSettings
 from alerts.settings import AlertSettings, RuleThresholds
 from analysis.settings import AnalysisSettings
-from collectors.settings import GpuSettings, NvmlSettings, OtlpSettings, PrometheusSettings
+from collectors.settings import (
+    GpuSettings,
+    NvmlSettings,
+    OtlpSettings,
+    ProcfsSettings,
+    PrometheusSettings,
+)
 from dashboard.settings import DashboardSettings
 from reports.settings import ReportSettings
 from store.config_key import key
@@ -58,6 +64,7 @@ class Config:
     store: StoreSettings = field(default_factory=StoreSettings)
     gpu: GpuSettings = field(default_factory=GpuSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
+    procfs: ProcfsSettings = field(default_factory=ProcfsSettings)
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
     actuators: ActuatorSettings = field(default_factory=ActuatorSettings)

@@ -2,10 +2,11 @@
 
 One process, one asyncio loop serving the API port and the OTLP/HTTP port through uvicorn
 (requests are routed by the local port they arrived on), a gRPC server on its own threads,
-the store's writer thread, and the NVML poller's thread when ``nvml.enabled`` and NVML is
-available (otherwise one warning, and no GPU counters). SIGTERM/SIGINT stop accepting, let
-in-flight exports finish, stop the NVML poller, write everything acknowledged, save child
-spans still waiting for their root, and close the store.
+the store's writer thread, the NVML poller's thread when ``nvml.enabled`` and NVML is
+available (otherwise one warning, and no GPU counters), and the procfs sampler's thread (host
+CPU per process) when ``procfs.enabled``. SIGTERM/SIGINT stop accepting, let in-flight
+exports finish, stop the NVML poller and the procfs sampler, write everything acknowledged,
+save child spans still waiting for their root, and close the store.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import uvicorn
@@ -43,6 +45,7 @@ from collectors.nvml_api import load_pynvml
 from collectors.nvml_metrics import NvmlMetrics
 from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver
+from collectors.procfs import ProcfsCollector, ProcfsMetrics
 from cotenant.api import create_api
 from cotenant.config import Config
 from cotenant.report_cmd import report_builder
@@ -176,6 +179,7 @@ class Service:
             lambda: self.writer.queued_bytes, lambda: self.pipeline.inflight_bytes
         )
         self.nvml = self._open_nvml(nvml) if config.nvml.enabled else None
+        self.procfs = self._open_procfs() if config.procfs.enabled else None
         self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
         ac = config.analysis
         source = StoreSource(self.store)
@@ -315,9 +319,32 @@ class Service:
             return None
         return collector
 
-    def _stop_nvml(self) -> None:
+    def _stop_collectors(self) -> None:
         if self.nvml is not None:
             self.nvml.stop()
+        if self.procfs is not None:
+            self.procfs.stop()
+
+    def _open_procfs(self) -> ProcfsCollector | None:
+        """The host CPU sampler; None (after one warning) where procfs cannot be read."""
+        pc = self.config.procfs
+        if not (Path(pc.root) / "self" / "stat").is_file():
+            log.warning(
+                "procfs.root %s is not a readable procfs: running without host CPU per "
+                "process (set procfs.enabled = false to silence this)",
+                pc.root,
+            )
+            return None
+        return ProcfsCollector(
+            sink=self.writer.submit,
+            resolver=self.resolver,
+            host=self.config.nvml.host or socket.gethostname(),
+            proc=pc.root,
+            metrics=ProcfsMetrics(self.registry),
+            clock=self.clock_ns,
+            interval_s=pc.interval_s,
+            top_n=pc.top_n,
+        )
 
     def _not_ready_reason(self) -> str | None:
         if self._stopping:
@@ -370,7 +397,7 @@ class Service:
         except OSError:
             for s in socks:
                 s.close()
-            self._stop_nvml()
+            self._stop_collectors()
             self._shutdown_store()
             raise
         ucfg = uvicorn.Config(
@@ -395,6 +422,8 @@ class Service:
             self.dashboard.otlp_hint = self.endpoints.otlp_http
         if self.nvml is not None:
             self.nvml.start()
+        if self.procfs is not None:
+            self.procfs.start()
         if self.analysis is not None:
             self.analysis.start()
         if self.reports is not None:
@@ -433,6 +462,12 @@ class Service:
                 f"  NVML       {n} GPUs, polled every {self.nvml.poll_interval_s:g} s "
                 f"(processes every {self.nvml.process_interval_s:g} s)"
             )
+        if self.procfs is not None:
+            p = self.procfs
+            lines.append(
+                f"  procfs     host CPU of the top {p.top_n} processes and every span-emitting "
+                f"process, every {p.interval_s:g} s"
+            )
         if self.actions is not None:
             ac = self.config.actuators
             where = ac.backend_url or "no backend_url: proposals only"
@@ -462,7 +497,7 @@ class Service:
             self.reports.stop()
         if self.actions is not None:
             self.actions.stop()
-        self._stop_nvml()  # its last rows go to the writer before it closes
+        self._stop_collectors()  # its last rows go to the writer before it closes
         if self.alerts is not None:
             self.alerts.close()  # alerts still queued stay pending: diagnosed at next start
         self._shutdown_store()

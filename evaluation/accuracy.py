@@ -9,6 +9,8 @@ incidents for every model, and score:
   fault (plus the settle time); Avg@5 is the mean of AC@1..AC@5;
 * detection delay — from the fault's start to the first such incident's detection;
 * false incidents per simulated hour — incidents that overlap no fault;
+* bystanders named — incidents overlapping a fault that give a share to a model that is no
+  fault's culprit (other than the victim's own ``load``): a fellow victim taken for a cause;
 * analysis time.
 
 The baselines rank the same candidate series (:mod:`analysis.candidates`) for the same
@@ -59,6 +61,9 @@ class ScenarioResult:
     false_incidents: int
     analysis_s: float
     diagnoses: list[Diagnosis] = field(default_factory=list)
+    fault_incidents: int = 0  # incidents overlapping a fault (and its settle time)
+    bystander_named: int = 0  # ...of which give a bystander model a share
+    bystander_first: int = 0  # ...of which rank a bystander model first
 
 
 def _matches(kind: str, culprit: str, truth: dict[str, Any]) -> bool:
@@ -144,12 +149,40 @@ def run_scenario(
         for f in truth
     ]
     false = sum(1 for d in diags if not any(_overlaps(d, lo, hi) for lo, hi in windows_f))
+    in_faults = [d for d in diags if any(_overlaps(d, lo, hi) for lo, hi in windows_f)]
+    named = [_bystanders(d, s, truth) for d in in_faults]
     store.close()
     progress(
         f"{s.name}: {len(diags)} incidents, {len(faults)} faults with victims, "
         f"{false} false, analysis {analysis_s:.2f} s"
     )
-    return ScenarioResult(s.name, s.duration_s / 3600, faults, len(diags), false, analysis_s, diags)
+    return ScenarioResult(
+        s.name,
+        s.duration_s / 3600,
+        faults,
+        len(diags),
+        false,
+        analysis_s,
+        diags,
+        len(in_faults),
+        sum(1 for n in named if n),
+        sum(1 for n in named if n and n[0] == 0),
+    )
+
+
+def _bystanders(d: Diagnosis, s: Scenario, truth: list[dict[str, Any]]) -> list[int]:
+    """Ranks (0 = first) among ``d``'s named causes of those that name a model of ``s`` that is
+    no fault's culprit; the victim's own ``load`` is not one."""
+    culprits = {str(f["culprit"]) for f in truth}
+    models = {m.name for m in s.models}
+    named = [c for c in d.causes if c.kind != "unknown"]
+    return [
+        i
+        for i, c in enumerate(named)
+        if c.culprit in models
+        and c.culprit not in culprits
+        and not (c.kind == "load" and c.culprit == d.model)
+    ]
 
 
 def _named(
@@ -196,6 +229,9 @@ def summarize(results: list[ScenarioResult], methods: Sequence[str]) -> dict[str
     ch = sum(r.hours for r in controls)
     out["false_per_hour_controls"] = sum(r.false_incidents for r in controls) / ch if ch else None
     out["analysis_s"] = sum(r.analysis_s for r in results)
+    out["fault_incidents"] = sum(r.fault_incidents for r in results)
+    out["bystander_named"] = sum(r.bystander_named for r in results)
+    out["bystander_first"] = sum(r.bystander_first for r in results)
     return out
 
 

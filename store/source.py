@@ -130,8 +130,10 @@ class StoreSource:
         else:
             phases = ", ".join(f"avg({c}) AS {c}" for c in PHASE_COLUMNS)
             sql = f"""
-                SELECT ts_ns, model, gpu, count, rate_rps,
-                       coalesce(a.arrivals, 0) / $secs AS arrival_rps, errors, mean_ms,
+                SELECT ts_ns, model, gpu, coalesce(count, 0) AS count,
+                       coalesce(rate_rps, 0) AS rate_rps,
+                       coalesce(a.arrivals, 0) / $secs AS arrival_rps,
+                       coalesce(errors, 0) AS errors, mean_ms,
                        q[1] AS p50_ms, q[2] AS p95_ms, q[3] AS p99_ms,
                        {", ".join(PHASE_COLUMNS)}, batch_size_mean
                 FROM (
@@ -143,7 +145,7 @@ class StoreSource:
                            avg(batch_size) AS batch_size_mean
                     FROM requests WHERE ts_end_ns >= $lo AND ts_end_ns < $hi {mf}
                     GROUP BY ALL) c
-                LEFT JOIN (
+                FULL JOIN (  -- arrivals in windows where nothing completed count too
                     SELECT (ts_start_ns // $step) * $step AS ts_ns, model, gpu,
                            count(*)::DOUBLE AS arrivals
                     FROM requests WHERE ts_start_ns >= $lo AND ts_start_ns < $hi {mf}

@@ -1063,3 +1063,30 @@ def test_a_schema_3_store_gains_incident_severity_and_its_incidents_read_as_brea
         [inc] = IncidentBook(s).find()
         assert (inc.id, inc.severity, inc.state) == ("inc-1", "breach", "resolved")
         assert IncidentBook(s).find(severity="degradation") == []
+
+
+def test_request_windows_count_arrivals_where_nothing_completed(tmp_path: Path) -> None:
+    from store.source import StoreSource
+
+    # a slow model: each request arrives in one second and completes 1.5 s later
+    starts = [NOW + k * 10 * SEC + 200_000_000 for k in range(3)]
+    reqs = table(
+        "requests",
+        {
+            "ts_start_ns": starts,
+            "ts_end_ns": [s + 1_500_000_000 for s in starts],
+            "latency_ms": [1500.0] * 3,
+            "model": ["sdxl"] * 3,
+            "gpu": ["0"] * 3,
+        },
+    )
+    with Store(tmp_path / "s.duckdb") as s:
+        with s.cursor() as cur:
+            cur.register("_t", reqs)
+            cur.execute("INSERT INTO requests BY NAME SELECT * FROM _t")
+        t = StoreSource(s).request_windows(TimeRange(NOW, NOW + 30 * SEC), 1.0)
+    rows = {r["ts_ns"]: r for r in t.to_pylist()}
+    assert sum(r["arrival_rps"] for r in rows.values()) == 3
+    assert sum(r["count"] for r in rows.values()) == 3
+    arrived = rows[NOW]  # the first request arrived here and completed a window later
+    assert arrived["arrival_rps"] == 1 and arrived["count"] == 0 and arrived["p99_ms"] is None

@@ -1,0 +1,288 @@
+"""collectors/procfs.py against a fake /proc tree: who used the host's CPUs, and how much."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from prometheus_client import CollectorRegistry
+
+from analysis.diagnose import host_cpu
+from collectors.gpu_resolve import GpuResolver
+from collectors.procfs import ProcfsCollector, ProcfsMetrics, parse_stat, program_name
+from cotenant.config import load_config
+from cotenant.service import Service
+from store.db import Store
+from store.errors import Overloaded
+from store.queries import TimeRange
+from store.source import StoreSource
+from store.writer import Writer
+
+TICKS = 100  # clock ticks per second
+T0 = 1_767_225_600_000_000_000
+
+
+class FakeProc:
+    """A /proc tree with ``stat`` and ``cmdline`` per pid, and a clock to advance."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.now = 0.0
+
+    def process(
+        self, pid: int, comm: str, cpu_s: float, *, cmdline: str = "", start: int = 1000
+    ) -> None:
+        d = self.root / str(pid)
+        d.mkdir(exist_ok=True)
+        ticks = round(cpu_s * TICKS)
+        utime, stime = ticks - ticks // 4, ticks // 4
+        fields = ["S", "1", "1", "0", "0", "-1", "0", "0", "0", "0", "0"]
+        fields += [str(utime), str(stime), "0", "0", "20", "0", "1", "0", str(start), "1000"]
+        (d / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)} 0 0 0\n")
+        (d / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
+
+    def gone(self, pid: int) -> None:
+        for f in (self.root / str(pid)).iterdir():
+            f.unlink()
+        (self.root / str(pid)).rmdir()
+
+    def tick(self, seconds: float = 1.0) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> FakeProc:
+    (tmp_path / "self").mkdir()  # non-numeric entries are not processes
+    (tmp_path / "uptime").write_text("1.0 1.0\n")
+    return FakeProc(tmp_path)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.tables: list[pa.Table] = []
+
+    def __call__(self, table: str, batch: pa.Table) -> None:
+        assert table == "process_samples"
+        self.tables.append(batch)
+
+    def rows(self) -> list[dict[str, object]]:
+        return [r for t in self.tables for r in t.to_pylist()]
+
+
+def collector(
+    proc: FakeProc, sink: Sink, resolver: GpuResolver | None = None, **kw: object
+) -> ProcfsCollector:
+    return ProcfsCollector(
+        sink=sink,
+        resolver=resolver or GpuResolver(),
+        host="node-1",
+        proc=proc.root,
+        clock=lambda: T0 + int(proc.now * 1e9),
+        monotonic=lambda: proc.now,
+        clock_ticks=TICKS,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_cpu_burner_that_emits_no_spans_is_recorded_with_its_cores(proc: FakeProc) -> None:
+    proc.process(10, "sshd", 5.0, cmdline="/usr/sbin/sshd -D")
+    proc.process(20, "python3", 100.0, cmdline="python3 -u burn.py --cores 1")
+    sink = Sink()
+    c = collector(proc, sink)
+    c.poll_once()
+    assert sink.rows() == []  # the first read gives no rate
+    proc.tick(2.0)
+    proc.process(10, "sshd", 5.0)  # idle
+    proc.process(20, "python3", 103.0, cmdline="python3 -u burn.py --cores 1")  # 1.5 cores
+    c.poll_once()
+    (row,) = sink.rows()
+    assert row["pid"] == 20 and row["process_name"] == "python3 burn.py"
+    assert row["cpu_cores"] == pytest.approx(1.5)
+    assert row["host"] == "node-1" and row["ts_ns"] == T0 + 2_000_000_000
+    # a host-level row: no GPU, no GPU columns, no model
+    assert row["gpu"] is None and row["model"] is None and row["sm_util"] is None
+
+
+def test_only_the_top_n_by_cpu_are_recorded(proc: FakeProc) -> None:
+    for pid in range(100, 120):
+        proc.process(pid, f"worker{pid}", 0.0)
+    sink = Sink()
+    c = collector(proc, sink, top_n=3)
+    c.poll_once()
+    proc.tick()
+    for pid in range(100, 120):
+        proc.process(pid, f"worker{pid}", (pid - 100) * 0.05)  # 0 .. 0.95 cores
+    c.poll_once()
+    assert sorted(r["pid"] for r in sink.rows()) == [117, 118, 119]
+
+
+def test_the_processes_of_one_program_are_one_row_with_their_cores_summed(
+    proc: FakeProc,
+) -> None:
+    for pid in (200, 201, 202, 203):  # eight burners would be eight of these
+        proc.process(pid, "python3", 0.0, cmdline="python3 burn.py")
+    proc.process(300, "mypy", 0.0, cmdline="/usr/bin/mypy")
+    sink = Sink()
+    c = collector(proc, sink, top_n=1)
+    c.poll_once()
+    proc.tick()
+    for pid, used in ((200, 0.4), (201, 0.5), (202, 0.3), (203, 0.3)):
+        proc.process(pid, "python3", used, cmdline="python3 burn.py")
+    proc.process(300, "mypy", 0.9)  # busier than any one burner, not than all of them
+    c.poll_once()
+    (row,) = sink.rows()
+    assert row["process_name"] == "python3 burn.py" and row["pid"] == 201
+    assert row["cpu_cores"] == pytest.approx(1.5)
+
+
+def test_a_process_that_served_spans_is_always_recorded_under_its_model(proc: FakeProc) -> None:
+    resolver = GpuResolver()
+    resolver.note_model("", 30, "tts")  # a span without host.name counts as this host's
+    resolver.note_model("other-node", 40, "chat")  # not this host
+    proc.process(30, "python3", 1.0, cmdline="python3 tts_server.py")
+    proc.process(40, "python3", 1.0)
+    proc.process(50, "python3", 10.0, cmdline="python3 burn.py")
+    sink = Sink()
+    c = collector(proc, sink, resolver=resolver, top_n=1)
+    c.poll_once()
+    proc.tick()
+    proc.process(30, "python3", 1.0)  # idle this second
+    proc.process(40, "python3", 1.0)
+    proc.process(50, "python3", 11.0, cmdline="python3 burn.py")
+    c.poll_once()
+    rows = {r["pid"]: r for r in sink.rows()}
+    assert set(rows) == {30, 50}
+    assert rows[30]["process_name"] == "tts" and rows[30]["model"] == "tts"
+    assert rows[30]["cpu_cores"] == 0.0
+    assert rows[50]["process_name"] == "python3 burn.py" and rows[50]["cpu_cores"] == 1.0
+
+
+def test_a_reused_pid_starts_over(proc: FakeProc) -> None:
+    proc.process(60, "make", 50.0, start=1000)
+    sink = Sink()
+    c = collector(proc, sink)
+    c.poll_once()
+    proc.tick()
+    proc.process(60, "cc1", 0.5, start=5000)  # another process, same pid: no rate yet
+    c.poll_once()
+    assert sink.rows() == []
+    proc.tick()
+    proc.process(60, "cc1", 1.3, start=5000)
+    c.poll_once()
+    ((name, cores),) = [(r["process_name"], r["cpu_cores"]) for r in sink.rows()]
+    assert name == "cc1" and cores == pytest.approx(0.8)
+
+
+def test_bad_input_and_a_full_store_never_raise_and_are_counted(proc: FakeProc) -> None:
+    registry = CollectorRegistry()
+    metrics = ProcfsMetrics(registry)
+    proc.process(70, "busy", 0.0)
+    proc.process(71, "exits", 0.0)
+    refused = []
+
+    def full(table: str, batch: pa.Table) -> None:
+        refused.append(batch.num_rows)
+        raise Overloaded("queue full", 1.0)
+
+    c = collector(proc, full, metrics=metrics)  # type: ignore[arg-type]
+    c.poll_once()
+    proc.tick()
+    proc.process(70, "busy", 1.0)
+    (proc.root / "71" / "stat").write_text("garbage")
+    c.poll_once()
+    assert refused == [1]
+    assert registry.get_sample_value("cotenant_procfs_dropped_rows_total") == 1
+    assert registry.get_sample_value("cotenant_procfs_errors_total", {"kind": "stat"}) == 1
+    proc.gone(70)  # exited: skipped silently
+    proc.tick()
+    c.poll_once()
+    assert registry.get_sample_value("cotenant_procfs_processes") == 0
+
+
+@pytest.mark.parametrize(
+    ("stat", "want"),
+    [
+        ("1 (systemd) S 0 1 1 0 -1 0 0 0 0 0 7 3 0 0 20 0 1 0 42 0", ("systemd", 10, 42)),
+        (
+            "9 (my (odd) name) R 1 1 1 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 77 0",
+            ("my (odd) name", 2, 77),
+        ),
+    ],
+)
+def test_stat_lines_with_odd_command_names_parse(stat: str, want: tuple[str, int, int]) -> None:
+    assert parse_stat(stat) == want
+
+
+@pytest.mark.parametrize(
+    ("comm", "cmdline", "want"),
+    [
+        ("python3", b"python3\0-u\0burn.py\0--cores\0" + b"1\0", "python3 burn.py"),
+        (
+            "python3.11",
+            b"/usr/bin/python3.11\0-m\0vllm.entrypoints\0",
+            "python3.11 vllm.entrypoints",
+        ),
+        ("java", b"java\0-jar\0/opt/etl/etl.jar\0", "java etl.jar"),
+        ("stress-ng", b"stress-ng\0--cpu\0" + b"8\0", "stress-ng"),
+        ("python3", b"", "python3"),
+    ],
+)
+def test_interpreters_are_named_by_their_script(comm: str, cmdline: bytes, want: str) -> None:
+    assert program_name(comm, cmdline) == want
+
+
+def test_the_rows_are_what_diagnosis_reads_as_host_cpu(proc: FakeProc, tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    writer = Writer(store, flush_interval_s=0.01)
+    proc.process(80, "python3", 0.0, cmdline="python3 burn.py")
+    c = collector(proc, writer.submit)  # type: ignore[arg-type]
+    for k in range(6):
+        c.poll_once()
+        proc.tick()
+        proc.process(80, "python3", (k + 1) * 0.5, cmdline="python3 burn.py")
+    writer.close()
+    cpu = host_cpu(StoreSource(store), TimeRange(T0, T0 + 6 * 1_000_000_000), 1.0, 6)
+    store.close()
+    assert list(cpu) == ["python3 burn.py"]
+    np.testing.assert_allclose(cpu["python3 burn.py"][1:], 0.5)
+
+
+def test_serve_records_host_cpu_from_the_configured_procfs(proc: FakeProc, tmp_path: Path) -> None:
+    (proc.root / "self" / "stat").write_text("1 (cotenant) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 0\n")
+    proc.process(90, "java", 0.0, cmdline="java -jar etl.jar")
+    cfg = load_config(
+        env={
+            "COTENANT_SERVER_PORT": "0",
+            "COTENANT_OTLP_HTTP_PORT": "0",
+            "COTENANT_OTLP_GRPC_ENABLED": "false",
+            "COTENANT_STORE_PATH": str(tmp_path / "s.duckdb"),
+            "COTENANT_STORE_FLUSH_INTERVAL_S": "0.05",
+            "COTENANT_NVML_ENABLED": "false",
+            "COTENANT_DASHBOARD_ENABLED": "false",
+            "COTENANT_ANALYSIS_ENABLED": "false",
+            "COTENANT_PROCFS_ROOT": str(proc.root),
+            "COTENANT_PROCFS_INTERVAL_S": "0.1",
+        }
+    )
+    svc = Service(cfg)
+    t = threading.Thread(target=svc.run, kwargs={"banner": None}, daemon=True)
+    t.start()
+    assert svc.started.wait(30) and svc.procfs is not None
+    deadline = time.monotonic() + 30
+    rows: list[tuple[object, ...]] = []
+    cpu_s = 0.0
+    while not rows and time.monotonic() < deadline:
+        cpu_s += 1.0  # the ETL job burns CPU between polls
+        proc.process(90, "java", cpu_s, cmdline="java -jar etl.jar")
+        time.sleep(0.05)
+        with svc.store.cursor() as cur:
+            rows = cur.execute(
+                "SELECT pid, process_name, gpu FROM process_samples WHERE cpu_cores > 0"
+            ).fetchall()
+    svc.stop()
+    t.join(60)
+    assert rows and rows[0] == (90, "java etl.jar", None)
