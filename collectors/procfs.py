@@ -127,7 +127,7 @@ class ProcfsCollector:
     def __init__(
         self,
         *,
-        sink: Callable[[str, pa.Table], None],
+        sink: Callable[[str, pa.Table], object],
         resolver: GpuResolver,
         host: str,
         proc: str | Path = "/proc",

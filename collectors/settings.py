@@ -103,4 +103,3 @@ class ProcfsSettings:
     root: str = key(
         "/proc", "procfs mount to read (in a container: the host's /proc mounted, e.g. /host/proc)"
     )
-
