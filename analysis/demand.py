@@ -83,7 +83,7 @@ def _woke_up(
         return False
     expected = 3.0 / secs_b * float(during.sum()) * step_ns / 1e9
     got = float(np.nansum(v["arrival_rps"][during])) * step_ns / 1e9
-    return got - expected > z * np.sqrt(max(expected, 1.0))
+    return bool(got - expected > z * np.sqrt(max(expected, 1.0)))
 
 
 def per_item_ms(v: dict[str, np.ndarray]) -> np.ndarray:
