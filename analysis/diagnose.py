@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analysis.attribution import Cause, attribute
 from analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
@@ -110,7 +111,9 @@ def _locks(
 
 
 def host_cpu(source: MetricSource, rng: TimeRange, step_s: float, n: int) -> dict[str, np.ndarray]:
-    """Host CPU use (cores) per process name, on the window grid of ``rng``."""
+    """Host CPU use (cores) per process name, on the window grid of ``rng``: the processes
+    sharing a name (eight ``python`` burners) are summed, each (host, pid) counted once however
+    many GPUs it has rows on."""
     t = source.process_windows(rng, step_s)
     if t.num_rows == 0:
         return {}
@@ -118,13 +121,36 @@ def host_cpu(source: MetricSource, rng: TimeRange, step_s: float, n: int) -> dic
     step = int(step_s * 1e9)
     idx = (t.column("ts_ns").to_numpy() - since) // step
     cpu = np.asarray(t.column("cpu_cores").to_numpy(zero_copy_only=False), dtype=np.float64)
-    names = np.asarray(t.column("process_name").to_pylist(), dtype=object)
     ok = np.isfinite(cpu) & (idx >= 0) & (idx < n)
+    if not ok.any():
+        return {}
+    rows = pd.DataFrame(
+        {
+            "w": idx[ok],
+            "host": [h or "" for h in np.asarray(t.column("host").to_pylist(), dtype=object)[ok]],
+            "pid": np.asarray(t.column("pid").to_pylist(), dtype=object)[ok],
+            "name": [
+                name or f"pid {pid}"
+                for name, pid, keep in zip(
+                    t.column("process_name").to_pylist(),
+                    t.column("pid").to_pylist(),
+                    ok,
+                    strict=True,
+                )
+                if keep
+            ],
+            "cpu": cpu[ok],
+        }
+    )
+    # one process on two GPUs has a row per GPU with the same host CPU: count it once
+    per_pid = rows.groupby(["w", "host", "pid"], sort=False, dropna=False).agg(
+        name=("name", "first"), cpu=("cpu", "max")
+    )
+    per_name = per_pid.groupby(["name", "w"], sort=False)["cpu"].sum()
     out: dict[str, np.ndarray] = {}
-    for name in set(names[ok].tolist()):
-        sel = ok & (names == name)
+    for name, series in per_name.groupby(level=0, sort=True):
         arr = np.full(n, np.nan)
-        arr[idx[sel]] = cpu[sel]
+        arr[series.index.get_level_values(1).to_numpy()] = series.to_numpy()
         out[str(name)] = arr
     return out
 

@@ -286,3 +286,37 @@ def test_serve_records_host_cpu_from_the_configured_procfs(proc: FakeProc, tmp_p
     svc.stop()
     t.join(60)
     assert rows and rows[0] == (90, "java etl.jar", None)
+
+
+class _Windows:
+    """A MetricSource that only has process windows (all host_cpu reads)."""
+
+    def __init__(self, rows: list[tuple[int, str | None, int | None, str | None, float]]) -> None:
+        from store.frames import PROCESS_WINDOWS
+
+        cols: dict[str, list[object]] = {n: [] for n in PROCESS_WINDOWS.names}
+        for w, gpu, pid, name, cores in rows:
+            for k, v in (
+                ("ts_ns", T0 + w * 1_000_000_000), ("host", "h1"), ("gpu", gpu), ("pid", pid),
+                ("process_name", name), ("model", None), ("sm_util", None), ("mem_util", None),
+                ("mem_used_bytes", None), ("cpu_cores", cores),
+            ):  # fmt: skip
+                cols[k].append(v)
+        self._t = pa.table(cols, schema=PROCESS_WINDOWS)
+
+    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+        return self._t
+
+
+def test_host_cpu_sums_processes_of_one_name_and_counts_a_two_gpu_process_once() -> None:
+    rows = [
+        # eight burners are named alike: the name's use is their sum, not the last one read
+        *[(w, None, 100 + k, "python burn.py", 0.5) for w in range(3) for k in range(4)],
+        # a trainer with rows on two GPUs uses 1.5 cores, not 3
+        *[(w, g, 7, "train", 1.5) for w in range(3) for g in ("gpu0", "gpu1")],
+        (1, None, None, None, 0.25),  # no name nor pid: still its own series, not dropped
+    ]
+    cpu = host_cpu(_Windows(rows), TimeRange(T0, T0 + 3_000_000_000), 1.0, 3)  # type: ignore[arg-type]
+    np.testing.assert_allclose(cpu["python burn.py"], [2.0, 2.0, 2.0])
+    np.testing.assert_allclose(cpu["train"], [1.5, 1.5, 1.5])
+    assert sorted(cpu) == ["pid None", "python burn.py", "train"]
