@@ -21,7 +21,10 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class Change:
+class SeriesShift:
+    """How one series moved from the before windows to the during windows (not to be confused
+    with :class:`actuators.backend.Change`, a change an actuator applies)."""
+
     before: float  # median over the before windows
     during: float  # median over the during windows
     peak: float  # the most extreme during value in the direction of the change
@@ -40,8 +43,8 @@ def robust_change(
     rel_floor: float = 0.05,
     abs_floor: float = 1e-9,
     during_stat: str = "median",
-) -> Change | None:
-    """Change of ``x`` from the ``before`` windows to the ``during`` windows (boolean masks).
+) -> SeriesShift | None:
+    """The shift of ``x`` from the ``before`` windows to the ``during`` windows (boolean masks).
 
     Returns None when either side has no finite value. ``scale`` is at least
     ``rel_floor x |median_before|`` and ``abs_floor``."""
@@ -56,7 +59,7 @@ def robust_change(
     scale = max(float(q75 - q25) / 1.349, rel_floor * abs(med), abs_floor)
     dur = float(np.mean(d) if during_stat == "mean" else np.median(d))
     peak = float(d.max() if dur >= med else d.min())
-    return Change(med, dur, peak, scale, (dur - med) / scale)
+    return SeriesShift(med, dur, peak, scale, (dur - med) / scale)
 
 
 def mean_over(x: np.ndarray, mask: np.ndarray) -> float:
@@ -104,7 +107,7 @@ def rank_changes(
     during: np.ndarray,
     *,
     increase_only: bool = False,
-) -> list[tuple[str, Change]]:
+) -> list[tuple[str, SeriesShift]]:
     """Series by decreasing absolute score (only increases when ``increase_only``)."""
     out = []
     for name, x in series.items():

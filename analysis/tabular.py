@@ -50,7 +50,7 @@ import pandas as pd
 
 from analysis.baselines.bocpd import anomaly_start as bocpd_start
 from analysis.baselines.bocpd import changepoint_probability
-from analysis.change import Change, rank_changes, robust_change
+from analysis.change import SeriesShift, rank_changes, robust_change
 from store.errors import TabularError
 from store.timespec import format_ns
 
@@ -306,7 +306,7 @@ def _shared(series: Mapping[str, np.ndarray]) -> set[str]:
     return out
 
 
-def inherited_share(own: Change, calls: Change | None) -> float:
+def inherited_share(own: SeriesShift, calls: SeriesShift | None) -> float:
     """Share (0-1) of the change of an entity's latency that the latency of its calls shows
     too: ``clip(log(calls.during / calls.before) / log(own.during / own.before), 0, 1)`` (0
     when a median is not positive or the entity's latency did not move)."""

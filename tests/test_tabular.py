@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.change import Change
+from analysis.change import SeriesShift
 from analysis.tabular import (
     Rules,
     front_door_latency,
@@ -135,8 +135,8 @@ def test_a_callers_latency_explained_by_its_calls_is_not_held_against_it(tmp_pat
 
 
 def test_inherited_share_is_the_growth_the_calls_show_too() -> None:
-    def ch(before: float, during: float) -> Change:
-        return Change(before, during, during, 1.0, during - before)
+    def ch(before: float, during: float) -> SeriesShift:
+        return SeriesShift(before, during, during, 1.0, during - before)
 
     assert inherited_share(ch(0.1, 0.4), ch(0.05, 0.2)) == pytest.approx(1.0)  # 4x and 4x
     assert inherited_share(ch(0.1, 0.4), ch(0.05, 0.1)) == pytest.approx(0.5)  # 4x and 2x
