@@ -210,9 +210,11 @@ class Actuation:
     ttl_s: float | None = None
     settle_s: float | None = None
     cooldown_s: float | None = None
-    expect: Literal["recover", "rollback", "expire"] = "recover"
+    expect: Literal["recover", "rollback", "expire", "refrain"] = "recover"
     """What a correct control loop does here: the victim recovers after the change, the
-    change is rolled back (it cannot help), or it expires at its TTL (the culprit stops)."""
+    change is rolled back (it cannot help), it expires at its TTL (the culprit stops), or
+    no change is kept (``refrain``: any change made is rolled back, e.g. a reroute that would
+    overload the other replica) and no other model is pushed over its SLO."""
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ _ACTUATION_KEYS: dict[str, Check] = {
     "ttl_s": POSITIVE,
     "settle_s": NON_NEGATIVE,
     "cooldown_s": NON_NEGATIVE,
-    "expect": one_of(("recover", "rollback", "expire")),
+    "expect": one_of(("recover", "rollback", "expire", "refrain")),
 }
 _RATE_FACTOR = number(1, above=True)  # a burst or surge multiplies the rate; <= 1 changes nothing
 _FAULT_COMMON: dict[str, Check] = {"start_s": NON_NEGATIVE, "duration_s": POSITIVE}
