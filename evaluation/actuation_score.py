@@ -279,7 +279,7 @@ def score(
         sc.recover_from_fault_s = sc.recovered_s - f.start_s
         if sc.diagnosed_s is not None:
             sc.recover_from_diagnosis_s = sc.recovered_s - sc.diagnosed_s
-    if sc.applied_s is not None and sc.applied_s < f.end_s:
+    if sc.applied_s is not None and sc.applied_s < f.end_s and culprit in run.offered_s:
         offered = _count_in(run.offered_s[culprit], sc.applied_s, f.end_s)
         refused = _count_in(run.rejected_s[culprit], sc.applied_s, f.end_s)
         sc.culprit_lost_fraction = refused / offered if offered else 0.0
