@@ -39,6 +39,7 @@ from actuators.metrics import ActionMetrics
 from actuators.policy import Policy
 from actuators.proposals import IncidentSource, propose
 from actuators.records import IN_EFFECT, OPEN_STATES, ActionLog, ActionRecord, moved
+from actuators.reroute_steps import CONTROLLER, RerouteSteps
 from actuators.settings import ActuatorSettings
 from actuators.verify import verify
 from analysis.incidents import Incident
@@ -50,9 +51,6 @@ from store.source import MetricSource
 
 log = logging.getLogger(__name__)
 
-CONTROLLER = "controller"
-"""The actor recorded in the audit for the loop's own steps."""
-
 
 class Notifier(Protocol):
     """Somewhere ``notify`` actions are sent (the webhook backend)."""
@@ -60,7 +58,7 @@ class Notifier(Protocol):
     def notify(self, payload: dict[str, Any]) -> None: ...
 
 
-class ActionController:
+class ActionController(RerouteSteps):
     """Proposes, applies, verifies and reverts actions. Thread-safe."""
 
     def __init__(
@@ -235,6 +233,7 @@ class ActionController:
             step_s=self._step_s,
             now_ns=now,
         )
+        p = self._maybe_reroute(inc, p, existing, now)
         if p.kind == "notify" and open_now:
             return  # one notification per incident
         if any(a.kind == p.kind and a.target == p.target for a in existing):
@@ -295,6 +294,9 @@ class ActionController:
             self._revert(
                 a, "expired", now, CONTROLLER, f"ttl_s={self.settings.ttl_s:g} reached: reverted"
             )
+            return
+        if a.state == "applied" and a.kind == "reroute":
+            self._advance_reroute(a, applied_ns, now)
             return
         if a.state == "applied" and now - applied_ns >= int(self.settings.settle_s * 1e9):
             out = verify(

@@ -33,8 +33,8 @@ CAUSE_KINDS = (
 )
 """The root-cause vocabulary of the analysis (DESIGN.md)."""
 
-ActionKind = Literal["rate_limit", "priority", "notify"]
-_ACTIONS: tuple[str, ...] = ("rate_limit", "priority", "notify")
+ActionKind = Literal["rate_limit", "priority", "reroute", "notify"]
+_ACTIONS: tuple[str, ...] = ("rate_limit", "priority", "reroute", "notify")
 _TARGETS: tuple[str, ...] = ("culprit", "victim")
 _BASES: tuple[str, ...] = ("pre", "during")
 
@@ -63,13 +63,42 @@ class VerifyRule:
 
 
 @dataclass(frozen=True)
+class RerouteRule:
+    """How ``reroute`` moves a victim's traffic between its replicas (``actuators.reroute``).
+
+    ``fallback``: cause kinds whose own action is replaced by a reroute when it cannot be
+    applied (its culprit served no requests, or the rule only notifies) or was rolled back.
+    ``max_step``: the most of the model's traffic (0-1) one step moves; ``min_weight``: the
+    weight (of 256) the contended replica keeps; ``headroom``: another model on a receiving
+    GPU must be at p99 <= headroom x its SLO (the victim's own replica there: <= its SLO);
+    ``step_settle_s``: wait after each step before judging it; ``max_steps``; ``lookback_s``:
+    recent data the headroom is judged on."""
+
+    fallback: tuple[str, ...] = ("cotenant", "bandwidth", "throttle")
+    max_step: float = 0.25
+    min_weight: int = 0
+    headroom: float = 0.8
+    step_settle_s: float = 10.0
+    max_steps: int = 4
+    lookback_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class Policy:
     """A validated policy. ``rules`` has an entry for every kind in :data:`CAUSE_KINDS`
-    (kinds the file does not name are ``notify``)."""
+    (kinds the file does not name are ``notify``); ``reroute`` is None when the file has
+    no ``reroute`` section (no traffic is ever moved)."""
 
     path: str
     rules: dict[str, CauseRule]
     verify: VerifyRule = field(default_factory=VerifyRule)
+    reroute: RerouteRule | None = None
+
+    def reroutes(self, kind: str) -> bool:
+        """Whether a ``kind`` cause may be answered by moving the victim's traffic."""
+        if self.reroute is None:
+            return False
+        return self.rule(kind).action == "reroute" or kind in self.reroute.fallback
 
     def rule(self, kind: str) -> CauseRule:
         """The rule for ``kind``; an unknown kind is treated as ``unknown``."""
@@ -155,11 +184,39 @@ def _rule_fields(r: _Reader, where: str, raw: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+_REROUTE_KEYS: dict[str, tuple[str, float | None, float | None]] = {
+    "max_step": ("float", 0.01, 1.0),
+    "min_weight": ("int", 0.0, 256.0),
+    "headroom": ("float", 0.1, 1.0),
+    "step_settle_s": ("float", 1.0, 3600.0),
+    "max_steps": ("int", 1.0, 100.0),
+    "lookback_s": ("float", 1.0, 3600.0),
+}
+
+
+def _reroute(r: _Reader, raw: Any) -> RerouteRule:
+    body = r.table("reroute", raw or {})
+    r.known("reroute", body, ("fallback", *_REROUTE_KEYS))
+    fields: dict[str, Any] = {
+        k: r.number(f"reroute.{k}", v, *_REROUTE_KEYS[k])
+        for k, v in body.items()
+        if k != "fallback"
+    }
+    if "fallback" in body:
+        kinds = body["fallback"]
+        if not isinstance(kinds, list):
+            raise r.fail("reroute.fallback", kinds, "expected a list of cause kinds")
+        for i, k in enumerate(kinds):
+            r.choice(f"reroute.fallback[{i}]", k, CAUSE_KINDS)
+        fields["fallback"] = tuple(kinds)
+    return RerouteRule(**fields)
+
+
 def parse_policy(data: Any, path: str = "<policy>") -> Policy:
     """Validate a parsed policy document; raises ConfigError naming ``path`` and the field."""
     r = _Reader(path)
     doc = r.table("(top level)", data)
-    r.known("", doc, ("version", "defaults", "verify", "causes"))
+    r.known("", doc, ("version", "defaults", "verify", "reroute", "causes"))
     if doc.get("version") != 1:
         raise r.fail("version", doc.get("version"), "must be 1")
     defaults_raw = r.table("defaults", doc.get("defaults", {}) or {})
@@ -198,10 +255,17 @@ def parse_policy(data: Any, path: str = "<policy>") -> Policy:
             )
         if action == "rate_limit" and kind in ("throttle", "unknown"):
             raise r.fail(f"{where}.action", action, f"a {kind} cause has no model to rate-limit")
+        if action == "reroute":
+            if "reroute" not in doc:
+                raise r.fail(f"{where}.action", action, "needs a top-level reroute section")
+            if body.get("target", "victim") != "victim":
+                raise r.fail(f"{where}.target", body["target"], "a reroute moves the victim")
+            target = "victim"
         rules[kind] = CauseRule(action=action, target=target, **fields)  # type: ignore[arg-type]
     for kind in CAUSE_KINDS:
         rules.setdefault(kind, CauseRule(action="notify", **defaults))
-    return Policy(path=path, rules=rules, verify=verify)
+    reroute = _reroute(r, doc["reroute"]) if "reroute" in doc else None
+    return Policy(path=path, rules=rules, verify=verify, reroute=reroute)
 
 
 def load_policy(path: str | Path | None = None) -> Policy:

@@ -36,7 +36,7 @@ ENDED_STATES = ("rolled_back", "expired")
 """States of an action whose change was taken back off the backend."""
 
 
-CHANGE_KEYS = ("rate_rps", "burst", "max_wait_s", "priority", "fraction")
+CHANGE_KEYS = ("rate_rps", "burst", "max_wait_s", "priority", "fraction", "weights")
 """Keys of ``params`` that belong to the backend change; the rest is context."""
 
 
@@ -44,7 +44,7 @@ CHANGE_KEYS = ("rate_rps", "burst", "max_wait_s", "priority", "fraction")
 class ActionRecord:
     id: str
     incident_id: str
-    kind: str  # rate_limit | priority | notify
+    kind: str  # rate_limit | priority | reroute | notify
     target: str
     backend: str
     state: str

@@ -16,6 +16,7 @@ import pandas as pd
 
 from analysis.attribution import Cause, attribute
 from analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
+from analysis.replicas import annotate_replicas
 from analysis.spikes import SpikeParams
 from analysis.windows import GpuWindows, gpu_windows, gpus_of
 from store.errors import QueryError
@@ -46,6 +47,8 @@ class Diagnosis:
     carried: bool = False  # began before the windows read: its "before" is not in them
     during_windows: int = 0  # windows with requests inside it (what attribution had)
     after_p99_ms: float | None = None  # median p99 of the clean windows that ended it
+    replica: str | None = None  # the replica of the model on this GPU, when requests name one
+    siblings: list[dict[str, Any]] = field(default_factory=list)  # analysis.replicas
 
     @property
     def id(self) -> str:
@@ -75,6 +78,8 @@ class Diagnosis:
             "phases_ms": {k: round(v, 3) for k, v in self.phases_ms.items()},
             "causes": [c.to_dict() for c in self.causes],
             "notes": self.notes,
+            "replica": self.replica,
+            "siblings": self.siblings,
         }
 
 
@@ -173,11 +178,14 @@ def diagnose(
     if not gpus:
         raise QueryError(f"model {model!r} served no requests between the given times")
     out: list[Diagnosis] = []
+    read = {}
     for gpu in gpus:
-        w = gpu_windows(source, gpu, full, step_s)
+        w = read[gpu] = gpu_windows(source, gpu, full, step_s)
         out += diagnose_windows(
             source, w, model, first, slo_ms=slo_ms, params=p, on_demand=on_demand
         )
+    if out:
+        annotate_replicas(out, read, source.replicas(full))
     return out
 
 

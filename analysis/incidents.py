@@ -58,6 +58,7 @@ class Incident:
     slo_ms: float | None
     detail: dict[str, Any]  # the latest Diagnosis.to_dict(), plus cause_history
     severity: str = BREACH
+    replica: str | None = None  # the slow replica, when the model's requests name replicas
 
     @property
     def top(self) -> dict[str, Any] | None:
@@ -77,6 +78,7 @@ class Incident:
             id=self.id,
             model=self.model,
             gpu=self.gpu,
+            replica=self.replica,
             state=self.state,
             severity=self.severity,
             start_ns=self.start_ns,
@@ -118,6 +120,7 @@ def _from_stored(r: StoredIncident) -> Incident:
         slo_ms=r.slo_ms,
         detail=r.detail,
         severity=r.severity or BREACH,
+        replica=r.replica,
     )
 
 
@@ -139,6 +142,7 @@ def _to_stored(i: Incident) -> StoredIncident:
         top_share=None if top is None else top["share"],
         detail=i.to_dict(),
         severity=i.severity,
+        replica=i.replica,
     )
 
 
@@ -325,6 +329,7 @@ class IncidentBook:
             d.slo_ms,
             detail,
             d.severity,
+            d.replica,
         )
 
     def _ready(self, d: Diagnosis, named: bool) -> bool:
@@ -351,6 +356,8 @@ class IncidentBook:
             inc.peak_p99_ms = max(inc.peak_p99_ms or 0.0, d.peak_p99_ms)
         if d.severity == BREACH:
             inc.severity = BREACH
+        if d.replica is not None:
+            inc.replica = d.replica
         if not d.carried:
             new = d.to_dict()
             frozen = ("baseline_p99_ms", "threshold_ms")

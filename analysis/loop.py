@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from analysis.diagnose import diagnose_windows, history_range
+from analysis.diagnose import Diagnosis, diagnose_windows, history_range
 from analysis.episodes import Carry
 from analysis.incidents import Incident, IncidentBook, IncidentEvent
+from analysis.replicas import annotate_replicas
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
-from analysis.windows import WindowCache, gpus_of
+from analysis.windows import GpuWindows, WindowCache, gpus_of
 from store.errors import CotenantError
 from store.periodic import Periodic
 from store.queries import TimeRange
@@ -87,6 +88,8 @@ class AnalysisLoop:
         rng = TimeRange(lo, now)
         events: list[IncidentEvent] = []
         full, first = history_range(rng, self._step_s, self._params)
+        read: dict[str, GpuWindows] = {}
+        found: list[tuple[list[Diagnosis], str, str]] = []
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -94,7 +97,7 @@ class AnalysisLoop:
                 cache = self._caches[gpu] = WindowCache(
                     self._source, gpu, self._step_s, overlap_s=self._reread_s
                 )
-            w = cache.get(full)
+            w = read[gpu] = cache.get(full)
             for model in models:
                 if model not in w.models:
                     continue
@@ -112,7 +115,12 @@ class AnalysisLoop:
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
                     continue
-                events += self._book.update(diags, model, gpu, lo, now)
+                found.append((diags, model, gpu))
+        incidents = [d for diags, _, _ in found for d in diags if d.incident]
+        if incidents:  # replicas and their siblings: only read when something is slow
+            annotate_replicas(incidents, read, self._source.replicas(full))
+        for diags, model, gpu in found:
+            events += self._book.update(diags, model, gpu, lo, now)
         self._active = self._book.live()
         events.sort(key=lambda e: (e.at_ns, e.incident.start_ns))
         if self._on_incident is not None:

@@ -102,6 +102,7 @@ def _requests(rng: np.random.Generator, start_ns: int, rate: float) -> pa.Table:
             "lock_name": pa.nulls(n, pa.string()),
             "lock_holder": pa.nulls(n, pa.string()),
             "ttft_ms": pa.nulls(n, pa.float64()),
+            "replica": pa.nulls(n, pa.string()),
         }
         assert set(PHASE_COLUMNS) <= set(cols)
         parts.append(pa.table([pa.array(cols[f.name], type=f.type) for f in schema], schema=schema))

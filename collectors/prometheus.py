@@ -178,6 +178,11 @@ class PrometheusSource:
             out.append((key, f, windows_with_data(f)))
         return table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
+    def replicas(self, rng: TimeRange) -> dict[tuple[str, str], str]:
+        """Exporter series name no replica (the GPU tells them apart): always empty."""
+        check_range(rng, 1.0)
+        return {}
+
     def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
         """(model, gpu) pairs, from one window spanning the whole range."""
         lo, hi, _ = check_range(rng, 1.0)

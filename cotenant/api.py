@@ -59,6 +59,7 @@ class RequestRow(BaseModel):
     lock_name: str | None = None
     lock_holder: str | None = None
     ttft_ms: float | None = None
+    replica: str | None = None
 
 
 class RequestsResponse(BaseModel):

@@ -15,11 +15,18 @@ that is not the culprit):
   rates in the simulator (:func:`minimum_limit`).
 * **the limit** the loop set (its first change on the culprit), beside the minimum's rate;
 * **changes per target** — applies and reverts in any 600 simulated seconds (<= 2: no
-  oscillation); **rollbacks** and **expiries** of applied changes.
+  oscillation; the later steps of one ``reroute`` are not new changes); **rollbacks** and
+  **expiries** of applied changes.
+* **harm to others** — for every other model with an SLO, the seconds (after the fault's
+  start) its window p99 is over its SLO with the loop, less those without it; ``harm_s`` sums
+  what the loop added.
 
 Goals by the scenario's ``loop.expect``: ``recover`` — back under SLO within 60 s of the
-diagnosis and loss within 1.5x the minimum; ``rollback`` — the change on the culprit is rolled
-back; ``expire`` — it expires at its TTL and the victim stays under its SLO afterwards.
+diagnosis, and loss within 1.5x the minimum when the loop limited the culprit, or no other
+model pushed over its SLO when it moved the victim's traffic (``reroute``); ``rollback`` —
+the change on the culprit is rolled back; ``expire`` — it expires at its TTL and the victim
+stays under its SLO afterwards; ``refrain`` — no change is kept (each one applied is rolled
+back) and no other model is pushed over its SLO.
 """
 
 from __future__ import annotations
@@ -74,6 +81,10 @@ class Score:
     rollbacks: int = 0
     expiries: int = 0
     breach_after_expiry: bool | None = None
+    rerouted: bool = False
+    victim_over_slo_s: float = 0.0
+    others_over_slo_s: dict[str, float] = field(default_factory=dict)
+    harm_s: float | None = None
     goals: dict[str, bool] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -137,6 +148,34 @@ def recovery(
         if not hold.any():
             return float(ts[breach]), float(ts[i])
     return float(ts[breach]), None
+
+
+def over_slo_s(ts: np.ndarray, p99: np.ndarray, slo: float, after_s: float) -> float:
+    """Seconds at or after ``after_s`` whose window p99 is over ``slo``."""
+    return float(np.count_nonzero((np.nan_to_num(p99, nan=0.0) > slo) & (ts >= after_s)))
+
+
+def _others_over_slo(
+    requests: pa.Table, s: Scenario, victim: str, start_ns: int, after_s: float
+) -> dict[str, float]:
+    out = {}
+    for m in s.models:
+        if m.name != victim and m.slo_p99_ms is not None:
+            ts, p = rolling_p99(requests, m.name, start_ns, s.duration_s)
+            out[m.name] = over_slo_s(ts, p, m.slo_p99_ms, after_s)
+    return out
+
+
+def _changes(events: list[Any]) -> dict[str, list[float]]:
+    """Times of the changes to each target: every apply and revert, except an apply right
+    after another apply to the same target (a later step of one reroute)."""
+    out: dict[str, list[float]] = {}
+    last: dict[str, str] = {}
+    for c in events:
+        if not (c.op == "apply" and last.get(c.target) == "apply"):
+            out.setdefault(c.target, []).append(c.t_s)
+        last[c.target] = c.op
+    return out
 
 
 def _count_in(times: np.ndarray, lo: float, hi: float) -> int:
@@ -214,16 +253,25 @@ def score(
     sc.wall_s = run.wall_s
     ts, p99 = rolling_p99(run.requests, victim, run.start_ns, s.duration_s)
     _, sc.recovered_s = recovery(ts, p99, slo, f.start_s)
+    sc.victim_over_slo_s = over_slo_s(ts, p99, slo, f.start_s)
+    sc.others_over_slo_s = _others_over_slo(run.requests, s, victim, run.start_ns, f.start_s)
     if without_loop is not None:
         ts0, p0 = rolling_p99(without_loop, victim, run.start_ns, s.duration_s)
         _, sc.recovered_without_loop_s = recovery(ts0, p0, slo, f.start_s)
+        alone = _others_over_slo(without_loop, s, victim, run.start_ns, f.start_s)
+        sc.harm_s = sum(max(0.0, v - alone.get(m, 0.0)) for m, v in sc.others_over_slo_s.items())
     diag = [
         (d.at_ns - run.start_ns) / 1e9
         for d in run.detections
         if d.model == victim and (d.at_ns - run.start_ns) / 1e9 >= f.start_s
     ]
     sc.diagnosed_s = min(diag) if diag else None
-    applies = [c for c in run.changes if c.op == "apply" and c.target == culprit]
+    sc.rerouted = any(c.op == "apply" and c.kind == "reroute" for c in run.changes)
+    applies = [
+        c
+        for c in run.changes
+        if c.op == "apply" and (c.target == culprit or (c.target == victim and c.kind == "reroute"))
+    ]
     if applies:
         sc.applied_s = applies[0].t_s
         sc.applied_rate_rps = applies[0].after.get("rate_rps")
@@ -231,7 +279,7 @@ def score(
         sc.recover_from_fault_s = sc.recovered_s - f.start_s
         if sc.diagnosed_s is not None:
             sc.recover_from_diagnosis_s = sc.recovered_s - sc.diagnosed_s
-    if sc.applied_s is not None and sc.applied_s < f.end_s:
+    if sc.applied_s is not None and sc.applied_s < f.end_s and culprit in run.offered_s:
         offered = _count_in(run.offered_s[culprit], sc.applied_s, f.end_s)
         refused = _count_in(run.rejected_s[culprit], sc.applied_s, f.end_s)
         sc.culprit_lost_fraction = refused / offered if offered else 0.0
@@ -243,9 +291,7 @@ def score(
                 if sc.minimum_lost_fraction > 0
                 else (1.0 if sc.culprit_lost_fraction == 0 else math.inf)
             )
-    by_target: dict[str, list[float]] = {}
-    for c in run.changes:
-        by_target.setdefault(c.target, []).append(c.t_s)
+    by_target = _changes(run.changes)
     sc.changes = {k: len(v) for k, v in by_target.items()}
     sc.max_changes_per_10min = max(
         (_max_in_window(v, OSCILLATION_WINDOW_S) for v in by_target.values()), default=0
@@ -265,17 +311,62 @@ def score(
 def _goals(sc: Score, run: ClosedLoopRun) -> dict[str, bool]:
     goals = {"changes_per_target_per_10min<=2": sc.max_changes_per_10min <= MAX_CHANGES}
     on_culprit = [a for a in run.actions if a["target"] == sc.culprit and a.get("before")]
+    unharmed = sc.harm_s is not None and sc.harm_s <= 0
     if sc.expect == "recover":
         goals["recovered_within_60s_of_diagnosis"] = (
             sc.recover_from_diagnosis_s is not None
             and sc.recover_from_diagnosis_s <= RECOVER_GOAL_S
         )
-        goals["culprit_loss<=1.5x_minimum"] = (
-            sc.loss_ratio is not None and sc.loss_ratio <= LOSS_GOAL_RATIO
-        )
+        if on_culprit or not sc.rerouted:
+            goals["culprit_loss<=1.5x_minimum"] = (
+                sc.loss_ratio is not None and sc.loss_ratio <= LOSS_GOAL_RATIO
+            )
+        if sc.rerouted:
+            goals["no_other_model_pushed_over_slo"] = unharmed
+    elif sc.expect == "refrain":
+        applied = [a for a in run.actions if a.get("before") is not None]
+        goals["no_change_kept"] = all(a["state"] == "rolled_back" for a in applied)
+        goals["no_other_model_pushed_over_slo"] = unharmed
     elif sc.expect == "rollback":
         goals["rolled_back"] = any(a["state"] == "rolled_back" for a in on_culprit)
     else:
         goals["expired"] = any(a["state"] == "expired" for a in on_culprit)
         goals["victim_under_slo_after_expiry"] = sc.breach_after_expiry is False
     return goals
+
+
+def side_by_side(
+    s: Scenario, no_action: pa.Table, runs: dict[str, Score], start_ns: int = START_NS
+) -> list[dict[str, Any]]:
+    """One row per variant — ``no action`` (``no_action``: the scenario's requests without
+    the loop) then each scored run of ``runs`` (variant name -> score): when the victim was
+    back under its SLO (s from the fault's start; None: not before the run ended), its
+    seconds over the SLO after the fault started, other models' seconds over theirs, and
+    the changes the loop made."""
+    victim, _, _, slo = roles(s)
+    f = s.faults[0]
+    ts, p99 = rolling_p99(no_action, victim, start_ns, s.duration_s)
+    _, back = recovery(ts, p99, slo, f.start_s)
+    others = _others_over_slo(no_action, s, victim, start_ns, f.start_s)
+    rows = [
+        {
+            "variant": "no action",
+            "back_from_fault_s": None if back is None else back - f.start_s,
+            "victim_over_slo_s": over_slo_s(ts, p99, slo, f.start_s),
+            "others_over_slo_s": sum(others.values()),
+            "changes": 0,
+            "rollbacks": 0,
+        }
+    ]
+    for name, sc in runs.items():
+        rows.append(
+            {
+                "variant": name,
+                "back_from_fault_s": sc.recover_from_fault_s,
+                "victim_over_slo_s": sc.victim_over_slo_s,
+                "others_over_slo_s": sum(sc.others_over_slo_s.values()),
+                "changes": sum(sc.changes.values()),
+                "rollbacks": sc.rollbacks,
+            }
+        )
+    return rows

@@ -9,11 +9,14 @@ and benchmarked in virtual time (:mod:`evaluation.closed_loop`):
 * ``priority`` (an integer; lower is served first, as in vLLM and the gateway): the simulator
   weighs a model's kernels ``2**p`` with ``p`` the scenario's priority (higher gets more), so
   this backend sets ``p = -priority`` and reports ``priority = -p``.
+* ``reroute`` (``weights``: ``{replica: int 0..256}``, replicas not named keep theirs):
+  the model's new requests are routed by these weights (a model with ``replicas`` only).
 
 :meth:`SimulatorBackend.current` reports ``rate_rps``, ``burst``, ``max_wait_s`` (None when
-unlimited) and ``priority``. Every applied change and revert is recorded in
-:attr:`SimulatorBackend.log` with its virtual time. Errors (unknown model or kind, a bad
-parameter) raise :class:`store.errors.BackendError` and change nothing.
+unlimited) and ``priority``, and for a model with replicas its ``weights``. Every applied
+change and revert is recorded in :attr:`SimulatorBackend.log` with its virtual time.
+Errors (unknown model or kind, a bad parameter) raise :class:`store.errors.BackendError`
+and change nothing.
 """
 
 from __future__ import annotations
@@ -48,12 +51,16 @@ class SimulatorBackend:
 
     def current(self, target: str) -> dict[str, Any]:
         a = self._admission(target)
-        return {
+        out: dict[str, Any] = {
             "rate_rps": a["rate_rps"],
             "burst": a["burst"],
             "max_wait_s": a["max_wait_s"],
             "priority": -int(a["priority"]),
         }
+        weights = self._sim.routing(target)["weights"]
+        if weights:
+            out["weights"] = dict(weights)
+        return out
 
     def apply(self, change: Change) -> dict[str, Any]:
         before = self.current(change.target)
@@ -66,10 +73,23 @@ class SimulatorBackend:
         elif change.kind == "priority":
             prio = _number(p, "priority", change, integer=True, signed=True)
             self._sim.set_priority(change.target, -int(prio))
+        elif change.kind == "reroute":
+            weights = p.get("weights")
+            if not isinstance(weights, dict) or not weights:
+                raise BackendError(
+                    f"simulator backend: reroute {change.target!r}: weights: bad value "
+                    f"{weights!r}: expected a mapping of replica to weight"
+                )
+            try:
+                self._sim.set_weights(change.target, weights)
+            except UsageError as exc:
+                raise BackendError(
+                    f"simulator backend: reroute {change.target!r}: weights: {exc}"
+                ) from exc
         else:
             raise BackendError(
                 f"simulator backend: unknown change kind {change.kind!r} for {change.target!r} "
-                "(known: rate_limit, priority)"
+                "(known: rate_limit, priority, reroute)"
             )
         after = self.current(change.target)
         self.log.append(
@@ -93,12 +113,20 @@ class SimulatorBackend:
                 )
             if prio != now["priority"]:
                 self._sim.set_priority(target, -int(prio))
-        except (UsageError, TypeError, ValueError) as exc:
+            weights = before.get("weights")
+            if weights and weights != now.get("weights"):
+                self._sim.set_weights(target, dict(weights))
+        except (UsageError, TypeError, ValueError, AttributeError) as exc:
             raise BackendError(
                 f"simulator backend: cannot restore {target!r} to {before!r}: {exc}"
             ) from exc
         after = self.current(target)
-        kind = "priority" if prio != now["priority"] and rate == now["rate_rps"] else "rate_limit"
+        if before.get("weights") and before.get("weights") != now.get("weights"):
+            kind = "reroute"
+        elif prio != now["priority"] and rate == now["rate_rps"]:
+            kind = "priority"
+        else:
+            kind = "rate_limit"
         self.log.append(BackendEvent(self._sim.t, "revert", target, kind, now, after))
         return after
 

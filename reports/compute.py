@@ -137,6 +137,7 @@ class ReportBuilder:
                 top_culprit=r["top_culprit"],
                 top_share=r["top_share"],
                 url=incident_url(self._base, str(r["id"]), int(r["start_ns"]), int(r["end_ns"])),
+                replica=r["replica"],
             )
             for r in q.worst_incidents(lo, hi, limit=10)
         ]

@@ -160,7 +160,7 @@ def render_html(s: WeekSummary) -> str:
             [
                 f'<a href="{escape(i.url)}">{escape(i.id)}</a>',
                 escape(i.model),
-                escape(i.gpu),
+                escape(i.gpu + (f" ({i.replica})" if i.replica else "")),
                 when(i.start_ns),
                 num(i.minutes),
                 ms(i.peak_p99_ms),

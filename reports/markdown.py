@@ -54,7 +54,9 @@ def render_markdown(s: WeekSummary) -> str:
         for i in s.worst:
             top = f"{i.top_kind} by {i.top_culprit}" if i.top_kind else "cause unknown"
             out.append(
-                f"- [{i.id}]({i.url}) {i.model} on {i.gpu}, {when(i.start_ns)}, "
+                f"- [{i.id}]({i.url}) {i.model} on {i.gpu}"
+                + (f" (replica {i.replica})" if i.replica else "")
+                + f", {when(i.start_ns)}, "
                 f"{num(i.minutes)} min, p99 {ms(i.peak_p99_ms)} (baseline "
                 f"{ms(i.baseline_p99_ms)}): {top}"
             )

@@ -92,6 +92,7 @@ class IncidentRow:
     top_culprit: str | None
     top_share: float | None
     url: str
+    replica: str | None = None  # the slow replica, when the model runs as named replicas
 
 
 @dataclass(frozen=True)

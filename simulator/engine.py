@@ -8,7 +8,10 @@ paced streaming.
 Per request: arrival -> preprocess on the shared host CPU pool (waiting for a core counts as
 preprocess) -> named locks in order (waiting is ``lock_wait``, holding counts as preprocess)
 -> the model's batch queue (dynamic batching: max batch, max wait; one batch in flight per
-model) -> H2D transfer -> kernel -> D2H transfer -> postprocess.
+model) -> H2D transfer -> kernel -> D2H transfer -> postprocess. A model with replicas has one
+queue and batcher per replica, on the replica's GPU; after admission its route
+(:mod:`simulator.routing`) picks the replica of each request. What actions change at run time
+(limits, priorities, weights) is in :mod:`simulator.controls`.
 
 Each :class:`~simulator.events.EventKind` has one handler here, dispatched through a table.
 What faults do lives in :mod:`simulator.faults`, the counters in :mod:`simulator.sampling`,
@@ -22,14 +25,13 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from simulator.admission import VirtualTokenBucket
 from simulator.arrivals import merged_arrivals
+from simulator.controls import RunControls
 from simulator.events import EventKind, EventQueue
 from simulator.faults import FaultEffects
 from simulator.fluid import INF, Fluid, Job, kernel_policy
 from simulator.request_log import RequestLog
+from simulator.routing import Route
 from simulator.sampling import Row, Sampler
 from simulator.scenario import Scenario
 from simulator.state import (
@@ -42,13 +44,12 @@ from simulator.state import (
     SimModel,
     background_pcie_gbps,
 )
-from store.errors import UsageError
 
 Handler = Callable[[float, Any, Any], None]
 """An event handler: ``(t, a, b)`` with the payload its :class:`EventKind` documents."""
 
 
-class Simulation:
+class Simulation(RunControls):
     """One run of a scenario. ``start_ns`` maps virtual time 0 onto wall-clock nanoseconds;
     ``model_pids`` overrides the pid of a model (default ``1000 + index``)."""
 
@@ -68,10 +69,31 @@ class Simulation:
         self.gpus = [SimGpu(i, g) for i, g in enumerate(s.gpus)]
         locks: dict[str, SimLock] = {}
         pids = model_pids or {}
-        self.models: list[SimModel] = []
+        self.models: list[SimModel] = []  # one per replica (one per model without replicas)
+        self.routes: list[Route] = []  # by model index in the scenario
         for i, m in enumerate(s.models):
             ml = [locks.setdefault(lk.name, SimLock(lk.name)) for lk in m.locks]
-            self.models.append(SimModel(i, m, gpu_index[m.gpu], ml, pids.get(m.name, 1000 + i)))
+            pid = pids.get(m.name, 1000 + i)
+            if not m.replicas:
+                self.models.append(SimModel(len(self.models), m, gpu_index[m.gpu], ml, pid))
+                self.routes.append(Route(m.routing, self.models[-1:], [1], ""))
+                continue
+            first = len(self.models)
+            for j, r in enumerate(m.replicas):
+                self.models.append(
+                    SimModel(
+                        len(self.models),
+                        m,
+                        gpu_index[r.gpu],
+                        ml,
+                        pid if j == 0 else r.pid,
+                        model_idx=i,
+                        replica=r.name,
+                        adm=self.models[first].adm if j else None,
+                    )
+                )
+            weights = [r.weight for r in m.replicas]
+            self.routes.append(Route(m.routing, self.models[first:], weights, f"{s.seed}:{m.name}"))
         self.locks = locks
         self._cpus = HostCpus(s.host_cpus)
         hogs = HogLoad()
@@ -149,72 +171,6 @@ class Simulation:
     def run(self) -> None:
         self.run_until(self.s.duration_s)
 
-    # -- actuation: what a gateway in front of the models changes at run time ---------------
-
-    def _model(self, name: str) -> SimModel:
-        for ms in self.models:
-            if ms.m.name == name:
-                return ms
-        known = ", ".join(ms.m.name for ms in self.models)
-        raise UsageError(f"no model {name!r} in scenario {self.s.name!r} (models: {known})")
-
-    def set_rate_limit(
-        self, model: str, rate_rps: float | None, burst: int = 1, *, max_wait_s: float = 0.0
-    ) -> None:
-        """From now (virtual time ``t``) admit ``model``'s requests through a token bucket of
-        ``rate_rps`` and ``burst`` (full at first); ``rate_rps=None`` removes the limit.
-        Requests finding no token wait up to ``max_wait_s`` (deferred), else are refused.
-        Raises UsageError for an unknown model or values out of range."""
-        ms = self._model(model)
-        ms.adm.bucket = (
-            None
-            if rate_rps is None
-            else VirtualTokenBucket(rate_rps, burst, max_wait_s=max_wait_s, t=self.t)
-        )
-
-    def set_priority(self, model: str, priority: int) -> None:
-        """From now, ``model``'s kernels weigh ``2**priority`` against co-runners (the
-        scenario's ``priority`` semantics: higher gets more of the GPU); kernels in flight are
-        re-weighted at once. Raises UsageError for an unknown model."""
-        if int(priority) != priority:
-            raise UsageError(f"priority {priority!r} must be an integer")
-        ms = self._model(model)
-        ms.priority = int(priority)
-        ms.weight = 2.0**ms.priority
-        g = self.gpus[ms.gpu]
-        mine = [j for j in g.kern.jobs if j.owner == ms.idx]
-        for j in mine:
-            j.weight = ms.weight
-        if mine:
-            g.kern.changed(self.t)
-
-    def admission(self, model: str) -> dict[str, Any]:
-        """``model``'s current limit and priority and its admission counts so far:
-        ``rate_rps``, ``burst``, ``max_wait_s`` (None when unlimited), ``priority``,
-        ``admitted_total``, ``deferred_total``, ``rejected_total``."""
-        ms = self._model(model)
-        b = ms.adm.bucket
-        return {
-            "rate_rps": None if b is None else b.rate_rps,
-            "burst": None if b is None else b.burst,
-            "max_wait_s": None if b is None else b.max_wait_s,
-            "priority": ms.priority,
-            "admitted_total": ms.adm.admitted,
-            "deferred_total": ms.adm.deferred,
-            "rejected_total": ms.adm.rejected,
-        }
-
-    def arrival_times(self, model: str) -> np.ndarray:
-        """Virtual times (s) of ``model``'s open-loop arrivals over the whole run (offered
-        load, before admission), sorted; empty for a closed-loop model."""
-        idx = self._model(model).idx
-        t = np.asarray(self._arrivals.t)
-        return t[np.asarray(self._arrivals.model, dtype=np.int64) == idx] if len(t) else t
-
-    def rejected_times(self, model: str) -> list[float]:
-        """Virtual times (s) at which ``model``'s requests were refused, in order."""
-        return list(self._model(model).adm.rejected_at)
-
     # -- event handlers ---------------------------------------------------------------------
 
     def _batch_timer(self, t: float, mi: int, _: object = None) -> None:
@@ -239,7 +195,7 @@ class Simulation:
         self, mi: int, t: float, scale: float, ctx: int, gen: int, *, closed: bool = False
     ) -> None:
         """A request reaches the model's admission point (its token bucket, when limited)."""
-        wait = self.models[mi].adm.admit(t, must_wait=closed)
+        wait = self.routes[mi].members[0].adm.admit(t, must_wait=closed)
         if wait is None:  # refused (never for a closed-loop client: it waits)
             return
         if wait > 0:
@@ -248,14 +204,16 @@ class Simulation:
             self._enter(mi, t, t, scale, ctx, gen)
 
     def _enter(self, mi: int, t: float, arrived: float, scale: float, ctx: int, gen: int) -> None:
-        """An admitted request (``arrived`` earlier when it waited for a token) starts."""
-        ms = self.models[mi]
+        """An admitted request of model ``mi`` (``arrived`` earlier when it waited for a
+        token) is routed to a replica and starts there."""
+        ms = self.routes[mi].pick()
+        ms.in_flight += 1
         m = ms.m
         done = t
         if m.preprocess_ms > 0:
             done = self._cpus.run(t, m.preprocess_ms / 1000.0)
             ms.cpu_s += m.preprocess_ms / 1000.0
-        rid = self._requests.admit(mi, t, arrived, scale, ctx, gen, done)
+        rid = self._requests.admit(ms.idx, t, arrived, scale, ctx, gen, done)
         if ms.locks:
             if done > t:
                 self._events.push(done, EventKind.LOCKS, rid)
@@ -370,11 +328,12 @@ class Simulation:
     def _finish(self, t: float, batch: Batch, _: object = None) -> None:
         ms = self.models[batch.model]
         self._requests.complete(t, batch, ms, self.gpus[ms.gpu].spec.id)
+        ms.in_flight -= len(batch.rids)
         a = ms.m.arrival
         if a.kind == "closed":
             think = a.think_ms / 1000.0
             for _r in batch.rids:
-                self._events.push(t + think, EventKind.CLOSED_ARRIVAL, ms.idx)
+                self._events.push(t + think, EventKind.CLOSED_ARRIVAL, ms.model_idx)
 
     # -- kernel servers ---------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ REQUEST_COLUMNS = (
     "lock_name",
     "lock_holder",
     "rid",
+    "replica",
 )
 
 
@@ -123,6 +124,7 @@ class RequestLog:
             o["lock_name"].append(self.lock_name[r])
             o["lock_holder"].append(self.lock_holder[r])
             o["rid"].append(r)
+            o["replica"].append(ms.replica)
 
     def take(self) -> dict[str, list[Any]]:
         """Completed requests since the last call, as columns (:data:`REQUEST_COLUMNS`)."""

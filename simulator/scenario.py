@@ -14,6 +14,10 @@ from typing import Literal
 SCHEMA_VERSION = 1
 
 Sharing = Literal["timeslice", "mps", "mig"]
+Routing = Literal["weighted", "least-loaded"]
+ROUTINGS: tuple[Routing, ...] = ("weighted", "least-loaded")
+MAX_REPLICA_WEIGHT = 256
+"""Replica weights are integers 0..256, as the gateway's and HAProxy's."""
 ArrivalKind = Literal["poisson", "bursty", "trace", "closed"]
 FaultKind = Literal[
     "cotenant_burst",
@@ -120,7 +124,24 @@ class Lock:
 
 
 @dataclass(frozen=True)
+class Replica:
+    """One copy of a model on a GPU, with its own queue and batcher there. ``weight`` is its
+    share of the model's traffic under ``weighted`` routing (0: none until an action raises
+    it); ``pid`` is its fake process id (assigned by the loader when 0)."""
+
+    name: str
+    gpu: str
+    weight: int = 1
+    pid: int = 0
+
+
+@dataclass(frozen=True)
 class Model:
+    """A served model. With ``replicas``, its traffic is split among them by ``routing``
+    (``weighted``: smooth weighted round robin; ``least-loaded``: power of two choices on
+    requests in flight per unit of weight) and ``gpu`` is the first replica's GPU; without,
+    it runs once on ``gpu`` and its requests name no replica."""
+
     name: str
     gpu: str
     arrival: Arrival
@@ -135,6 +156,8 @@ class Model:
     kv_cache_gib: float = 0.0  # > 0: KV cache that memory pressure preempts
     priority: int = 0
     tenant: str = ""
+    replicas: tuple[Replica, ...] = ()
+    routing: Routing = "weighted"
 
 
 @dataclass(frozen=True)
@@ -187,9 +210,11 @@ class Actuation:
     ttl_s: float | None = None
     settle_s: float | None = None
     cooldown_s: float | None = None
-    expect: Literal["recover", "rollback", "expire"] = "recover"
+    expect: Literal["recover", "rollback", "expire", "refrain"] = "recover"
     """What a correct control loop does here: the victim recovers after the change, the
-    change is rolled back (it cannot help), or it expires at its TTL (the culprit stops)."""
+    change is rolled back (it cannot help), it expires at its TTL (the culprit stops), or
+    no change is kept (``refrain``: any change made is rolled back, e.g. a reroute that would
+    overload the other replica) and no other model is pushed over its SLO."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from simulator.scenario import Fault, Gpu, Model, Process, Scenario
 
 MODEL_PID_BASE = 1000
 PROCESS_PID_BASE = 2000
+REPLICA_PID_BASE = 3000  # replicas after a model's first (which has the model's pid)
 MIG_MAX_INSTANCES = 7  # A100 / H100 / H200: at most seven GPU instances
 MIG_CAPABLE = frozenset({"h100-sxm", "h200", "a100-80g"})  # the L4 has no MIG
 
@@ -192,7 +193,15 @@ def check_references(s: Scenario) -> None:
             for key in ("sm_demand", "dram_demand", "pcie_gbps", "memory_gib"):
                 if getattr(p, key):
                     bad(f"{where}.{key}", getattr(p, key), "needs a gpu (a host-only process)")
+    replica_names: dict[str, str] = {}
     for i, m in enumerate(s.models):
+        for j, r in enumerate(m.replicas):
+            if r.gpu not in gpu_ids:
+                bad(f"models[{i}].replicas[{j}].gpu", r.gpu, f"no such gpu; declared: {declared}")
+            if r.name in replica_names:
+                why = f"model {replica_names[r.name]} has a replica of this name"
+                bad(f"models[{i}].replicas[{j}].name", r.name, why + "; names must be unique")
+            replica_names[r.name] = m.name
         if m.gpu not in gpu_ids:
             bad(f"models[{i}].gpu", m.gpu, f"no such gpu; declared: {declared}")
     for i, g in enumerate(s.gpus):
@@ -206,7 +215,7 @@ def check_references(s: Scenario) -> None:
 
 def _check_gpu(s: Scenario, i: int, g: Gpu) -> None:
     """MIG exists on this preset and has room for every tenant; the declared memory fits."""
-    on_gpu = [m.memory_gib + m.kv_cache_gib for m in s.models if m.gpu == g.id]
+    on_gpu = [m.memory_gib + m.kv_cache_gib for m in s.models for gid in gpus_of(m) if gid == g.id]
     on_gpu += [p.memory_gib for p in s.processes if p.gpu == g.id]
     if g.sharing == "mig" and g.type.name not in MIG_CAPABLE:
         why = f"{g.type.name} does not support MIG; use timeslice or mps"
@@ -265,6 +274,31 @@ def _check_fault(
         bad(f"{where}.holder", f.holder, f"no such model or process; declared: {names}")
     if f.kind == "throttle" and f.gpu not in [g.id for g in s.gpus]:
         bad(f"{where}.gpu", f.gpu, "no such gpu; declared: " + ", ".join(g.id for g in s.gpus))
+
+
+def gpus_of(m: Model) -> tuple[str, ...]:
+    """The GPUs ``m`` runs on: one per replica, or its ``gpu``."""
+    return tuple(r.gpu for r in m.replicas) if m.replicas else (m.gpu,)
+
+
+def assign_replica_pids(s: Scenario) -> tuple[Model, ...]:
+    """Each model's first replica gets the model's pid (``MODEL_PID_BASE + index``); later
+    replicas the lowest pids from REPLICA_PID_BASE that no process uses, in order."""
+    used = {p.pid for p in s.processes}
+    out, next_pid = [], REPLICA_PID_BASE
+    for i, m in enumerate(s.models):
+        reps = []
+        for j, r in enumerate(m.replicas):
+            if j == 0:
+                pid = MODEL_PID_BASE + i
+            else:
+                while next_pid in used:
+                    next_pid += 1
+                pid = next_pid
+                used.add(pid)
+            reps.append(replace(r, pid=pid))
+        out.append(replace(m, replicas=tuple(reps)) if reps else m)
+    return tuple(out)
 
 
 def assign_pids(s: Scenario) -> tuple[Process, ...]:

@@ -31,6 +31,8 @@ import yaml
 from simulator.scenario import (
     CLOCK_REASON_BITS,
     GPU_TYPES,
+    MAX_REPLICA_WEIGHT,
+    ROUTINGS,
     SCHEMA_VERSION,
     Actuation,
     Arrival,
@@ -41,6 +43,7 @@ from simulator.scenario import (
     Lock,
     Model,
     Process,
+    Replica,
     Scenario,
     Transfer,
 )
@@ -54,6 +57,7 @@ from simulator.scenario_checks import (
     FieldError,
     any_str,
     assign_pids,
+    assign_replica_pids,
     bad,
     boolean,
     check_references,
@@ -104,6 +108,11 @@ _BATCHING_KEYS: dict[str, Check] = {
 }
 _TRANSFER_KEYS: dict[str, Check] = {"h2d_mb": NON_NEGATIVE, "d2h_mb": NON_NEGATIVE}
 _LOCK_KEYS: dict[str, Check] = {"name": nonempty_str, "hold_ms": POSITIVE}
+_REPLICA_KEYS: dict[str, Check] = {
+    "name": nonempty_str,
+    "gpu": nonempty_str,
+    "weight": number(0, MAX_REPLICA_WEIGHT, integer=True),
+}
 _PROCESS_KEYS: dict[str, Check] = {
     "name": nonempty_str,
     "gpu": nullable(nonempty_str),
@@ -123,7 +132,7 @@ _ACTUATION_KEYS: dict[str, Check] = {
     "ttl_s": POSITIVE,
     "settle_s": NON_NEGATIVE,
     "cooldown_s": NON_NEGATIVE,
-    "expect": one_of(("recover", "rollback", "expire")),
+    "expect": one_of(("recover", "rollback", "expire", "refrain")),
 }
 _RATE_FACTOR = number(1, above=True)  # a burst or surge multiplies the rate; <= 1 changes nothing
 _FAULT_COMMON: dict[str, Check] = {"start_s": NON_NEGATIVE, "duration_s": POSITIVE}
@@ -166,6 +175,8 @@ class _Parser:
             "kv_cache_gib": NON_NEGATIVE,
             "priority": number(integer=True),
             "tenant": any_str,
+            "replicas": self.replicas,
+            "routing": one_of(ROUTINGS),
             "arrival": self.arrival,
             "locks": self.locks,
             "kernel": lambda v, p: Kernel(**section(v, p, _KERNEL_KEYS, ("base_ms",))),
@@ -217,9 +228,32 @@ class _Parser:
         unique([lock.name for lock in locks], path, "name")
         return tuple(locks)
 
+    def replicas(self, node: Any, path: str) -> tuple[Replica, ...]:
+        reps = [
+            Replica(**section(item, p, _REPLICA_KEYS, ("name", "gpu")))
+            for p, item in list_items(node, path, non_empty=True)
+        ]
+        unique([r.name for r in reps], path, "name")
+        unique([r.gpu for r in reps], path, "gpu")  # a replica is a model on a GPU
+        if all(r.weight == 0 for r in reps):
+            bad(f"{path}[*].weight", 0, "at least one replica needs a weight > 0")
+        return tuple(reps)
+
     def model(self, node: Any, path: str) -> Model:
-        required = ("name", "gpu", "arrival", "kernel")
-        return Model(**section(node, path, self.model_keys, required))
+        has_replicas = isinstance(node, dict) and "replicas" in node
+        required = ("name", "arrival", "kernel") + (() if has_replicas else ("gpu",))
+        fields = section(node, path, self.model_keys, required)
+        if has_replicas:
+            if "gpu" in fields:
+                bad(
+                    join_path(path, "gpu"),
+                    fields["gpu"],
+                    "a model with replicas names a gpu per replica, not one of its own",
+                )
+            fields["gpu"] = fields["replicas"][0].gpu
+        elif "routing" in fields:
+            bad(join_path(path, "routing"), fields["routing"], "only a model with replicas")
+        return Model(**fields)
 
     def scenario(self, doc: Any) -> Scenario:
         if not isinstance(doc, dict):
@@ -234,7 +268,8 @@ class _Parser:
             fields[name] = tuple(fields.get(name, ()))
         scenario = Scenario(**fields)
         check_references(scenario)
-        return replace(scenario, processes=assign_pids(scenario))
+        scenario = replace(scenario, processes=assign_pids(scenario))
+        return replace(scenario, models=assign_replica_pids(scenario))
 
 
 def _version(value: Any, path: str) -> int:
@@ -296,6 +331,7 @@ def schema_keys() -> dict[str, tuple[str, ...]]:
         "models[].kernel": tuple(_KERNEL_KEYS),
         "models[].transfer": tuple(_TRANSFER_KEYS),
         "models[].locks[]": tuple(_LOCK_KEYS),
+        "models[].replicas[]": tuple(_REPLICA_KEYS),
         "processes[]": tuple(_PROCESS_KEYS),
         "loop": tuple(_ACTUATION_KEYS),
     }

@@ -31,9 +31,12 @@ class SimLock:
 
 
 class SimModel:
-    """One model of the scenario while it runs: its batch queue (request ids), whether a batch
-    is in flight, its max-wait timer (-1: none), its current priority and kernel weight
-    (``2**priority``), its admission gate and the host CPU seconds it used this sample period."""
+    """One model of the scenario on one GPU while it runs (a model with replicas has one per
+    replica: ``idx`` numbers these instances, ``model_idx`` is the model's index in the
+    scenario, ``replica`` the replica's name or None): its batch queue (request ids), whether
+    a batch is in flight, its max-wait timer (-1: none), its current priority and kernel
+    weight (``2**priority``), its admission gate (one per model, shared by its replicas), the
+    host CPU seconds it used this sample period and its requests routed but not finished."""
 
     __slots__ = (
         "adm",
@@ -41,17 +44,34 @@ class SimModel:
         "cpu_s",
         "gpu",
         "idx",
+        "in_flight",
         "locks",
         "m",
+        "model_idx",
         "pid",
         "priority",
         "queue",
+        "replica",
         "timer_at",
         "weight",
     )
 
-    def __init__(self, idx: int, m: Model, gpu: int, locks: list[SimLock], pid: int) -> None:
+    def __init__(
+        self,
+        idx: int,
+        m: Model,
+        gpu: int,
+        locks: list[SimLock],
+        pid: int,
+        *,
+        model_idx: int | None = None,
+        replica: str | None = None,
+        adm: ModelAdmission | None = None,
+    ) -> None:
         self.idx = idx
+        self.model_idx = idx if model_idx is None else model_idx
+        self.replica = replica
+        self.in_flight = 0
         self.m = m
         self.gpu = gpu
         self.locks = locks
@@ -61,7 +81,7 @@ class SimModel:
         self.priority = m.priority  # changed at run time by set_priority
         self.weight = 2.0**m.priority
         self.pid = pid
-        self.adm = ModelAdmission()
+        self.adm = ModelAdmission() if adm is None else adm
         self.cpu_s = 0.0
 
 

@@ -68,15 +68,20 @@ class ScenarioSpanEmitter:
         self._collect = _Collect()
         self._tracers: dict[str, Tracer] = {}
         self._gpu_names = gpu_names or {}
+        self._host = scenario.host
         for i, m in enumerate(scenario.models):
             pid = (pids or {}).get(m.name, 1000 + i)
-            tp = TracerProvider(
-                resource=Resource.create(
-                    {"service.name": m.name, "host.name": scenario.host, "process.pid": pid}
-                )
-            )
-            tp.add_span_processor(self._collect)
-            self._tracers[m.name] = tp.get_tracer("cotenant.simulator")
+            self._tracers[m.name] = self._tracer(m.name, pid, None)
+            for r in m.replicas[1:]:  # each replica is its own process (the first: the model's)
+                self._tracers[r.name] = self._tracer(m.name, r.pid, r.name)
+
+    def _tracer(self, model: str, pid: int, replica: str | None) -> Tracer:
+        attrs: dict[str, Any] = {"service.name": model, "host.name": self._host, "process.pid": pid}
+        if replica is not None:
+            attrs["cotenant.replica"] = replica
+        tp = TracerProvider(resource=Resource.create(attrs))
+        tp.add_span_processor(self._collect)
+        return tp.get_tracer("cotenant.simulator")
 
     def emit(self, cols: dict[str, list[Any]]) -> tuple[int, int]:
         """Build and export spans for every request in ``cols``; returns (requests, spans)."""
@@ -106,10 +111,13 @@ class ScenarioSpanEmitter:
         }
         if c["tenant"][i]:
             attrs["cotenant.tenant"] = c["tenant"][i]
+        replica = c["replica"][i]
+        if replica is not None:
+            attrs["cotenant.replica"] = replica
         if c["prompt_tokens"][i] is not None:
             attrs["gen_ai.usage.prompt_tokens"] = c["prompt_tokens"][i]
             attrs["gen_ai.usage.completion_tokens"] = c["output_tokens"][i]
-        tracer = self._tracers[model]
+        tracer = self._tracers.get(replica or model) or self._tracers[model]
         root = tracer.start_span("request", attributes=attrs, start_time=start)
         ctx = set_span_in_context(root)
         t = start

@@ -39,11 +39,12 @@ class StoredIncident:
     top_share: float | None
     detail: dict[str, Any]
     severity: str | None = None  # breach | degradation (schema 4; None on older rows)
+    replica: str | None = None  # the slow replica (schema 5)
 
 
 _COLS = (
     "id, model, gpu, state, start_ns, end_ns, updated_ns, peak_p99_ms, baseline_p99_ms, "
-    "slo_ms, top_cause, top_culprit, top_share, detail_json, severity"
+    "slo_ms, top_cause, top_culprit, top_share, detail_json, severity, replica"
 )
 
 
@@ -64,6 +65,7 @@ def _row(r: tuple[Any, ...]) -> StoredIncident:
         top_share=r[12],
         detail=json.loads(r[13] or "{}"),
         severity=r[14],
+        replica=r[15],
     )
 
 
@@ -128,12 +130,13 @@ def upsert_incidents(store: Store, incidents: Sequence[StoredIncident]) -> None:
             i.top_share,
             json.dumps(i.detail),
             i.severity,
+            i.replica,
         )
         for i in incidents
     ]
     with store.cursor() as cur:
         cur.executemany(
-            f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 15)})", rows
+            f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 16)})", rows
         )
 
 

@@ -26,7 +26,7 @@ from store.rollup_quantiles import quantile_estimate_sql, quantile_upper_bound_s
 _CAUSE_TYPE = '[{"kind":"VARCHAR","culprit":"VARCHAR","share":"DOUBLE","resource":"VARCHAR"}]'
 
 _INCIDENTS = """
-    SELECT id, model, gpu, start_ns, coalesce(end_ns, updated_ns) AS end_ns, peak_p99_ms,
+    SELECT id, model, gpu, replica, start_ns, coalesce(end_ns, updated_ns) AS end_ns, peak_p99_ms,
            baseline_p99_ms, slo_ms, top_cause, top_culprit, top_share, detail_json,
            (least(coalesce(end_ns, updated_ns), $hi) - greatest(start_ns, $lo)) / 6e10 AS minutes
     FROM incidents WHERE start_ns < $hi AND coalesce(end_ns, updated_ns) > $lo"""
@@ -162,10 +162,11 @@ class ReportQueries:
         """The ``limit`` incidents with the most minutes in the range (then the highest
         peak / baseline). Keys: ``id``, ``model``, ``gpu``, ``start_ns``, ``end_ns``,
         ``minutes``, ``peak_p99_ms``, ``baseline_p99_ms``, ``slo_ms``, ``top_cause``,
-        ``top_culprit``, ``top_share``."""
+        ``top_culprit``, ``top_share``, ``replica`` (None unless the model's requests name
+        replicas)."""
         return self._rows(
-            f"""SELECT id, model, gpu, start_ns, end_ns, minutes, peak_p99_ms, baseline_p99_ms,
-                       slo_ms, top_cause, top_culprit, top_share
+            f"""SELECT id, model, gpu, replica, start_ns, end_ns, minutes, peak_p99_ms,
+                       baseline_p99_ms, slo_ms, top_cause, top_culprit, top_share
                 FROM ({_INCIDENTS})
                 ORDER BY minutes DESC, peak_p99_ms / nullif(baseline_p99_ms, 0) DESC NULLS LAST,
                          id

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 PHASES: tuple[str, ...] = (
     "queue",
@@ -46,6 +46,7 @@ REQUESTS: list[tuple[str, str]] = [
     ("lock_name", "VARCHAR"),
     ("lock_holder", "VARCHAR"),
     ("ttft_ms", "DOUBLE"),
+    ("replica", "VARCHAR"),  # which replica of the model served it; NULL: none named (schema 5)
 ]
 
 GPU_SAMPLES: list[tuple[str, str]] = [
@@ -100,6 +101,7 @@ INCIDENTS: list[tuple[str, str]] = [
     ("top_share", "DOUBLE"),
     ("detail_json", "VARCHAR"),
     ("severity", "VARCHAR"),  # breach | degradation (schema 4)
+    ("replica", "VARCHAR"),  # the slow replica, when the model has named replicas (schema 5)
 ]
 
 ACTIONS: list[tuple[str, str]] = [

@@ -42,6 +42,11 @@ class MetricSource(Protocol):
         """Distinct (model, gpu) pairs that served requests in ``rng`` (cheap)."""
         ...
 
+    def replicas(self, rng: TimeRange) -> dict[tuple[str, str], str]:
+        """(model, gpu) -> the replica name its requests in ``rng`` give (the most frequent);
+        pairs whose requests name none are absent."""
+        ...
+
     def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table: ...
 
     def process_windows(
@@ -100,6 +105,18 @@ class StoreSource:
                 {"lo": lo, "hi": hi},
             ).fetchall()
         return [(str(m), str(g)) for m, g in rows]
+
+    def replicas(self, rng: TimeRange) -> dict[tuple[str, str], str]:
+        lo, hi, _ = check_range(rng, 1.0)
+        with self._store.cursor() as cur:
+            rows = cur.execute(
+                "SELECT model, coalesce(gpu, ''), arg_max(replica, n) FROM ("
+                "  SELECT model, gpu, replica, count(*) AS n FROM requests"
+                "  WHERE ts_end_ns >= $lo AND ts_end_ns < $hi AND replica IS NOT NULL"
+                "  GROUP BY ALL) GROUP BY 1, 2",
+                {"lo": lo, "hi": hi},
+            ).fetchall()
+        return {(str(m), str(g)): str(r) for m, g, r in rows}
 
     def request_windows(
         self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None

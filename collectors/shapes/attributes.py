@@ -91,3 +91,16 @@ def as_str(v: Any) -> str | None:
     if v is None:
         return None
     return v if isinstance(v, str) else str(v)
+
+
+ATTR_REPLICA = "cotenant.replica"
+
+
+def replica_of(attrs: Attrs, resource: Attrs) -> str | None:
+    """Which replica of its model served a request, as the GPU is found: the span's
+    ``cotenant.replica``, else its resource's; None (no replica named) when neither says or
+    the value is empty."""
+    v = attrs.get(ATTR_REPLICA)
+    if v is None or v == "":
+        v = resource.get(ATTR_REPLICA)
+    return None if v is None or v == "" else as_str(v)

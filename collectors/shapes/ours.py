@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectors.critical_path import critical_path
-from collectors.shapes.attributes import as_int, as_seconds_ms, as_str
+from collectors.shapes.attributes import as_int, as_seconds_ms, as_str, replica_of
 from collectors.shapes.base import ATTR_MODEL, LOCK, Attrs, Child, Claim, Row, RowContext
 
 # claim runs for every root span: a global beats an enum member lookup (~0.1 µs)
@@ -63,4 +63,5 @@ class OursShape:
             lock_name,
             lock_holder,
             as_seconds_ms(a, "gen_ai.latency.time_to_first_token"),
+            replica_of(a, resource),
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.shapes.attributes import as_str
+from collectors.shapes.attributes import as_str, replica_of
 from collectors.shapes.base import (
     COMPUTE,
     D2H,
@@ -106,4 +106,5 @@ class TritonShape:
             None,
             None,
             None,
+            replica_of(attrs, resource),
         )

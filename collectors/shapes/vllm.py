@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.shapes.attributes import as_int, as_seconds_ms, as_str
+from collectors.shapes.attributes import as_int, as_seconds_ms, as_str, replica_of
 from collectors.shapes.base import (
     ATTR_MODEL,
     COMPUTE,
@@ -83,4 +83,5 @@ class VllmShape:
             None,
             None,
             as_seconds_ms(a, "gen_ai.latency.time_to_first_token"),
+            replica_of(a, resource),
         )

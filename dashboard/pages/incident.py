@@ -102,7 +102,9 @@ def _summary(inc: Incident) -> html.Div:
             html.P(
                 [
                     html.Strong(inc.model),
-                    f" on {inc.gpu or '–'} · {inc.state} · {format_ns(inc.start_ns)} for "
+                    f" on {inc.gpu or '–'}"
+                    + (f" (replica {inc.replica})" if inc.replica else "")
+                    + f" · {inc.state} · {format_ns(inc.start_ns)} for "
                     f"{(inc.end_ns - inc.start_ns) / 1e9:.0f} s · "
                     f"peak p99 {fmt(inc.peak_p99_ms, 'ms')} "
                     f"vs baseline {fmt(inc.baseline_p99_ms, 'ms')}"

@@ -86,15 +86,20 @@ def add_incident(
     causes: list[dict[str, Any]] | None = None,
     base: int = T0,
     severity: str = "breach",
+    replica: str | None = None,
+    siblings: list[dict[str, Any]] | None = None,
 ) -> None:
     causes = causes or [
         {"kind": "cotenant", "culprit": "sdxl", "share": 0.8, "confidence": 0.9, "evidence": {}}
     ]
-    detail = {"id": id, "model": model, "gpu": gpu, "causes": causes}
+    detail: dict[str, Any] = {"id": id, "model": model, "gpu": gpu, "causes": causes}
+    if replica is not None:
+        detail.update(replica=replica, siblings=siblings or [])
     top = causes[0]
     with store.cursor() as cur:
         cur.execute(
-            "INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO incidents VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 id,
                 model,
@@ -111,6 +116,7 @@ def add_incident(
                 top["share"],
                 json.dumps(detail),
                 severity,
+                replica,
             ],
         )
 
