@@ -15,15 +15,10 @@ import json
 import logging
 from typing import cast
 
-from actuators.gateway.http1 import (
-    ChunkedReader,
-    Head,
-    ProtocolError,
-    parse_request_head,
-    split_head,
-)
+from actuators.gateway.http1 import ProtocolError
 from actuators.gateway.identify import UNKNOWN
 from actuators.gateway.request import ProxiedRequest, ProxyCore
+from actuators.gateway.request_parser import RequestParser, make_request_parser
 from actuators.gateway.upstream import set_nodelay
 
 log = logging.getLogger(__name__)
@@ -47,10 +42,10 @@ class ClientConnection(asyncio.Protocol):
         self.core = core
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()
-        self._head: Head | None = None
-        self._body: ChunkedReader | None = None
+        self._parser: RequestParser = make_request_parser(core.parser, core.max_body_bytes)
         self._current: ProxiedRequest | None = None
+        self._error: ProtocolError | None = None
+        """A malformed request behind requests still to answer: refused after them."""
         self._closed = False
         self._paused = False
         self.keep_alive = True
@@ -61,12 +56,22 @@ class ClientConnection(asyncio.Protocol):
         # keep-alive: slowloris)
         self._begun: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._peer = ""
+        self._counted = False
+        self._refused = False
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport (uvloop's are not asyncio.Transport subclasses)
         self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        reason = self.core.admit_connection(self._peer)
+        if reason is not None:
+            self._refuse_connection(reason)
+            return
+        self._counted = True
         set_nodelay(transport)
         self.core.connections.add(self)
         timeout = self.core.idle_timeout_s
@@ -74,6 +79,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._counted:
+            self._counted = False
+            self.core.release_connection(self._peer)
         self.core.connections.discard(self)
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -82,15 +90,42 @@ class ClientConnection(asyncio.Protocol):
             self._current.abort()
 
     def data_received(self, data: bytes) -> None:
-        self._buf += data
+        if self._refused or self._error is not None:
+            return  # read and dropped: the connection is being refused or closed
         self._last = self.loop.time()
-        if self._current is None and self._begun is None:
+        parser = self._parser
+        try:
+            parser.feed(data)
+        except ProtocolError as exc:
+            self._error = exc
+            self._pause()
+        if parser.partial and self._begun is None:
             self._begun = self._last
         if self._current is None:
             self._next_request()
-        elif len(self._buf) > _PAUSE_BUFFER and not self._paused and self.transport:
+        elif parser.ready or parser.held_bytes > _PAUSE_BUFFER:
+            # a pipelined request waits for the one in progress: read no further meanwhile
+            self._pause()
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
+
+    def _refuse_connection(self, reason: str) -> None:
+        """Over a connection cap: answer 503 at once, then drop what the client sends until
+        it closes (closing with its request unread would reset the connection, and the client
+        could lose the answer), for at most a second."""
+        self._refused = True
+        self.core.metrics.connections_refused.labels(reason).inc()
+        what = "per client" if reason == "per_client" else "in all"
+        self.keep_alive = False
+        self.respond_error(503, f"too many connections {what}; retry later", b"retry-after: 1\r\n")
+        transport = self.transport
+        if transport is not None:
+            if transport.can_write_eof():
+                transport.write_eof()
+            self.loop.call_later(1.0, transport.abort)
 
     def _check_idle(self, timeout: float) -> None:
         # one timer per connection, re-armed lazily (slowloris and forgotten keep-alives)
@@ -119,55 +154,23 @@ class ClientConnection(asyncio.Protocol):
         if req is not None and req.conn is not None:
             req.conn.resume_reading()
 
-    # -- parsing -------------------------------------------------------------------------
+    # -- requests ------------------------------------------------------------------------
 
     def _next_request(self) -> None:
         if self._closed or self._current is not None:
             return
-        max_body = self.core.max_body_bytes
-        try:
-            if self._head is None:
-                raw = split_head(self._buf)
-                if raw is None:
-                    return
-                head = parse_request_head(raw)
-                if head.content_length is not None and head.content_length > max_body:
-                    self._refuse(413, f"request body larger than {max_body} bytes")
-                    return
-                self._head = head
-                if head.chunked:
-                    self._body = ChunkedReader(decode=True)
-                expect = head.get(b"expect")
-                if (
-                    expect is not None
-                    and expect.lower() == b"100-continue"
-                    and (head.chunked or len(self._buf) < (head.content_length or 0))
-                ):
-                    self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            head = self._head
-            if self._body is not None:
-                used = self._body.feed(self._buf)
-                del self._buf[:used]
-                if len(self._body.payload) > max_body:
-                    self._refuse(413, f"request body larger than {max_body} bytes")
-                    return
-                if not self._body.done:
-                    return
-                body = bytes(self._body.payload)
-                self._body = None
-            else:
-                n = head.content_length or 0
-                if len(self._buf) < n:
-                    return
-                body = bytes(self._buf[:n])
-                del self._buf[:n]
-        except ProtocolError as exc:
-            self._refuse(400, str(exc))
+        ready = self._parser.ready
+        if not ready:
+            if self._error is not None:
+                self._refuse(self._error.status, str(self._error))
+            elif self._parser.take_continue():
+                self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return
-        self._head = None
+        head, body = ready.popleft()
         self.keep_alive = head.keep_alive
         self.http10 = head.start[2] == b"HTTP/1.0"
-        self._begun = None
+        if not ready:
+            self._begun = None if not self._parser.partial else self._begun
         req = self._current = ProxiedRequest(self, head, body)
         try:
             req.begin()
@@ -190,16 +193,18 @@ class ClientConnection(asyncio.Protocol):
         """The current request's answer is complete (or abandoned)."""
         self._current = None
         self._last = self.loop.time()
-        self._begun = self._last if self._buf else None  # a pipelined request already begun
+        # a request already (partly) read starts its clock now
+        parser = self._parser
+        self._begun = self._last if parser.ready or parser.partial else None
         if self._closed:
             return
         if not self.keep_alive:
             self.close()
             return
-        if self._paused and self.transport is not None:
+        if self._paused and self._error is None and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        if self._buf:
+        if parser.ready or parser.partial or self._error is not None:
             # a pipelined request: on the next loop turn, so answers made at once (429s)
             # never nest one inside the other
             self.loop.call_soon(self._next_request)

@@ -123,6 +123,9 @@ class Gateway:
             read_timeout_s=s.read_timeout_s,
             max_body_bytes=s.max_body_bytes,
             idle_timeout_s=s.idle_timeout_s,
+            parser=s.http_parser,
+            max_connections=s.max_connections,
+            max_connections_per_client=s.max_connections_per_client,
         )
         proxy_sock = _bind(*s.listen)
         try:

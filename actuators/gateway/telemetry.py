@@ -69,6 +69,18 @@ class GatewayMetrics:
             "Requests waiting in the gateway (rate-limit wait or priority queue)",
             registry=registry,
         )
+        self.connections = Gauge(
+            "cotenant_gateway_connections",
+            "Client connections open now (refused ones not included)",
+            registry=registry,
+        )
+        self.connections_refused = Counter(
+            "cotenant_gateway_connections_refused",
+            "Client connections refused with 503 at a connection cap, by reason (per_client: "
+            "--max-connections-per-client, total: --max-connections)",
+            ["reason"],
+            registry=registry,
+        )
         self._per_model: dict[str, tuple[Any, Any]] = {}
 
     def observe(self, model: str, code: int, queue_s: float, total_s: float) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from actuators.gateway.request_parser import PARSERS, ParserKind
 from tests.gateway.conftest import (
     ModelServer,
     RunningGateway,
@@ -259,24 +260,39 @@ def _raw(url: str, payload: bytes, until: bytes = b"\r\n\r\n", count: int = 1) -
         return data
 
 
-def test_malformed_http_is_refused_and_the_gateway_keeps_serving(start_gateway: Start) -> None:
-    gw = start_gateway()
+@pytest.mark.parametrize("parser", PARSERS)
+def test_malformed_http_is_refused_and_the_gateway_keeps_serving(
+    start_gateway: Start, parser: ParserKind
+) -> None:
+    gw = start_gateway(http_parser=parser)
     for junk in (
         b"GARBAGE\r\n\r\n",
         b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
         b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n",
         b"POST / HTTP/1.1\r\nbad header\r\n\r\n",
         b"GET / HTTP/2.0\r\n\r\n",
+        # a valid request, then a malformed one: the first is answered, then the 400
+        b"GET /v1/models HTTP/1.1\r\n\r\nGARBAGE\r\n\r\n",
     ):
         reply = _raw(gw.url, junk)
+        if junk.startswith(b"GET /v1/models"):
+            reply = _raw(gw.url, junk, count=2)
+            assert reply.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 400 " in reply, reply
+            continue
         assert reply.startswith(b"HTTP/1.1 400 "), (junk, reply)
     too_big = b"POST / HTTP/1.1\r\nContent-Length: 999999999999\r\n\r\n"
     assert _raw(gw.url, too_big).startswith(b"HTTP/1.1 413 ")
     assert httpx.post(f"{gw.url}/v1/completions", json={"model": "llama"}).status_code == 200
 
 
-def test_pipelined_and_chunked_requests(start_gateway: Start, model_server: ModelServer) -> None:
-    gw = start_gateway()
+@pytest.mark.parametrize("parser", PARSERS)
+def test_pipelined_and_chunked_requests(
+    start_gateway: Start, model_server: ModelServer, parser: ParserKind
+) -> None:
+    gw = start_gateway(http_parser=parser)
     one = b'{"model":"llama","n":1}'
     chunked_body = b'{"model":"sdxl","n":2}'
     payload = (
@@ -336,10 +352,11 @@ def test_http10_client_gets_a_dechunked_stream_and_a_closed_connection(
     assert payload.count(b"data: ") == 5
 
 
+@pytest.mark.parametrize("parser", PARSERS)
 def test_expect_100_continue_is_answered_before_the_body(
-    start_gateway: Start, model_server: ModelServer
+    start_gateway: Start, model_server: ModelServer, parser: ParserKind
 ) -> None:
-    gw = start_gateway()
+    gw = start_gateway(http_parser=parser)
     body = b'{"model":"llama","n":7}'
     host, port = gw.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
@@ -468,11 +485,12 @@ def test_idle_and_half_sent_connections_are_closed(start_gateway: Start) -> None
         assert client.post("/v1/completions", json={"model": "a"}).status_code == 200
 
 
+@pytest.mark.parametrize("parser", PARSERS)
 def test_a_request_trickling_in_byte_by_byte_is_closed_within_the_idle_timeout(
-    start_gateway: Start,
+    start_gateway: Start, parser: ParserKind
 ) -> None:
     # issue 15: one header byte every 0.1 s kept a connection open past --idle-timeout
-    gw = start_gateway(idle_timeout_s=0.5)
+    gw = start_gateway(idle_timeout_s=0.5, http_parser=parser)
     host, port = gw.url.removeprefix("http://").split(":")
     head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200
     with socket.create_connection((host, int(port)), timeout=10) as s:
