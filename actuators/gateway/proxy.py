@@ -4,8 +4,10 @@ optionally given its priority, sent to the upstream and streamed back as it arri
 :mod:`actuators.gateway.request`).
 
 Answers the gateway makes itself are JSON ``{"error": "..."}``: 400 (malformed request or JSON
-body), 413 (body too large), 429/503 with ``Retry-After`` (admission), 502 (upstream down or
-broken), 504 (upstream timeout). Nothing a client or the upstream sends stops the process.
+body), 408 (a request begun and not received in full within the idle timeout: slow headers or
+body), 413 (body too large), 429/503 with ``Retry-After`` (admission; 503 also for a
+connection over a connection cap), 502 (upstream down or broken), 504 (upstream timeout).
+Nothing a client or the upstream sends stops the process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _REASONS = {
     400: b"Bad Request",
+    408: b"Request Timeout",
     413: b"Content Too Large",
     429: b"Too Many Requests",
     500: b"Internal Server Error",
@@ -59,6 +62,7 @@ class ClientConnection(asyncio.Protocol):
         self._peer = ""
         self._counted = False
         self._refused = False
+        self._gone = False
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -78,7 +82,7 @@ class ClientConnection(asyncio.Protocol):
         self._idle_timer = self.loop.call_at(self._last + timeout, self._check_idle, timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
+        self._closed = self._gone = True
         if self._counted:
             self._counted = False
             self.core.release_connection(self._peer)
@@ -137,10 +141,15 @@ class ClientConnection(asyncio.Protocol):
             self._idle_timer = self.loop.call_at(now + timeout, self._check_idle, timeout)
             return
         deadline = self._last + timeout
-        if self._begun is not None:  # a request still arriving, however slowly
-            deadline = min(deadline, self._begun + timeout)
+        begun = self._begun
+        if begun is not None:  # a request still arriving, however slowly
+            deadline = min(deadline, begun + timeout)
         if now >= deadline:
-            self.close()
+            if begun is not None and self._parser.partial and self._error is None:
+                # part of a request came, not all of it in time (slow headers or body)
+                self._refuse(408, f"request not received in full within {timeout:g} s")
+            else:
+                self.close()  # an idle keep-alive connection: closed without a word
         else:
             self._idle_timer = self.loop.call_at(deadline, self._check_idle, timeout)
 
@@ -183,7 +192,8 @@ class ClientConnection(asyncio.Protocol):
             self.close()
 
     def _refuse(self, status: int, message: str) -> None:
-        self.core.metrics.rejections.labels(UNKNOWN, "bad_request").inc()
+        reason = "request_timeout" if status == 408 else "bad_request"
+        self.core.metrics.rejections.labels(UNKNOWN, reason).inc()
         self.core.metrics.requests.labels(UNKNOWN, str(status)).inc()
         self.keep_alive = False
         self.respond_error(status, message)
@@ -241,7 +251,15 @@ class ClientConnection(asyncio.Protocol):
             self.transport.abort()
 
     def close(self) -> None:
-        """Close after what was written is sent."""
-        if self.transport is not None and not self._closed:
-            self.transport.close()
+        """Close after what was written is sent; a client that does not read it within the
+        idle timeout is dropped (its unsent bytes with it)."""
+        transport = self.transport
+        if transport is not None and not self._closed:
+            transport.close()
+            if transport.get_write_buffer_size():
+                self.loop.call_later(self.core.idle_timeout_s, self._drop_if_open)
         self._closed = True
+
+    def _drop_if_open(self) -> None:
+        if not self._gone and self.transport is not None:
+            self.transport.abort()

@@ -35,7 +35,7 @@ class GatewayMetrics:
         self.rejections = Counter(
             "cotenant_gateway_rejections",
             "Requests the gateway refused, by model and reason (rate_limit_model, "
-            "rate_limit_tenant, queue_full, queue_timeout, bad_request)",
+            "rate_limit_tenant, queue_full, queue_timeout, bad_request, request_timeout)",
             ["model", "reason"],
             registry=registry,
         )
