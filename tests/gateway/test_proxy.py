@@ -313,6 +313,41 @@ def test_pipelined_and_chunked_requests(
     assert state(gw)["models"]["sdxl"]["admitted_total"] == 1
 
 
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_flood_of_pipelined_requests_is_parsed_a_little_at_a_time(
+    start_gateway: Start, model_server: ModelServer, parser: ParserKind
+) -> None:
+    gw = start_gateway(http_parser=parser)
+    hold = b'{"model":"a","hold":true}'
+    one = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    n = 1000
+    payload = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(hold),
+        hold,
+    )
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        s.sendall(payload + one * n)
+        wait_until(lambda: gw.call(lambda: gw.gateway.admission.in_flight) == 1, what="held")
+
+        def waiting() -> int:
+            core = gw.gateway._core
+            assert core is not None
+            return max(len(c._parser.ready) for c in core.connections)  # type: ignore[attr-defined]
+
+        # while the first is held, the 1,000 behind it are not all parsed into requests:
+        # at most 16 waiting plus what one 8 KiB slice holds
+        wait_until(lambda: waiting() >= 16, what="some parsed")
+        assert waiting() <= 16 + 8192 // len(one) + 1
+        model_server.hold.set()
+        reply = b""
+        while reply.count(b"HTTP/1.1 200 OK") < n + 1:
+            chunk = s.recv(1 << 20)
+            assert chunk, reply[-300:]
+            reply += chunk
+    assert reply.count(b"HTTP/1.1 200 OK") == n + 1
+
+
 def test_full_queue_answers_503_with_retry_after(
     start_gateway: Start, model_server: ModelServer
 ) -> None:
