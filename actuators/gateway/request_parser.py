@@ -10,9 +10,9 @@ and pass the same request-smuggling tests (tests/gateway/test_request_parser.py)
     while parser.ready:
         head, body = parser.ready.popleft()
 
-A parser reads ahead: pipelined requests are parsed as they arrive and wait in ``ready``
-(the connection stops reading while one is waiting, so what is held stays bounded by one read
-plus ``max_body_bytes``). Whatever either parser accepts, the gateway refuses, with 400:
+A parser reads ahead: pipelined requests are parsed as they are fed and wait in ``ready``
+(the connection feeds 8 KiB at a time while requests wait, and stops reading while one is
+waiting, so what is held stays bounded by one read plus ``max_body_bytes``). Whatever either parser accepts, the gateway refuses, with 400:
 ``Content-Length`` together with ``Transfer-Encoding``, two ``Content-Length`` headers that
 disagree (llhttp: any two), a ``Content-Length`` that is not digits, a transfer coding other
 than ``chunked``, header names with spaces or separators, obs-fold, bad chunk sizes, chunk data
