@@ -78,11 +78,13 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        reason = self.core.admit_connection(self._peer)
-        if reason is not None:
-            self._refuse_connection(reason)
-            return
-        self._counted = True
+        caps = self.core.caps
+        if caps is not None:
+            reason = caps.admit(self._peer)
+            if reason is not None:
+                self._refuse_connection(reason)
+                return
+            self._counted = True
         set_nodelay(transport)
         self.core.connections.add(self)
         timeout = self.core.idle_timeout_s
@@ -90,9 +92,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = self._gone = True
-        if self._counted:
+        if self._counted and self.core.caps is not None:
             self._counted = False
-            self.core.release_connection(self._peer)
+            self.core.caps.release(self._peer)
         self.core.connections.discard(self)
         if self._idle_timer is not None:
             self._idle_timer.cancel()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from actuators.gateway.admission import Admission, Rejected, Ticket
+from actuators.gateway.conn_caps import ConnectionCaps
 from actuators.gateway.http1 import HOP_BY_HOP, ChunkedReader, Head
 from actuators.gateway.identify import (
     UNKNOWN,
@@ -90,39 +91,10 @@ class ProxyCore:
     """A client connection with no request in progress is closed after this long."""
     parser: ParserKind = "httptools"
     """Which HTTP/1 request parser reads client connections."""
-    max_connections: int = 0
-    """Client connections open at once, beyond which new ones get 503 (0: no cap)."""
-    max_connections_per_client: int = 0
-    """The same cap per client IP address (0: no cap)."""
+    caps: ConnectionCaps | None = None
+    """Caps on open client connections (None: none)."""
     connections: set[Client] = field(default_factory=set)
     """The open client connections (closed by the gateway's ``stop``)."""
-    open_per_client: dict[str, int] = field(default_factory=dict)
-    """Open client connections by peer IP address (entries at 0 are removed)."""
-    open_total: int = 0
-
-    def admit_connection(self, peer: str) -> str | None:
-        """Count a new connection from ``peer`` (an IP address); returns None when admitted,
-        else why not (``per_client`` or ``total``: a connection cap) and counts nothing."""
-        if self.max_connections and self.open_total >= self.max_connections:
-            return "total"
-        cap = self.max_connections_per_client
-        n = self.open_per_client.get(peer, 0)
-        if cap and n >= cap:
-            return "per_client"
-        self.open_per_client[peer] = n + 1
-        self.open_total += 1
-        self.metrics.connections.inc()
-        return None
-
-    def release_connection(self, peer: str) -> None:
-        """An admitted connection from ``peer`` closed."""
-        n = self.open_per_client.get(peer, 0) - 1
-        if n > 0:
-            self.open_per_client[peer] = n
-        else:
-            self.open_per_client.pop(peer, None)
-        self.open_total -= 1
-        self.metrics.connections.dec()
 
 
 class ProxiedRequest:

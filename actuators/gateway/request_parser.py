@@ -12,12 +12,14 @@ and pass the same request-smuggling tests (tests/gateway/test_request_parser.py)
 
 A parser reads ahead: pipelined requests are parsed as they are fed and wait in ``ready``
 (the connection feeds 8 KiB at a time while requests wait, and stops reading while one is
-waiting, so what is held stays bounded by one read plus ``max_body_bytes``). Whatever either parser accepts, the gateway refuses, with 400:
-``Content-Length`` together with ``Transfer-Encoding``, two ``Content-Length`` headers that
-disagree (llhttp: any two), a ``Content-Length`` that is not digits, a transfer coding other
-than ``chunked``, header names with spaces or separators, obs-fold, bad chunk sizes, chunk data
-not followed by CRLF, versions other than HTTP/1.0 and 1.1, heads over 64 KiB. A body over
-``max_body_bytes`` is refused with 413.
+waiting, so what is held stays bounded by one read plus ``max_body_bytes``).
+
+Whichever parser reads, the gateway refuses with 400: ``Content-Length`` together with
+``Transfer-Encoding``, two ``Content-Length`` headers that disagree (llhttp: any two), a
+``Content-Length`` that is not digits, a transfer coding other than ``chunked``, header names
+with spaces or separators, obs-fold, bad chunk sizes, chunk data not followed by CRLF, versions
+other than HTTP/1.0 and 1.1, heads over 64 KiB. A body over ``max_body_bytes`` is refused with
+413.
 """
 
 from __future__ import annotations

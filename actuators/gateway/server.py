@@ -20,6 +20,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from actuators.gateway.admission import Admission
+from actuators.gateway.conn_caps import ConnectionCaps
 from actuators.gateway.control import create_control_app
 from actuators.gateway.identify import Identifier
 from actuators.gateway.proxy import ClientConnection
@@ -124,8 +125,9 @@ class Gateway:
             max_body_bytes=s.max_body_bytes,
             idle_timeout_s=s.idle_timeout_s,
             parser=s.http_parser,
-            max_connections=s.max_connections,
-            max_connections_per_client=s.max_connections_per_client,
+            caps=ConnectionCaps(
+                s.max_connections, s.max_connections_per_client, self.metrics.connections
+            ),
         )
         proxy_sock = _bind(*s.listen)
         try:
