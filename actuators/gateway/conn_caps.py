@@ -12,7 +12,11 @@ and counted there; only admitted connections are counted here.
 
 from __future__ import annotations
 
+import logging
+import resource
 from typing import Literal, Protocol
+
+log = logging.getLogger(__name__)
 
 Refusal = Literal["total", "per_client"]
 
@@ -60,3 +64,27 @@ class ConnectionCaps:
             self.per_client.pop(peer, None)
         self.total -= 1
         self._gauge.dec()
+
+
+def ensure_file_limit(needed: int) -> int:
+    """Raise this process's soft limit on open files (``RLIMIT_NOFILE``) towards ``needed``,
+    up to the hard limit, so the connection cap, not the file limit, is what refuses
+    connections; returns the soft limit now. A limit still below ``needed`` is logged (past
+    it, new connections wait in the listen backlog instead of getting 503)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return needed if soft == resource.RLIM_INFINITY else soft
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    except (ValueError, OSError):
+        pass
+    if soft < needed:
+        log.warning(
+            "gateway: the open-file limit (%d) is below what --max-connections needs (%d); "
+            "raise it (ulimit -n) or lower --max-connections",
+            soft,
+            needed,
+        )
+    return soft
