@@ -9,6 +9,8 @@ Ways to reach the same upstream, measured in turn in every repeat of one run:
   exporter (``--otlp-exporter builtin``, the default);
 * **gw ll x4** / **gw ll x4+spans** — the gateway in front of ``--replicas`` replicas (4) with
   ``--routing least-loaded``, untraced and traced (builtin);
+* **gw builtin** / **gw ll x4 bltn** (``--compare-parsers``) — the two gateway paths above
+  with ``--http-parser builtin`` (the gateway's own HTTP/1 parser) instead of llhttp;
 * **nginx** / **nginx lc x4** — ``/usr/sbin/nginx`` (one worker, keep-alive upstream pool)
   pinned to the same core, as a reference proxy: one upstream, and the same replicas with
   ``least_conn``.
@@ -25,6 +27,8 @@ core does nothing else. Only the proxy being measured runs: the others are stopp
     .venv/bin/python bench/gateway.py                      # ~5 minutes
     .venv/bin/python bench/gateway.py --duration 5 --repeats 3 --json out.json
     .venv/bin/python bench/gateway.py --only gateway,gw+builtin,gw+sdk   # a subset
+    .venv/bin/python bench/gateway.py --only "gateway,gw ll x4,nginx,nginx lc x4" \
+        --compare-parsers --no-spans                        # llhttp vs the builtin parser
 
 Figures go to docs/performance.md ("Gateway").
 """
@@ -432,6 +436,35 @@ def span_cost(n: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def parser_cost(n: int) -> dict[str, dict[str, float]]:
+    """CPU time to read one request, in µs, for each request parser (medians of 5 rounds,
+    taken in turn): the bench's request, the same chunked, and one with 20 headers (an SDK
+    client's), each fed to one parser per connection as keep-alive requests are."""
+    sys.path.insert(0, str(ROOT))
+    from actuators.gateway.request_parser import PARSERS, make_request_parser
+
+    plain = _request(8080)
+    chunked = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: bench\r\n"
+        b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+    )
+    extra = b"".join(b"x-stainless-header-%d: value-%d\r\n" % (i, i) for i in range(15))
+    many = plain.replace(b"x-tenant: acme\r\n", b"x-tenant: acme\r\n" + extra)
+    shapes = {"plain": plain, "chunked": chunked, "20 headers": many}
+    out: dict[str, dict[str, list[float]]] = {k: {s: [] for s in shapes} for k in PARSERS}
+    for _ in range(5):
+        for shape, data in shapes.items():
+            for kind in PARSERS:
+                parser = make_request_parser(kind, 1 << 24)
+                t = time.process_time()
+                for _ in range(n):
+                    parser.feed(data)
+                    parser.ready.popleft()
+                out[kind][shape].append((time.process_time() - t) / n * 1e6)
+    return {k: {s: statistics.median(v) for s, v in d.items()} for k, d in out.items()}
+
+
 PATHS = (
     "direct",
     "gateway",
@@ -466,17 +499,39 @@ def main() -> int:
         help="also run the gateway with --loop asyncio (the default picks uvloop when installed)",
     )
     ap.add_argument(
+        "--compare-parsers",
+        action="store_true",
+        help="also run the gateway (one upstream, and least-loaded x4) with --http-parser "
+        "builtin, beside the default httptools (llhttp), in the same session",
+    )
+    ap.add_argument(
         "--span-cost",
         type=int,
         metavar="N",
         help="only time N requests' spans built by the builtin exporter and by the OTel SDK "
         "(CPU µs per request, medians of 5), then exit",
     )
+    ap.add_argument(
+        "--parser-cost",
+        type=int,
+        metavar="N",
+        help="only time N requests read by each HTTP/1 request parser (CPU µs per request, "
+        "medians of 5), then exit",
+    )
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--upstream-only", metavar="PORTS", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.upstream_only:
         run_upstream([int(p) for p in args.upstream_only.split(",")])
+        return 0
+    if args.parser_cost:
+        costs = parser_cost(args.parser_cost)
+        shapes = list(next(iter(costs.values())))
+        print(f"{'parser':10s} " + " ".join(f"{s:>11s}" for s in shapes) + "   (CPU µs/request)")
+        for kind, row in costs.items():
+            print(f"{kind:10s} " + " ".join(f"{row[s]:11.2f}" for s in shapes))
+        for s in shapes:
+            print(f"httptools/builtin {s}: {costs['httptools'][s] / costs['builtin'][s]:.2f}")
         return 0
     if args.span_cost:
         cost = span_cost(args.span_cost)
@@ -510,6 +565,10 @@ def main() -> int:
     if args.compare_loops:
         gateways["gw asyncio"] = ([up], ["--loop", "asyncio"])
         wanted.add("gw asyncio")
+    if args.compare_parsers:
+        gateways["gw builtin"] = ([up], ["--http-parser", "builtin"])
+        gateways["gw ll x4 bltn"] = (reps, [*ll, "--http-parser", "builtin"])
+        wanted |= {"gw builtin", "gw ll x4 bltn"}
     try:
         ports = ",".join(str(p) for p in [up, *reps])
         for _ in range(args.upstreams):
@@ -626,6 +685,15 @@ def main() -> int:
         "gateway/nginx req per CPU-s": ratio("gateway", "nginx", "rps_per_cpu_s"),
         "gw ll x4/nginx lc x4 req per CPU-s": ratio("gw ll x4", "nginx lc x4", "rps_per_cpu_s"),
         "gw+builtin/gw+sdk CPU us per req": ratio("gw+builtin", "gw+sdk", "cpu_us_per_req_at_rate"),
+        "httptools/builtin parser added p99": ratio("gateway", "gw builtin", "added_p99_ms"),
+        "httptools/builtin parser CPU us per req": ratio(
+            "gateway", "gw builtin", "cpu_us_per_req_at_rate"
+        ),
+        "httptools/builtin parser req per CPU-s": ratio("gateway", "gw builtin", "rps_per_cpu_s"),
+        "httptools/builtin ll x4 added p99": ratio("gw ll x4", "gw ll x4 bltn", "added_p99_ms"),
+        "httptools/builtin ll x4 req per CPU-s": ratio(
+            "gw ll x4", "gw ll x4 bltn", "rps_per_cpu_s"
+        ),
     }
     for k, v in ratios.items():
         if v is not None:
@@ -636,6 +704,8 @@ def main() -> int:
         goals["throughput_ge_3000rps"] = summary["gateway"]["max_rps"] >= 3000
     if "gw ll x4" in summary:
         goals["ll_x4_added_p99_le_1ms"] = summary["gw ll x4"]["added_p99_ms"] <= 1.0
+    if "gw ll x4 bltn" in summary:
+        goals["ll_x4_builtin_added_p99_le_1ms"] = summary["gw ll x4 bltn"]["added_p99_ms"] <= 1.0
     if "gw ll x4+spans" in summary:
         goals["ll_x4_traced_added_p99_le_2ms"] = summary["gw ll x4+spans"]["added_p99_ms"] <= 2.0
     if "gw+builtin" in summary:

@@ -176,6 +176,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "(default 75 s)",
     )
     p.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="client connections open at once; more are answered 503 + Retry-After and "
+        "closed (0: no cap; default 4096)",
+    )
+    p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=512,
+        metavar="N",
+        help="the same, per client IP address (0: no cap; default 512)",
+    )
+    p.add_argument(
+        "--http-parser",
+        choices=("httptools", "builtin"),
+        default="httptools",
+        help="HTTP/1 request parser: httptools (llhttp, as uvicorn and Node.js use) or the "
+        "gateway's own (default httptools; see docs/performance.md)",
+    )
+    p.add_argument(
         "--otlp-endpoint",
         metavar="URL",
         help="send spans over OTLP/HTTP here, e.g. http://127.0.0.1:4318",
@@ -273,6 +295,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     _positive(args.max_body_bytes, "--max-body-bytes")
     _positive(args.idle_timeout, "--idle-timeout")
     _positive(args.shutdown_grace, "--shutdown-grace", zero_ok=True)
+    _positive(args.max_connections, "--max-connections", zero_ok=True)
+    _positive(args.max_connections_per_client, "--max-connections-per-client", zero_ok=True)
     if not 0 < args.otlp_sample_ratio <= 1:
         raise UsageError(f"--otlp-sample-ratio {args.otlp_sample_ratio!r}: give 0 < R <= 1")
     return GatewaySettings(
@@ -292,6 +316,9 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         read_timeout_s=args.read_timeout,
         max_body_bytes=args.max_body_bytes,
         idle_timeout_s=args.idle_timeout,
+        http_parser=args.http_parser,
+        max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
         otlp_endpoint=args.otlp_endpoint,
         service_name=args.service_name,
         initial=file.initial,

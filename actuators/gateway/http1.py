@@ -35,11 +35,17 @@ HOP_BY_HOP = frozenset(
 )
 """Headers that belong to one connection and are never forwarded as they are (RFC 9110 7.6.1)."""
 
+_HEX = b"0123456789abcdefABCDEF"
 _TOKEN_BAD = frozenset(b' \t"(),/:;<=>?@[\\]{}')
 
 
 class ProtocolError(Exception):
-    """A message is not valid HTTP/1.1; the message says what is wrong."""
+    """A message is not valid HTTP/1.1 (or is refused); the message says what is wrong and
+    ``status`` is what a client is answered (400, or 413 for a body over the limit)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 Headers = list[tuple[bytes, bytes]]
@@ -205,13 +211,12 @@ class ChunkedReader:
                 line = bytes(buf[pos:eol])
                 pos = eol + 2
                 if state == _SIZE:
-                    size_text = line.split(b";", 1)[0].strip()
-                    try:
-                        size = int(size_text, 16)
-                    except ValueError:
-                        raise ProtocolError(f"invalid chunk size {size_text[:20]!r}") from None
-                    if size < 0:
+                    size_text = line.split(b";", 1)[0].rstrip(b" \t")
+                    # hex digits only: int() would also take "0x3", "+3", "1_0" and spaces,
+                    # which a stricter parser behind us could read otherwise (smuggling)
+                    if not size_text or len(size_text) > 16 or size_text.strip(_HEX):
                         raise ProtocolError(f"invalid chunk size {size_text[:20]!r}")
+                    size = int(size_text, 16)
                     if size == 0:
                         self._state = _TRAILER
                     else:

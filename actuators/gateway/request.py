@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from actuators.gateway.admission import Admission, Rejected, Ticket
+from actuators.gateway.conn_caps import ConnectionCaps
 from actuators.gateway.http1 import HOP_BY_HOP, ChunkedReader, Head
 from actuators.gateway.identify import (
     UNKNOWN,
@@ -25,6 +26,7 @@ from actuators.gateway.identify import (
     inject_priority,
     parse_json_body,
 )
+from actuators.gateway.request_parser import ParserKind
 from actuators.gateway.telemetry import GatewayMetrics, SpanSink
 from actuators.gateway.upstream import UpstreamConnection, UpstreamFailure, UpstreamPool
 
@@ -87,6 +89,10 @@ class ProxyCore:
     max_body_bytes: int
     idle_timeout_s: float = 75.0
     """A client connection with no request in progress is closed after this long."""
+    parser: ParserKind = "httptools"
+    """Which HTTP/1 request parser reads client connections."""
+    caps: ConnectionCaps | None = None
+    """Caps on open client connections (None: none)."""
     connections: set[Client] = field(default_factory=set)
     """The open client connections (closed by the gateway's ``stop``)."""
 

@@ -20,6 +20,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from actuators.gateway.admission import Admission
+from actuators.gateway.conn_caps import ConnectionCaps, ensure_file_limit
 from actuators.gateway.control import create_control_app
 from actuators.gateway.identify import Identifier
 from actuators.gateway.proxy import ClientConnection
@@ -107,6 +108,12 @@ class Gateway:
         """Bind both ports and start serving. Raises OSError when a port is taken."""
         s = self.settings
         loop = asyncio.get_running_loop()
+        if s.max_connections:
+            # one file per client connection and per upstream connection, and a reserve
+            upstream = sum(
+                r.max_in_flight or s.max_concurrency for r in self.router.replicas.values()
+            )
+            ensure_file_limit(s.max_connections + upstream + 64)
         for replica in self.router.replicas.values():
             replica.pool = UpstreamPool(
                 replica.url,
@@ -123,6 +130,10 @@ class Gateway:
             read_timeout_s=s.read_timeout_s,
             max_body_bytes=s.max_body_bytes,
             idle_timeout_s=s.idle_timeout_s,
+            parser=s.http_parser,
+            caps=ConnectionCaps(
+                s.max_connections, s.max_connections_per_client, self.metrics.connections
+            ),
         )
         proxy_sock = _bind(*s.listen)
         try:

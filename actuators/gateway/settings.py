@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from actuators.gateway.identify import PriorityField, Source, parse_source
+from actuators.gateway.request_parser import ParserKind
 from actuators.gateway.routing_config import (
     ReplicaSpec,
     RouteSpec,
@@ -118,6 +119,9 @@ class GatewaySettings:
     read_timeout_s: float = 300.0
     max_body_bytes: int = 16 * 1024 * 1024
     idle_timeout_s: float = 75.0
+    http_parser: ParserKind = "httptools"
+    max_connections: int = 4096
+    max_connections_per_client: int = 512
     otlp_endpoint: str | None = None
     service_name: str = "cotenant-gateway"
     initial: InitialState = field(default_factory=InitialState)

@@ -35,7 +35,7 @@ class GatewayMetrics:
         self.rejections = Counter(
             "cotenant_gateway_rejections",
             "Requests the gateway refused, by model and reason (rate_limit_model, "
-            "rate_limit_tenant, queue_full, queue_timeout, bad_request)",
+            "rate_limit_tenant, queue_full, queue_timeout, bad_request, request_timeout)",
             ["model", "reason"],
             registry=registry,
         )
@@ -67,6 +67,18 @@ class GatewayMetrics:
         self.queued = Gauge(
             "cotenant_gateway_queued",
             "Requests waiting in the gateway (rate-limit wait or priority queue)",
+            registry=registry,
+        )
+        self.connections = Gauge(
+            "cotenant_gateway_connections",
+            "Client connections open now (refused ones not included)",
+            registry=registry,
+        )
+        self.connections_refused = Counter(
+            "cotenant_gateway_connections_refused",
+            "Client connections refused with 503 at a connection cap, by reason (per_client: "
+            "--max-connections-per-client, total: --max-connections)",
+            ["reason"],
             registry=registry,
         )
         self._per_model: dict[str, tuple[Any, Any]] = {}

@@ -68,6 +68,9 @@ def test_refuses_to_start_without_a_token(
         (["--eject-after", "-1"], "--eject-after -1: give an integer >= 0"),
         (["--eject-time", "0"], "--eject-time 0.0: give a finite number > 0"),
         (["--idle-timeout", "soon"], "--idle-timeout: 'soon' is not a duration"),
+        (["--max-connections", "-1"], "--max-connections -1: give a finite number >= 0"),
+        (["--max-connections-per-client", "-5"], "--max-connections-per-client -5"),
+        (["--http-parser", "h11"], "invalid choice: 'h11'"),
     ],
 )
 def test_bad_flags_are_refused_with_a_message(
@@ -141,6 +144,8 @@ def test_replicas_from_flags_and_config(model_server: ModelServer, tmp_path: Pat
         [sys.executable, "-m", "cotenant", "gateway",
          "--upstream", f"a={model_server.url}", "--upstream", f"b={model_server.url}",
          "--routing", "least-loaded", "--config", str(cfg),
+         "--http-parser", "builtin", "--max-connections", "64",
+         "--max-connections-per-client", "8",
          "--listen", f"127.0.0.1:{free_port()}", "--control", f"127.0.0.1:{free_port()}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "COTENANT_GATEWAY_TOKEN": "tok"},

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from actuators.gateway.request_parser import PARSERS, ParserKind
 from tests.gateway.conftest import (
     ModelServer,
     RunningGateway,
@@ -259,24 +260,46 @@ def _raw(url: str, payload: bytes, until: bytes = b"\r\n\r\n", count: int = 1) -
         return data
 
 
-def test_malformed_http_is_refused_and_the_gateway_keeps_serving(start_gateway: Start) -> None:
-    gw = start_gateway()
+def _read_to_close(s: socket.socket) -> bytes:
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_malformed_http_is_refused_and_the_gateway_keeps_serving(
+    start_gateway: Start, parser: ParserKind
+) -> None:
+    gw = start_gateway(http_parser=parser)
     for junk in (
         b"GARBAGE\r\n\r\n",
         b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
         b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n",
         b"POST / HTTP/1.1\r\nbad header\r\n\r\n",
         b"GET / HTTP/2.0\r\n\r\n",
+        # a valid request, then a malformed one: the first is answered, then the 400
+        b"GET /v1/models HTTP/1.1\r\n\r\nGARBAGE\r\n\r\n",
     ):
         reply = _raw(gw.url, junk)
+        if junk.startswith(b"GET /v1/models"):
+            reply = _raw(gw.url, junk, count=2)
+            assert reply.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 400 " in reply, reply
+            continue
         assert reply.startswith(b"HTTP/1.1 400 "), (junk, reply)
     too_big = b"POST / HTTP/1.1\r\nContent-Length: 999999999999\r\n\r\n"
     assert _raw(gw.url, too_big).startswith(b"HTTP/1.1 413 ")
     assert httpx.post(f"{gw.url}/v1/completions", json={"model": "llama"}).status_code == 200
 
 
-def test_pipelined_and_chunked_requests(start_gateway: Start, model_server: ModelServer) -> None:
-    gw = start_gateway()
+@pytest.mark.parametrize("parser", PARSERS)
+def test_pipelined_and_chunked_requests(
+    start_gateway: Start, model_server: ModelServer, parser: ParserKind
+) -> None:
+    gw = start_gateway(http_parser=parser)
     one = b'{"model":"llama","n":1}'
     chunked_body = b'{"model":"sdxl","n":2}'
     payload = (
@@ -288,6 +311,41 @@ def test_pipelined_and_chunked_requests(start_gateway: Start, model_server: Mode
     assert reply.count(b"HTTP/1.1 200 OK") == 2
     assert [b["body"]["n"] for b in model_server.bodies[-2:]] == [1, 2]
     assert state(gw)["models"]["sdxl"]["admitted_total"] == 1
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_flood_of_pipelined_requests_is_parsed_a_little_at_a_time(
+    start_gateway: Start, model_server: ModelServer, parser: ParserKind
+) -> None:
+    gw = start_gateway(http_parser=parser)
+    hold = b'{"model":"a","hold":true}'
+    one = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    n = 1000
+    payload = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(hold),
+        hold,
+    )
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        s.sendall(payload + one * n)
+        wait_until(lambda: gw.call(lambda: gw.gateway.admission.in_flight) == 1, what="held")
+
+        def waiting() -> int:
+            core = gw.gateway._core
+            assert core is not None
+            return max(len(c._parser.ready) for c in core.connections)  # type: ignore[attr-defined]
+
+        # while the first is held, the 1,000 behind it are not all parsed into requests:
+        # at most 16 waiting plus what one 8 KiB slice holds
+        wait_until(lambda: waiting() >= 16, what="some parsed")
+        assert waiting() <= 16 + 8192 // len(one) + 1
+        model_server.hold.set()
+        reply = b""
+        while reply.count(b"HTTP/1.1 200 OK") < n + 1:
+            chunk = s.recv(1 << 20)
+            assert chunk, reply[-300:]
+            reply += chunk
+    assert reply.count(b"HTTP/1.1 200 OK") == n + 1
 
 
 def test_full_queue_answers_503_with_retry_after(
@@ -336,10 +394,11 @@ def test_http10_client_gets_a_dechunked_stream_and_a_closed_connection(
     assert payload.count(b"data: ") == 5
 
 
+@pytest.mark.parametrize("parser", PARSERS)
 def test_expect_100_continue_is_answered_before_the_body(
-    start_gateway: Start, model_server: ModelServer
+    start_gateway: Start, model_server: ModelServer, parser: ParserKind
 ) -> None:
-    gw = start_gateway()
+    gw = start_gateway(http_parser=parser)
     body = b'{"model":"llama","n":7}'
     host, port = gw.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
@@ -462,17 +521,22 @@ def test_idle_and_half_sent_connections_are_closed(start_gateway: Start) -> None
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Len")  # and then nothing
         t0 = time.monotonic()
-        assert s.recv(100) == b""  # closed by the gateway
+        assert _read_to_close(s).startswith(b"HTTP/1.1 408 ")  # then closed by the gateway
+        assert 0.2 < time.monotonic() - t0 < 5
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        t0 = time.monotonic()
+        assert s.recv(100) == b""  # idle, nothing sent: closed without a word
         assert 0.2 < time.monotonic() - t0 < 5
     with httpx.Client(base_url=gw.url) as client:  # keep-alive connections still work
         assert client.post("/v1/completions", json={"model": "a"}).status_code == 200
 
 
+@pytest.mark.parametrize("parser", PARSERS)
 def test_a_request_trickling_in_byte_by_byte_is_closed_within_the_idle_timeout(
-    start_gateway: Start,
+    start_gateway: Start, parser: ParserKind
 ) -> None:
     # issue 15: one header byte every 0.1 s kept a connection open past --idle-timeout
-    gw = start_gateway(idle_timeout_s=0.5)
+    gw = start_gateway(idle_timeout_s=0.5, http_parser=parser)
     host, port = gw.url.removeprefix("http://").split(":")
     head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200
     with socket.create_connection((host, int(port)), timeout=10) as s:
@@ -490,7 +554,7 @@ def test_a_request_trickling_in_byte_by_byte_is_closed_within_the_idle_timeout(
         if not closed:
             s.settimeout(5)
             try:
-                closed = s.recv(100) == b""
+                closed = _read_to_close(s).startswith(b"HTTP/1.1 408 ")
             except TimeoutError:  # still open: the bug
                 closed = False
             except OSError:  # reset by the gateway
