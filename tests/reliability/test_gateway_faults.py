@@ -229,7 +229,9 @@ def test_a_slow_client_gets_408_within_the_idle_timeout(
         elapsed = time.monotonic() - t0
     assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
     assert b"connection: close" in reply.lower()
-    assert elapsed < 3
+    # the idle timeout is 0.5 s; the bound leaves a loaded machine room to schedule the
+    # gateway, and is still well short of the 5 s the trickle would otherwise keep it open
+    assert elapsed < 4
     assert 'cotenant_gateway_requests_total{code="408",model="unknown"} 1.0' in _metrics(gw)
     assert_healthy_and_clean(gw)
 
@@ -315,5 +317,10 @@ def test_connections_over_the_caps_get_503_and_are_counted(
     finally:
         for s in held:
             s.close()
-    assert_healthy_and_clean(gw)  # closing frees the places
-    assert "cotenant_gateway_connections 0.0" in _metrics(gw)
+    # closing frees the places, once the gateway has read the closes (on a loaded machine a
+    # request sent at once could still find the caps full)
+    deadline = time.monotonic() + 10
+    while "cotenant_gateway_connections 0.0" not in _metrics(gw):
+        assert time.monotonic() < deadline, "the closed connections still hold their places"
+        time.sleep(0.02)
+    assert_healthy_and_clean(gw)
