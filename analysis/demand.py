@@ -7,8 +7,8 @@ runtime counts wall time, its SM or CPU use) go up. That is a symptom. Only an a
 of these holds between the before and the during windows:
 
 * **arrivals** — more requests arrived than Poisson noise allows (:func:`arrival_surge`:
-  ``z`` sigmas and 10 % over the before rate; after no arrival at all, over the highest rate
-  the before windows could hide);
+  ``z`` standard errors of the difference of the two rates and 10 % over the before rate;
+  after no arrival at all, over the highest rate the before windows could hide);
 * **work per request** — its mean batch size grew by more than 10 % while neither its queue
   nor its compute per item did (a slowed server batches more of the requests that wait for
   it: a symptom, not more work);
@@ -59,15 +59,26 @@ SLOWED = 1.2
 def arrival_surge(
     v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
 ) -> bool:
-    """Did arrivals rise beyond Poisson noise? (more than ``z`` sigmas and 10 % over the
-    before rate). ``v`` is one model's request windows."""
+    """Did arrivals rise beyond Poisson noise? (more than ``z`` standard errors and 10 % over
+    the before rate). ``v`` is one model's request windows.
+
+    Both rates are counts over a time, so both are uncertain: the standard error is that of
+    the difference of two Poisson rates, ``sqrt(n_b / t_b^2 + n_d / t_d^2)``. Taking the
+    before rate as exact made a sparse model (0.2 requests/s, 5 arrivals in a minute that
+    happened to be quiet) "surge" on the 17 of an ordinary minute after it."""
     rate_b = mean_over(v["arrival_rps"], before)
     if not np.isfinite(rate_b) or rate_b <= 0:
         return False
-    secs = float(during.sum()) * step_ns / 1e9
-    got = float(np.nansum(v["arrival_rps"][during])) * step_ns / 1e9
-    expected = rate_b * secs
-    return (got - expected) / np.sqrt(max(expected, 1.0)) > z and got > 1.1 * expected
+    step_s = step_ns / 1e9
+    secs_b = float(before.sum()) * step_s
+    secs_d = float(during.sum()) * step_s
+    if secs_b <= 0 or secs_d <= 0:
+        return False
+    n_b = rate_b * secs_b
+    n_d = float(np.nansum(v["arrival_rps"][during])) * step_s
+    rate_d = n_d / secs_d
+    se = np.sqrt(max(n_b, 1.0) / secs_b**2 + max(n_d, 1.0) / secs_d**2)
+    return bool((rate_d - rate_b) / se > z and rate_d > 1.1 * rate_b)
 
 
 def _woke_up(
