@@ -186,6 +186,8 @@ def _brief(inc: dict[str, Any], t0_ns: int) -> dict[str, Any]:
         {
             **{k: c.get(k) for k in ("kind", "culprit", "share", "confidence")},
             "demand_rose": (c.get("evidence") or {}).get("demand_rose"),
+            # a host process's cores before/during say why it was named over another
+            **({"evidence": c.get("evidence")} if c.get("kind") == "cpu" else {}),
         }
         for c in inc.get("causes") or []
     ]
@@ -202,6 +204,7 @@ def _brief(inc: dict[str, Any], t0_ns: int) -> dict[str, Any]:
         "causes": causes,
         "contention": (unknown.get("evidence") or {}).get("contention"),
         "notes": inc.get("notes", []),
+        "cause_history": inc.get("cause_history"),
     }
 
 
@@ -281,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="150 s runs (fault 90-135 s), one strength per situation")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--keep", type=Path, metavar="DIR", help="keep each run's store and serve log in DIR"
+    )
     ap.add_argument("--rescore", type=Path, nargs="+", metavar="JSON",
                     help="score runs saved by --json again instead of running")  # fmt: skip
     a = ap.parse_args(argv)
@@ -310,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="cotenant-contention-") as d:
+        where = Path(d) if a.keep is None else a.keep
+        where.mkdir(parents=True, exist_ok=True)
         for run in plan:
-            one_run(run, a, Path(d))
+            one_run(run, a, where)
             results.append(run)
             print(line(run), flush=True)
     print(totals(results))
