@@ -49,10 +49,18 @@ def cpu_risers(
     first; names in ``exclude`` are skipped. A process almost never sampled before the
     incident (e.g. outside a top-N) counts as idle then."""
     out = []
-    for name, x in (host_cpu or {}).items():
+    series = {k: np.asarray(x, dtype=np.float64) for k, x in (host_cpu or {}).items()}
+    # a window where some process was sampled is one where the sampler ran: a process missing
+    # from it was below the sampler's floor (or not running), so it used ~0 cores there.
+    # Averaging only over its own samples made a process that ran for the last third of a
+    # 100-s incident look as busy as one that ran for all of it.
+    sampled = np.zeros(len(before), dtype=bool)
+    for x in series.values():
+        sampled |= np.isfinite(x)
+    for name, x in series.items():
         if name in exclude:
             continue
-        y = absent_as_zero(np.asarray(x, dtype=np.float64), before)
+        y = absent_as_zero(np.where(sampled & ~np.isfinite(x), 0.0, x), before)
         b, d = mean_over(y, before), mean_over(y, during)
         if not (np.isfinite(b) and np.isfinite(d)) or d - b < MIN_RISE_CORES:
             continue

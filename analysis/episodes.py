@@ -241,7 +241,14 @@ def _first_opening(
             lo = max(pos, at - d + 1)
             with np.errstate(invalid="ignore"):
                 bad = valid[lo : at + 1] & (v[lo : at + 1] > need[at])
-            start = lo + (int(np.argmax(bad)) if bad.any() else 0)
+            # it began where the run up to the opening is slowest against the two-thirds bar
+            # (the largest sum of +1/3 per slow window, -2/3 per other, CUSUM-like): a few
+            # noisy windows before the stretch are not its start (a start 12 s early made the
+            # stretch look over at once, and the slowdown was found 30 s late, with its first
+            # half taken as "before")
+            gain = np.where(bad, LEVEL_Q, LEVEL_Q - 1.0)
+            suffix = np.cumsum(gain[::-1])[::-1]
+            start = lo + (int(np.argmax(suffix)) if bad.any() else 0)
             best = (start, at, True)
     return best
 

@@ -151,6 +151,20 @@ def test_a_long_slowdown_is_not_absorbed_into_the_baseline() -> None:
     assert 39 <= ep.baseline_ms <= 41  # frozen before the slowdown
 
 
+def test_a_degradation_starts_where_the_slowdown_did_not_at_a_noisy_window_before() -> None:
+    """Real-contention run (seed 41): tts's 1-s p99 ~5 ms with a few 8-9 ms windows, then CPU
+    burners from window 120 (20-50 ms). The degradation's start was taken at the first slow
+    window of the 30 before the opening (108, noise); from there the stretch looked over at
+    once, so the slowdown was found 30 s late with its first half as "before"."""
+    rng = np.random.default_rng(41)
+    p99 = rng.normal(5.2, 0.4, 250)
+    cnt = np.full(250, 40.0)
+    p99[[108, 112, 114]] = [9.3, 8.8, 8.4]
+    p99[120:180] = rng.uniform(20, 50, 60)
+    [ep] = track(p99, cnt, None, SpikeParams()).episodes
+    assert ep.start == 120 and ep.opened <= 140 and ep.severity == "degradation"
+
+
 def test_a_carried_episode_keeps_its_frozen_baseline() -> None:
     # the live loop's incident began before the windows it reads: it stays open on them
     rng = np.random.default_rng(4)

@@ -320,3 +320,24 @@ def test_host_cpu_sums_processes_of_one_name_and_counts_a_two_gpu_process_once()
     np.testing.assert_allclose(cpu["python burn.py"], [2.0, 2.0, 2.0])
     np.testing.assert_allclose(cpu["train"], [1.5, 1.5, 1.5])
     assert sorted(cpu) == ["pid None", "python burn.py", "train"]
+
+
+def test_a_process_that_ran_for_part_of_an_incident_is_less_busy_than_one_throughout() -> None:
+    """Real-contention run (seed 41): burners took 0.85 cores for the first 60 s of a 100-s
+    incident; another engineer's Prometheus started 70 s in and took 1.06. Averaged over its own
+    samples only, Prometheus rose more and was named; where the sampler ran and a process had no
+    row, it was below the sampler's floor: ~0 cores."""
+    from analysis.cpu_causes import cpu_risers
+
+    n = 200
+    before = np.zeros(n, dtype=bool)
+    before[:100] = True
+    during = ~before
+    burners = np.full(n, np.nan)
+    burners[100:160] = 0.85
+    prom = np.full(n, np.nan)
+    prom[170:] = 1.06
+    other = np.full(n, 0.1)  # the sampler ran in every window
+    risers = cpu_risers({"burn": burners, "prometheus": prom, "serve": other}, before, during)
+    assert [r.name for r in risers] == ["burn", "prometheus"]
+    assert risers[0].during == pytest.approx(0.51) and risers[1].during == pytest.approx(0.318)
