@@ -73,6 +73,7 @@ from store.frames import (
     PROCESS_WINDOWS,
     REQUEST_WINDOWS,
     SERVING_WINDOWS,
+    TOKEN_WINDOWS,
 )
 from store.queries import TimeRange
 from store.schema import PHASES
@@ -227,6 +228,10 @@ class PrometheusSource:
                     cols[f"{p}_ms"] = 1e3 * div(f[f"{p}_sum"], f.get(f"{p}_n", rate))
             out.append((key, cols, rate > 0))
         return table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
+
+    def token_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+        check_range(rng, step_s)
+        return TOKEN_WINDOWS.empty_table()
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
         """Exporters carry no lock detail: always empty (lock causes need spans)."""

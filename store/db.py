@@ -15,11 +15,12 @@ from store.settings import StoreSettings
 log = logging.getLogger(__name__)
 
 
-_ADDITIVE_UPGRADES = frozenset({"2", "3"})
+_ADDITIVE_UPGRADES = frozenset({"2", "3", "4"})
 """Older schema versions this one only adds tables and columns to (2 -> 3: ``alerts``; 3 -> 4:
-``incidents.severity``); opened for writing, such a file is upgraded in place."""
+``incidents.severity``; 4 -> 5: ``incidents.indicator``); opened for writing, such a file is
+upgraded in place."""
 
-_ADDED_COLUMNS = (("incidents", "severity", "VARCHAR"),)
+_ADDED_COLUMNS = (("incidents", "severity", "VARCHAR"), ("incidents", "indicator", "VARCHAR"))
 """Columns added since schema 3, created on an older file (new files get them from the DDL)."""
 
 

@@ -39,11 +39,12 @@ class StoredIncident:
     top_share: float | None
     detail: dict[str, Any]
     severity: str | None = None  # breach | degradation (schema 4; None on older rows)
+    indicator: str | None = None  # e2e | ttft | tpot (schema 5; None on older rows: e2e)
 
 
 _COLS = (
     "id, model, gpu, state, start_ns, end_ns, updated_ns, peak_p99_ms, baseline_p99_ms, "
-    "slo_ms, top_cause, top_culprit, top_share, detail_json, severity"
+    "slo_ms, top_cause, top_culprit, top_share, detail_json, severity, indicator"
 )
 
 
@@ -64,6 +65,7 @@ def _row(r: tuple[Any, ...]) -> StoredIncident:
         top_share=r[12],
         detail=json.loads(r[13] or "{}"),
         severity=r[14],
+        indicator=r[15],
     )
 
 
@@ -76,6 +78,7 @@ def find_incidents(
     state: str | None = None,
     severity: str | None = None,
     limit: int = 500,
+    indicator: str | None = None,
 ) -> list[StoredIncident]:
     """Incidents newest first (by start); with ``since_ns`` / ``until_ns``, those overlapping
     the range (ending at or after ``since_ns``, starting before ``until_ns``). Filters left
@@ -90,6 +93,7 @@ def find_incidents(
             "model": model,
             "state": state,
             "coalesce(severity, 'breach') = ?": severity,
+            "coalesce(indicator, 'e2e') = ?": indicator,
         },
         order_by="start_ns DESC",
         limit=limit,
@@ -128,12 +132,13 @@ def upsert_incidents(store: Store, incidents: Sequence[StoredIncident]) -> None:
             i.top_share,
             json.dumps(i.detail),
             i.severity,
+            i.indicator,
         )
         for i in incidents
     ]
     with store.cursor() as cur:
         cur.executemany(
-            f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 15)})", rows
+            f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 16)})", rows
         )
 
 

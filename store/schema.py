@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 PHASES: tuple[str, ...] = (
     "queue",
@@ -100,6 +100,7 @@ INCIDENTS: list[tuple[str, str]] = [
     ("top_share", "DOUBLE"),
     ("detail_json", "VARCHAR"),
     ("severity", "VARCHAR"),  # breach | degradation (schema 4)
+    ("indicator", "VARCHAR"),  # e2e | ttft | tpot: the series that breached (schema 5)
 ]
 
 ACTIONS: list[tuple[str, str]] = [
