@@ -30,6 +30,11 @@ from analysis.indicators import E2E, TPOT
 MIN_BEFORE_WINDOWS = 5
 """Fewer baseline windows with token counts than this: no prediction."""
 
+MIN_SHIFT_Z = 3.0
+"""A token count changed when its per-window means during and before differ by this many
+standard errors (Welch); a change within the windows' ordinary spread explains nothing (a
+contention incident on a model whose lengths merely wander is not a mix change)."""
+
 
 @dataclass(frozen=True)
 class MixExcess:
@@ -59,9 +64,11 @@ def mix_excess(
         tok["prompt_tokens_mean"], cnt, during
     )
     tpot_b = wmean_over(tok["tpot_mean_ms"], cnt, before)
-    decode = tpot_b * (out_d - out_b) if indicator == E2E and np.isfinite(tpot_b) else 0.0
+    out_moved = _shifted(tok["output_tokens_mean"], cnt, before, during)
+    decode = tpot_b * (out_d - out_b) if indicator == E2E and out_moved else 0.0
     slope = _prefill_slope(tok, cnt, before)
-    prefill = slope * (pr_d - pr_b) if np.isfinite(pr_d - pr_b) else 0.0
+    pr_moved = _shifted(tok["prompt_tokens_mean"], cnt, before, during)
+    prefill = slope * (pr_d - pr_b) if pr_moved else 0.0
     ms = float(np.nan_to_num(decode) + np.nan_to_num(prefill))
     if ms <= 0:
         return None
@@ -76,6 +83,18 @@ def mix_excess(
         "ttft_ms": _pair(tok["ttft_mean_ms"], cnt, before, during),
     }
     return MixExcess(ms, ev)
+
+
+def _shifted(x: np.ndarray, cnt: np.ndarray, before: np.ndarray, during: np.ndarray) -> bool:
+    """Whether the per-window means ``x`` moved between ``before`` and ``during`` by
+    :data:`MIN_SHIFT_Z` standard errors or more."""
+    b = x[before & (cnt > 0) & np.isfinite(x)]
+    d = x[during & (cnt > 0) & np.isfinite(x)]
+    if len(b) < 2 or len(d) < 2:
+        return False
+    se = np.sqrt(b.var(ddof=1) / len(b) + d.var(ddof=1) / len(d))
+    diff = abs(float(d.mean() - b.mean()))
+    return bool(diff > 0 and (se == 0 or diff / se >= MIN_SHIFT_Z))
 
 
 def _prefill_slope(tok: dict[str, np.ndarray], cnt: np.ndarray, before: np.ndarray) -> float:
