@@ -29,6 +29,7 @@ INDICATORS = (E2E, TTFT, TPOT)
 """Every indicator, in the order they are detected and shown."""
 
 UNITS = {E2E: "ms", TTFT: "ms", TPOT: "ms/token"}
+"""The unit of each indicator's values (p99, baseline, SLO)."""
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ Every ``interval_s`` it re-diagnoses the last ``horizon_s`` of every model seen 
 merges the results into incidents (:class:`analysis.incidents.IncidentBook`) and publishes
 ``cotenant_incident_active{victim,gpu,cause,culprit,severity,indicator}`` and
 ``cotenant_cause_share{victim,gpu,cause,culprit,indicator}`` (one series per open incident:
-a model's e2e, TTFT and TPOT incidents are separate, :mod:`analysis.indicators`). A failing pass is logged and counted; the
-loop keeps going.
+a model's e2e, TTFT and TPOT incidents are separate, :mod:`analysis.indicators`). A failing
+pass is logged and counted; the loop keeps going.
 """
 
 from __future__ import annotations

@@ -57,11 +57,13 @@ def mix_excess(
     cnt = tok["count"]
     if np.count_nonzero(before & (cnt > 0)) < MIN_BEFORE_WINDOWS:
         return None
-    out_b, out_d = wmean_over(tok["output_tokens_mean"], cnt, before), wmean_over(
-        tok["output_tokens_mean"], cnt, during
+    out_b, out_d = (
+        wmean_over(tok["output_tokens_mean"], cnt, before),
+        wmean_over(tok["output_tokens_mean"], cnt, during),
     )
-    pr_b, pr_d = wmean_over(tok["prompt_tokens_mean"], cnt, before), wmean_over(
-        tok["prompt_tokens_mean"], cnt, during
+    pr_b, pr_d = (
+        wmean_over(tok["prompt_tokens_mean"], cnt, before),
+        wmean_over(tok["prompt_tokens_mean"], cnt, during),
     )
     tpot_b = wmean_over(tok["tpot_mean_ms"], cnt, before)
     out_moved = _shifted(tok["output_tokens_mean"], cnt, before, during)
@@ -135,4 +137,3 @@ def _dist(
 
 def _r(x: float) -> float | None:
     return round(float(x), 3) if np.isfinite(x) else None
-

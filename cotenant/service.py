@@ -255,6 +255,7 @@ class Service:
             self.store,
             book=self.analyzer.book,
             slo_ms=self.config.analysis.slo_ms,
+            indicator_slo_ms=self.config.analysis.indicator_slos(),
             clock_ns=self.clock_ns,
         )
         app = create_app(

@@ -88,9 +88,12 @@ class DashboardData:
         slo_ms: Mapping[str, float] | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         otlp_hint: str = "http://127.0.0.1:4318/v1/traces",
+        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         """``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
-        OTLP endpoint named by the empty states."""
+        OTLP endpoint named by the empty states; ``indicator_slo_ms``: TTFT / TPOT SLOs,
+        ``ttft`` / ``tpot`` -> model -> ms."""
+        self.indicator_slo_ms = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self.store = store
         self.source = StoreSource(store)
         self.book = book or IncidentBook(store)
@@ -160,6 +163,13 @@ class DashboardData:
         step = step_for(rng)
         tr = _aligned(rng, step, since_ns)
         return Cols.of(self.source.request_windows(tr, float(step), model=model, gpu=gpu))
+
+    def tokens(self, rng: Range, *, model: str | None = None, gpu: str | None = None) -> Cols:
+        """Per-window TTFT, TPOT and token counts (TOKEN_WINDOWS) of the generative models
+        over the range (only ``model``'s when given); empty when no request carries tokens."""
+        step = step_for(rng)
+        t = Cols.of(self.source.token_windows(_aligned(rng, step), float(step), gpu=gpu))
+        return t.where("model", model) if model is not None else t
 
     def gpus(self, rng: Range, gpu: str | None = None) -> Cols:
         step = step_for(rng)

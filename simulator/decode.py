@@ -115,7 +115,9 @@ class DecodePool:
         if job is None:
             ms = self._ms
             k = ms.m.kernel
-            job = Job(self._work, ms.idx, ms.weight, self, k.sm_demand, k.dram_demand, k.memory_bound)
+            job = Job(
+                self._work, ms.idx, ms.weight, self, k.sm_demand, k.dram_demand, k.memory_bound
+            )
             self._job = job
             fluid.add(t, job)
         else:

@@ -3,8 +3,9 @@
 :class:`FaultEffects` applies a fault when it starts and undoes it when it ends (the engine
 calls :meth:`FaultEffects.start` / :meth:`FaultEffects.end` at the fault's times), one method
 per fault kind. ``cotenant_burst``, ``load_surge`` and ``length_shift`` change nothing here:
-their extra arrivals and changed token counts are generated up front (:mod:`simulator.arrivals`). Memory pressure also acts on every kernel
-launch through :meth:`FaultEffects.preemption_factor`. Times are seconds of virtual time.
+their extra arrivals and changed token counts are generated up front
+(:mod:`simulator.arrivals`). Memory pressure also acts on every kernel launch through
+:meth:`FaultEffects.preemption_factor`. Times are seconds of virtual time.
 """
 
 from __future__ import annotations

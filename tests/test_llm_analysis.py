@@ -223,3 +223,51 @@ def replace_out(tok: dict[str, np.ndarray], start: int, value: float) -> dict[st
     out["output_tokens_mean"] = x
     return out
 
+
+def test_the_dashboard_shows_ttft_and_tpot_for_the_llm_incident_and_overview(runs: Any) -> None:
+    from dashboard.app import create_app
+    from dashboard.data import DashboardData
+
+    store, _ = runs["decode"]
+    book = IncidentBook(store)
+    AnalysisLoop(
+        StoreSource(store), book, horizon_s=300, clock_ns=lambda: START + 320 * S
+    ).run_once()
+    [inc] = book.find(model="chat", indicator="tpot")
+    data = DashboardData(
+        store, book=book, clock_ns=lambda: START + 330 * S, indicator_slo_ms={"tpot": {"chat": 12}}
+    )
+    client = create_app(data).server.test_client()
+    graphs = ("latency", "tokens", "phases", "causes", "evidence")
+    out = "inc-summary.children..." + "...".join(f"inc-{g}-box.children" for g in graphs)
+    body = {
+        "output": f"..{out}...inc-actions.children..",
+        "outputs": [
+            dict(zip(("id", "property"), o.rsplit(".", 1), strict=True))
+            for o in [*out.split("..."), "inc-actions.children"]
+        ],
+        "inputs": [{"id": "inc-params", "property": "data", "value": {"id": inc.id}}],
+        "changedPropIds": ["inc-params.data"],
+        "state": [],
+    }
+    r = client.post("/_dash-update-component", json=body)
+    assert r.status_code == 200, r.text
+    got = r.get_json()["response"]
+    assert "time per token p99 peak" in str(got["inc-summary"])
+    tokens = got["inc-tokens-box"]["children"]
+    fig = tokens[1]["props"]["figure"]
+    assert {t["name"] for t in fig["data"]} == {"chat TTFT p99", "chat TPOT p99"}
+    assert any(a["text"] == "chat TPOT SLO" for a in fig["layout"]["annotations"])
+    ov = {
+        "output": "ov-tokens-box.children",
+        "outputs": {"id": "ov-tokens-box", "property": "children"},
+        "inputs": [
+            {"id": "ov-params", "property": "data", "value": {"range": "5m"}},
+            {"id": "shell-tick", "property": "n_intervals", "value": None},
+        ],
+        "changedPropIds": ["ov-params.data"],
+        "state": [],
+    }
+    r = client.post("/_dash-update-component", json=ov)
+    assert r.status_code == 200, r.text
+    assert "chat TPOT p99" in r.text and "embed" not in r.text

@@ -159,7 +159,9 @@ LLM_DOC: dict[str, Any] = {
             "kernel": {"base_ms": 3},
         },
     ],
-    "faults": [{"kind": "length_shift", "target": "chat", "factor": 2, "start_s": 10, "duration_s": 20}],
+    "faults": [
+        {"kind": "length_shift", "target": "chat", "factor": 2, "start_s": 10, "duration_s": 20}
+    ],
 }
 
 
