@@ -17,10 +17,16 @@ log = logging.getLogger(__name__)
 
 _ADDITIVE_UPGRADES = frozenset({"2", "3", "4"})
 """Older schema versions this one only adds tables and columns to (2 -> 3: ``alerts``; 3 -> 4:
-``incidents.severity``; 4 -> 5: ``incidents.indicator``); opened for writing, such a file is
+``incidents.severity``; 4 -> 5: ``incidents.indicator``, ``request_rollup_1m.ttft_p99_ms`` and
+``tpot_p99_ms``); opened for writing, such a file is
 upgraded in place."""
 
-_ADDED_COLUMNS = (("incidents", "severity", "VARCHAR"), ("incidents", "indicator", "VARCHAR"))
+_ADDED_COLUMNS = (
+    ("incidents", "severity", "VARCHAR"),
+    ("incidents", "indicator", "VARCHAR"),
+    ("request_rollup_1m", "ttft_p99_ms", "DOUBLE"),
+    ("request_rollup_1m", "tpot_p99_ms", "DOUBLE"),
+)
 """Columns added since schema 3, created on an older file (new files get them from the DDL)."""
 
 

@@ -24,7 +24,7 @@ from store.frames import (
 )
 from store.queries import TimeRange
 from store.rollup_quantiles import quantile_estimate_sql
-from store.schema import PHASE_COLUMNS
+from store.schema import PHASE_COLUMNS, TPOT_MS_SQL
 
 
 class MetricSource(Protocol):
@@ -243,10 +243,7 @@ class StoreSource:
                    quantile_cont(output_tokens, 0.99) AS output_tokens_p99
             FROM (
                 SELECT ts_end_ns, model, gpu, ttft_ms, prompt_tokens, output_tokens,
-                       CASE WHEN ttft_ms IS NOT NULL THEN
-                                CASE WHEN output_tokens > 1
-                                     THEN (latency_ms - ttft_ms) / (output_tokens - 1) END
-                            ELSE compute_ms / output_tokens END AS tpot
+                       {TPOT_MS_SQL} AS tpot
                 FROM requests
                 WHERE ts_end_ns >= $lo AND ts_end_ns < $hi AND output_tokens > 0 {gf})
             GROUP BY ALL ORDER BY ts_ns, model, gpu"""
