@@ -303,3 +303,27 @@ def test_the_weekly_report_gives_ttft_and_tpot_slo_attainment(runs: Any) -> None
     assert 0 < chat.tpot_attainment < 1
     md = render_markdown(s)
     assert "| chat | 10,000.0 ms | 100.0% | 12 ms/token | 50.0% |" in md
+
+
+def test_ingest_histograms_of_ttft_and_tpot_count_only_requests_with_tokens(runs: Any) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from collectors.ingest_metrics import IngestMetrics
+
+    _, sim = runs["decode"]
+    reg = CollectorRegistry()
+    m = IngestMetrics(reg)
+    m.token_times.observe_requests(sim.requests)
+    text = generate_latest(reg).decode()
+    r = sim.requests
+    chat = np.asarray([x == "chat" for x in r.column("model").to_pylist()])
+    out = np.asarray(r.column("output_tokens").to_pylist(), dtype=float)
+    n_ttft, n_tpot = int(chat.sum()), int((chat & (out > 1)).sum())
+    assert (
+        f'cotenant_time_to_first_token_seconds_count{{gpu="gpu0",model="chat"}} {n_ttft}.0' in text
+    )
+    assert (
+        f'cotenant_time_per_output_token_seconds_count{{gpu="gpu0",model="chat"}} {n_tpot}.0'
+        in text
+    )
+    assert 'model="embed"' not in text.split("cotenant_time_to_first_token_seconds")[-1]
