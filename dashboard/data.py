@@ -240,6 +240,13 @@ class DashboardData:
                     "y": [None if v is None else v / 1e9 for v in y],
                 }
             return _series(f"{gpu} memory-controller busy", "%", g, "mem_util")
+        if kind == "mix":  # the token count whose change explains more of the excess
+            ev = cause.get("evidence") or {}
+            which = "prompt" if ev.get("prefill_ms", 0) > ev.get("decode_ms", 0) else "output"
+            t = self.tokens(rng, model=inc.model, gpu=gpu)
+            if not len(t):
+                return None
+            return _series(f"{inc.model} mean {which} tokens", "tokens", t, f"{which}_tokens_mean")
         if kind == "throttle":
             return _series(f"{gpu} SM clock", "MHz", self.gpus(rng, gpu=gpu), "sm_clock_mhz")
         if kind == "memory":

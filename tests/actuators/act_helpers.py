@@ -94,7 +94,8 @@ def add_incident(
     top = causes[0]
     with store.cursor() as cur:
         cur.execute(
-            "INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO incidents VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 id,
                 model,
@@ -111,6 +112,7 @@ def add_incident(
                 top["share"],
                 json.dumps(detail),
                 severity,
+                "e2e",
             ],
         )
 
