@@ -206,15 +206,16 @@ def diagnose_windows(
             filled |= np.nan_to_num(m["count"]) > 0
         last = int(np.flatnonzero(filled)[-1]) + 1 if filled.any() else 0
         end = min(w.n, max(last, w.n - lag_windows))
-    found: list[tuple[str, Episode, np.ndarray, float | None]] = []
-    e2e_abnormal = np.zeros(w.n, dtype=bool)
+    found: list[tuple[str, Episode, float | None]] = []
+    # a window slow on any indicator is no baseline for another: a workload shift that TTFT
+    # shows first must not be in the "before" of the e2e incident it causes later
+    abnormal = np.zeros(w.n, dtype=bool)
     for name, series in indicator_series(w, model).items():
         slo = slo_ms if name == E2E else (slos or {}).get(name)
         c = carry if name == E2E else (carries or {}).get(name)
         tr = track(series.p99_ms, series.count, slo, p, carry=c, n_eval=end)
-        found += [(name, e, tr.abnormal, slo) for e in tr.episodes if e.end >= first or e.open]
-        if name == E2E:
-            e2e_abnormal = tr.abnormal
+        found += [(name, e, slo) for e in tr.episodes if e.end >= first or e.open]
+        abnormal |= tr.abnormal
     if not found and not on_demand:
         return []
     # host CPU series are read once for every incident of this call (they are not per GPU)
@@ -222,13 +223,12 @@ def diagnose_windows(
         source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
     )
     out = [
-        _diagnose_span(source, w, model, e, abnormal, slo, p, cpu, name)
-        for name, e, abnormal, slo in found
+        _diagnose_span(source, w, model, e, abnormal, slo, p, cpu, name) for name, e, slo in found
     ]
     if not found and on_demand:
         peak = first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1)))
         whole = Episode(first, w.n - 1, peak, first, DEGRADATION, float("nan"), float("nan"), False)
-        d = _diagnose_span(source, w, model, whole, e2e_abnormal, slo_ms, p, cpu, E2E)
+        d = _diagnose_span(source, w, model, whole, abnormal, slo_ms, p, cpu, E2E)
         d.incident = False
         out.append(d)
     return out
