@@ -123,13 +123,20 @@ def _pair(x: np.ndarray, cnt: np.ndarray, before: np.ndarray, during: np.ndarray
 def _dist(
     tok: dict[str, np.ndarray], name: str, cnt: np.ndarray, before: np.ndarray, during: np.ndarray
 ) -> dict[str, Any]:
-    """Mean and (median window) p99 of a token count before and during."""
+    """A token count before and during: its mean per request, the 10th and 90th percentiles
+    of its per-window means (how the mix wandered), and the median window's p99 where the
+    windows carry one (``lengths=True``)."""
     out = {}
     for label, mask in (("before", before), ("during", during)):
-        p99 = tok[f"{name}_p99"][mask & (cnt > 0)]
+        sel = mask & (cnt > 0)
+        means = tok[f"{name}_mean"][sel]
+        means = means[np.isfinite(means)]
+        p99 = tok[f"{name}_p99"][sel]
         p99 = p99[np.isfinite(p99)]
         out[label] = {
             "mean": _r(wmean_over(tok[f"{name}_mean"], cnt, mask)),
+            "window_mean_p10": _r(float(np.percentile(means, 10))) if len(means) else None,
+            "window_mean_p90": _r(float(np.percentile(means, 90))) if len(means) else None,
             "p99": _r(float(np.median(p99))) if len(p99) else None,
         }
     return out

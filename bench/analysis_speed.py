@@ -48,12 +48,12 @@ from store.queries import TimeRange
 from store.source import StoreSource
 
 LLM = Llm(
-    prefill_ms_per_1k=2.0,
-    decode_step_ms=1.0,
-    decode_per_seq_ms=0.01,
+    prefill_ms_per_1k=1.0,
+    decode_step_ms=0.5,
+    decode_per_seq_ms=0.005,
     max_seqs=256,
-    prompt_tokens=200,
-    output_tokens=16,
+    prompt_tokens=100,
+    output_tokens=8,
 )
 """Short answers and fast steps: the 200 rps stay within capacity (the bench times the
 analysis, not a saturated GPU)."""
@@ -121,17 +121,20 @@ def main() -> int:
     )
     src = StoreSource(store)
     rng = TimeRange(0, int(s.duration_s * 1e9))
+    # generative models' p99 includes their decode (about 80 ms for tts here): the SLO sits
+    # above it so that, as for the others, only the throttle breaches it
+    slo = 150.0 if args.llm else 60.0
     times = []
     found = []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        found = diagnose(src, "tts", rng, slo_ms=60)
+        found = diagnose(src, "tts", rng, slo_ms=slo)
         times.append(time.perf_counter() - t)
     now = [min(1800.0, s.duration_s)]  # the loop's clock: 5 s later at every pass
     loop = AnalysisLoop(
         src,
         IncidentBook(store),
-        slo_ms={m.name: 60 for m in s.models},
+        slo_ms={m.name: slo for m in s.models},
         horizon_s=600,
         clock_ns=lambda: int(now[0] * 1e9),
     )

@@ -234,7 +234,9 @@ class PrometheusSource:
             out.append((key, cols, rate > 0))
         return table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
 
-    def token_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+    def token_windows(
+        self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
+    ) -> pa.Table:
         """From vLLM's ``vllm:time_to_first_token_seconds``,
         ``vllm:time_per_output_token_seconds``, ``vllm:request_prompt_tokens`` and
         ``vllm:request_generation_tokens`` histograms; ``count`` is the requests that got a
@@ -244,7 +246,7 @@ class PrometheusSource:
             return TOKEN_WINDOWS.empty_table()
         window = promql.duration(max(g.step, 4 * self._scrape_ns))
         by = ("model_name", "", "namespace", "pod")
-        blocks = self._api.blocks(promql.token_query("", window), g, by)
+        blocks = self._api.blocks(promql.token_query("", window, lengths=lengths), g, by)
         nan = np.full(g.n, np.nan)
         out = []
         for key, fs in self._place(blocks.items(), g).items():

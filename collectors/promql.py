@@ -259,10 +259,11 @@ TOKEN_QUANTILES = ("ttft_p99", "tpot_p99", "prompt_p99", "output_p99")
 """Fields of :func:`token_query` that are quantiles (averaged, not added, across series)."""
 
 
-def token_query(m: str, r: str) -> str:
+def token_query(m: str, r: str, *, lengths: bool = False) -> str:
     """vLLM's TTFT and TPOT histograms (seconds) and its prompt / generation token histograms
     per (model_name, namespace, pod): ``<x>_sum`` and ``<x>_n`` (per second) and ``<x>_p99``
-    for ``x`` in ttft, tpot, prompt, output. TPOT's count is of output tokens, not requests."""
+    for ``x`` in ttft, tpot, prompt, output (the token counts' p99 only with ``lengths``).
+    TPOT's count is of output tokens, not requests."""
     by = "model_name, namespace, pod"
     parts: dict[str, str] = {}
     for x, metric in (
@@ -273,9 +274,11 @@ def token_query(m: str, r: str) -> str:
     ):
         parts[f"{x}_sum"] = f"sum by ({by}) (rate(vllm:{metric}_sum{{{m}}}[{r}]))"
         parts[f"{x}_n"] = f"sum by ({by}) (rate(vllm:{metric}_count{{{m}}}[{r}]))"
-        parts[f"{x}_p99"] = (
-            f"histogram_quantile(0.99, sum by ({by}, le) (rate(vllm:{metric}_bucket{{{m}}}[{r}])))"
-        )
+        if lengths or x in ("ttft", "tpot"):
+            parts[f"{x}_p99"] = (
+                f"histogram_quantile(0.99, sum by ({by}, le) "
+                f"(rate(vllm:{metric}_bucket{{{m}}}[{r}])))"
+            )
     return union(parts)
 
 

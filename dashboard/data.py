@@ -168,7 +168,9 @@ class DashboardData:
         """Per-window TTFT, TPOT and token counts (TOKEN_WINDOWS) of the generative models
         over the range (only ``model``'s when given); empty when no request carries tokens."""
         step = step_for(rng)
-        t = Cols.of(self.source.token_windows(_aligned(rng, step), float(step), gpu=gpu))
+        t = Cols.of(
+            self.source.token_windows(_aligned(rng, step), float(step), gpu=gpu, lengths=True)
+        )
         return t.where("model", model) if model is not None else t
 
     def gpus(self, rng: Range, gpu: str | None = None) -> Cols:

@@ -105,8 +105,8 @@ TOKEN_WINDOWS = pa.schema(
 """Per (window, model, gpu), over the requests that carry token counts (generative models):
 how many (``count``), time to first token (TTFT) and time per output token (TPOT: ``(e2e -
 TTFT) / (output tokens - 1)``, or the compute phase over the output tokens where TTFT is not
-known) as p99 and mean in ms, and the prompt and output token counts (mean, p99). Sources that
-cannot know a value leave it null (e.g. token counts from exporter histograms)."""
+known) as p99 and mean in ms, and the prompt and output token counts (mean; p99 only when
+asked for, ``lengths=True``). Sources that cannot know a value leave it null."""
 
 LOCK_WAITS = pa.schema(
     [

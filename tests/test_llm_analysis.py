@@ -94,7 +94,7 @@ def _diags(store: Store, s: Scenario, **kw: Any) -> list[Diagnosis]:
 def test_token_windows_hold_ttft_and_tpot_quantiles_of_the_requests(runs: Any) -> None:
     store, sim = runs["shift"]
     src = StoreSource(store)
-    t = src.token_windows(TimeRange(START + 60 * S, START + 120 * S), 60.0)
+    t = src.token_windows(TimeRange(START + 60 * S, START + 120 * S), 60.0, lengths=True)
     assert t.column("model").to_pylist() == ["chat"]  # embed carries no token counts
     r = sim.requests
     end = r.column("ts_end_ns").to_numpy()
@@ -109,6 +109,9 @@ def test_token_windows_hold_ttft_and_tpot_quantiles_of_the_requests(runs: Any) -
     assert row["ttft_p99_ms"] == pytest.approx(np.percentile(ttft, 99), rel=1e-6)
     assert row["tpot_p99_ms"] == pytest.approx(np.percentile(tpot, 99), rel=1e-6)
     assert row["output_tokens_mean"] == pytest.approx(out.mean())
+    assert row["output_tokens_p99"] == pytest.approx(np.percentile(out, 99))
+    plain = src.token_windows(TimeRange(START + 60 * S, START + 120 * S), 60.0)
+    assert plain.column("output_tokens_p99").to_pylist() == [None]  # only when asked for
 
 
 def test_tpot_falls_back_to_compute_per_output_token_without_ttft() -> None:

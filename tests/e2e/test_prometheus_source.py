@@ -417,7 +417,7 @@ def test_serving_windows_from_vllm_gauges(fleet: Fleet) -> None:
 
 
 def test_token_windows_from_vllm_ttft_tpot_and_token_histograms(fleet: Fleet) -> None:
-    t = fleet.source.token_windows(fleet.rng, STEP_S)
+    t = fleet.source.token_windows(fleet.rng, STEP_S, lengths=True)
     llama = rows(t, model="llama-8b")
     assert len(llama) == 2
     for r in llama:
@@ -430,6 +430,9 @@ def test_token_windows_from_vllm_ttft_tpot_and_token_histograms(fleet: Fleet) ->
         assert r["prompt_tokens_mean"] == pytest.approx(500.0, rel=1e-3)
         assert r["output_tokens_mean"] == pytest.approx(TOKENS_PER_REQUEST, rel=1e-3)
         assert r["output_tokens_p99"] == pytest.approx(bucket_quantile(0.99, OUTPUT_BUCKETS), 1e-3)
+    assert {
+        r["output_tokens_p99"] for r in rows(fleet.source.token_windows(fleet.rng, STEP_S))
+    } == {None}  # the token counts' p99 only when asked for
     [mistral, _] = rows(t, model="mistral-7b")
     assert mistral["gpu"] == "GPU-aaaa" and mistral["tpot_p99_ms"] is None
     assert mistral["ttft_mean_ms"] == pytest.approx(80.0, rel=1e-3)
