@@ -29,6 +29,7 @@ CAUSE_KINDS = (
     "memory",
     "cpu",
     "load",
+    "mix",
     "unknown",
 )
 """The root-cause vocabulary of the analysis (DESIGN.md)."""

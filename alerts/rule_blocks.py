@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from store.errors import UsageError
@@ -35,13 +35,23 @@ class RuleSettings:
     memory_pressure: float
     for_s: float
     runbook_base_url: str
+    slo_ttft_ms: Mapping[str, float] = field(default_factory=dict)
+    slo_tpot_ms: Mapping[str, float] = field(default_factory=dict)
+    """Generative models' p99 SLOs of time to first token (ms) and time per output token (ms
+    per token), ``[analysis] slo_ttft_ms`` / ``slo_tpot_ms``: their alerts are rendered only
+    for the models that have one."""
 
     def __post_init__(self) -> None:
-        for model, ms in self.slo_ms.items():
-            if not model:
-                raise UsageError("slo_ms: a model name is empty")
-            if not (math.isfinite(ms) and ms > 0):
-                raise UsageError(f"slo_ms[{model!r}] = {ms!r}: must be a positive number")
+        for key, slos in (
+            ("slo_ms", self.slo_ms),
+            ("slo_ttft_ms", self.slo_ttft_ms),
+            ("slo_tpot_ms", self.slo_tpot_ms),
+        ):
+            for model, ms in slos.items():
+                if not model:
+                    raise UsageError(f"{key}: a model name is empty")
+                if not (math.isfinite(ms) and ms > 0):
+                    raise UsageError(f"{key}[{model!r}] = {ms!r}: must be a positive number")
         if not (math.isfinite(self.for_s) and self.for_s >= 0):
             raise UsageError(f"for_s = {self.for_s!r}: must be >= 0")
 
@@ -116,6 +126,16 @@ def slo_expr(s: RuleSettings, gauge: str = "cotenant_slo_seconds") -> str:
     ]
     parts.append(f"max by (model) ({gauge})")
     return "\nor\n".join(parts)
+
+
+def slo_constants(slo_ms: Mapping[str, float]) -> str | None:
+    """The per-model SLOs in seconds as constant series ``{model}``; None when there are none."""
+    if not slo_ms:
+        return None
+    return "\nor\n".join(
+        f'label_replace(vector({number(ms / 1000)}), "model", {promql_str(m)}, "", "")'
+        for m, ms in sorted(slo_ms.items())
+    )
 
 
 def slo_alert_expr(latency: str, slo: str, s: RuleSettings) -> str:

@@ -9,7 +9,8 @@ Recording rules (label sets in braces):
 * ``cotenant:request_lock_wait:ratio_5m {model,gpu}`` — share of latency spent on lock waits;
 * ``cotenant:gpu_sm_utilization:avg_1m|avg_5m``, ``cotenant:gpu_memory_bandwidth_utilization:…``
   (ratios 0-1) and ``cotenant:gpu_pcie_bytes_per_second:…`` (TX + RX) ``{host,gpu}``;
-* ``cotenant:slo_seconds {model}`` — see :mod:`alerts.rules`.
+* ``cotenant:slo_seconds {model}`` — see :mod:`alerts.rules`;
+* TTFT / TPOT of generative models: :mod:`alerts.rules_tokens`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.rule_blocks import Alert, Record, RuleSettings, group, number, slo_alert_expr, slo_expr
+from alerts.rules_tokens import token_alerts, token_records
 
 HIST = "cotenant_request_duration_seconds"
 COLLECTOR_JOB_RE = "cotenant.*"
@@ -230,7 +232,11 @@ def cotenant_groups(s: RuleSettings) -> list[dict[str, Any]]:
             [
                 Record("cotenant:slo_seconds", slo_expr(s)).to_dict(),
                 *(r.to_dict() for r in _recording()),
+                *(r.to_dict() for r in token_records(s, "cotenant")),
             ],
         ),
-        group("cotenant.alerts", [a.to_dict(s) for a in _alerts(s)]),
+        group(
+            "cotenant.alerts",
+            [a.to_dict(s) for a in [*_alerts(s), *token_alerts(s, "cotenant")]],
+        ),
     ]

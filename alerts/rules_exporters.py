@@ -14,7 +14,8 @@ Recording rules: ``exporter:request_latency_seconds:p50_1m|p99_1m {model}`` (vLL
 default), ``exporter:request_queue_seconds:p99_1m`` (vLLM) / ``:mean_1m`` (Triton),
 ``exporter:gpu_utilization:avg_1m``, ``exporter:gpu_dram_active:avg_1m``,
 ``exporter:gpu_pcie_bytes_per_second:avg_1m``, ``exporter:gpu_memory_used:ratio`` and
-``exporter:slo_seconds {model}``.
+``exporter:slo_seconds {model}``; vLLM's TTFT and TPOT (``vllm:time_to_first_token_seconds``,
+``vllm:time_per_output_token_seconds``): :mod:`alerts.rules_tokens`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.rule_blocks import Alert, Record, RuleSettings, group, number, slo_alert_expr, slo_expr
+from alerts.rules_tokens import token_alerts, token_records
 
 GPU_BY = "Hostname, UUID, gpu"
 REASONS = "(DCGM_FI_DEV_CLOCKS_EVENT_REASONS or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)"
@@ -174,6 +176,12 @@ def _alerts(s: RuleSettings) -> list[Alert]:
 
 def exporter_groups(s: RuleSettings) -> list[dict[str, Any]]:
     return [
-        group("exporters.recording", [r.to_dict() for r in _recording(s)]),
-        group("exporters.alerts", [a.to_dict(s) for a in _alerts(s)]),
+        group(
+            "exporters.recording",
+            [r.to_dict() for r in [*_recording(s), *token_records(s, "exporter")]],
+        ),
+        group(
+            "exporters.alerts",
+            [a.to_dict(s) for a in [*_alerts(s), *token_alerts(s, "exporter")]],
+        ),
     ]

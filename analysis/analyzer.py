@@ -9,6 +9,7 @@ from typing import Any
 from analysis.diagnose import diagnose
 from analysis.episodes import SEVERITIES
 from analysis.incidents import STATES, IncidentBook
+from analysis.indicators import INDICATORS, indicator_slos
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import gpus_of
@@ -37,10 +38,13 @@ class Analyzer:
         max_range_s: float = AnalysisSettings.max_range_h * 3600,
         season_s: float = 0.0,
         params: SpikeParams | None = None,
+        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         """``season_s``: the latency cycle (e.g. a day) the seasonal baseline learns where
         two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none.
-        ``params``: the detector's other parameters (``AnalysisSettings.spike_params()``)."""
+        ``params``: the detector's other parameters (``AnalysisSettings.spike_params()``).
+        ``indicator_slo_ms``: TTFT / TPOT SLOs, indicator -> model -> ms."""
+        self.indicator_slo_ms = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self.source = source
         self.params = replace(
             params or SpikeParams(), season=round(season_s / step_s) if season_s > 0 else 0
@@ -75,6 +79,7 @@ class Analyzer:
             step_s=self.step_s,
             params=self.params,
             on_demand=True,
+            slos=indicator_slos(model, self.slo_ms.get(model), self.indicator_slo_ms),
         )
         return {
             "model": model,
@@ -92,13 +97,21 @@ class Analyzer:
         state: str | None = None,
         limit: int = 500,
         severity: str | None = None,
+        indicator: str | None = None,
     ) -> list[dict[str, Any]]:
         if state is not None and state not in STATES:
             raise QueryError(f"state {state!r} must be one of {', '.join(STATES)}")
         if severity is not None and severity not in SEVERITIES:
             raise QueryError(f"severity {severity!r} must be one of {', '.join(SEVERITIES)}")
+        if indicator is not None and indicator not in INDICATORS:
+            raise QueryError(f"indicator {indicator!r} must be one of {', '.join(INDICATORS)}")
         found = self.book.find(
-            since_ns=since_ns, model=model, state=state, severity=severity, limit=limit
+            since_ns=since_ns,
+            model=model,
+            state=state,
+            severity=severity,
+            limit=limit,
+            indicator=indicator,
         )
         return [i.to_dict() for i in found]
 

@@ -55,6 +55,7 @@ from analysis.demand import (
     fellow_victims,
     slowdown,
 )
+from analysis.mix import MixExcess
 from analysis.windows import GpuWindows
 from store.schema import PHASE_COLUMNS
 
@@ -101,12 +102,15 @@ def attribute(
     *,
     host_cpu: dict[str, np.ndarray] | None = None,
     locks: list[tuple[str, str, float]] | None = None,
+    mix: MixExcess | None = None,
 ) -> Attribution:
     """Attribute ``victim``'s excess latency during ``during`` relative to ``before``.
 
     ``before``/``during`` are boolean masks over ``w``'s windows. ``host_cpu`` maps host
     processes (and models) to their CPU use; ``locks`` lists ``(lock, holder, wait_ms)`` of the
-    victim's requests during the incident, most waited first."""
+    victim's requests during the incident, most waited first; ``mix``: what the victim's token
+    counts explain (:mod:`analysis.mix`), taken out of the compute excess (prefill and decode)
+    as the ``mix`` cause before any co-runner is weighed."""
     v = w.models[victim]
     cnt = v["count"]
     notes: list[str] = []
@@ -143,7 +147,14 @@ def attribute(
     risers = cpu_risers(host_cpu, before, during, exclude=cpu_flat - mine)
     ctx = Context(w, victim, before, during, near, flat, demands, conf, evidence, notes)
 
-    compute = compute_causes(ctx, phases.get("compute_ms", 0.0), risers, host_cpu or {})
+    comp = phases.get("compute_ms", 0.0)
+    mix_ms = min(mix.ms, comp) if mix is not None else 0.0
+    compute = compute_causes(ctx, comp - mix_ms, risers, host_cpu or {})
+    if mix is not None and mix_ms > 0:
+        cand = Candidate("mix", victim)
+        compute[cand] = mix_ms
+        conf[cand] = min(1.0, mix_ms / comp) if comp > 0 else 0.0
+        evidence[cand] = mix.evidence
     for cand, ms in compute.items():
         excess[cand] += ms
     # queue: own load vs lost capacity

@@ -8,6 +8,7 @@ into incidents and attributes each against the non-spiking windows just before i
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,8 @@ import pandas as pd
 
 from analysis.attribution import Cause, attribute
 from analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
+from analysis.indicators import E2E, indicator_series, indicator_view
+from analysis.mix import mix_excess
 from analysis.replicas import annotate_replicas
 from analysis.spikes import SpikeParams
 from analysis.windows import GpuWindows, gpu_windows, gpus_of
@@ -49,10 +52,13 @@ class Diagnosis:
     after_p99_ms: float | None = None  # median p99 of the clean windows that ended it
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
     siblings: list[dict[str, Any]] = field(default_factory=list)  # analysis.replicas
+    indicator: str = E2E  # the series that breached: e2e | ttft | tpot (analysis.indicators)
 
     @property
     def id(self) -> str:
         raw = f"{self.model}\x00{self.gpu}\x00{self.start_ns}"
+        if self.indicator != E2E:
+            raw += f"\x00{self.indicator}"
         return "inc-" + hashlib.blake2b(raw.encode(), digest_size=6).hexdigest()
 
     @property
@@ -73,6 +79,7 @@ class Diagnosis:
             "baseline_p99_ms": _r(self.baseline_p99_ms),
             "slo_ms": self.slo_ms,
             "severity": self.severity,
+            "indicator": self.indicator,
             "threshold_ms": _r(self.threshold_ms),
             "resolved_p99_ms": None if self.after_p99_ms is None else _r(self.after_p99_ms),
             "phases_ms": {k: round(v, 3) for k, v in self.phases_ms.items()},
@@ -169,9 +176,12 @@ def diagnose(
     step_s: float = 1.0,
     params: SpikeParams | None = None,
     on_demand: bool = False,
+    slos: Mapping[str, float | None] | None = None,
 ) -> list[Diagnosis]:
-    """Incidents of ``model`` that overlap ``rng``; with ``on_demand`` and no incident, one
-    diagnosis of the whole range against the windows before it."""
+    """Incidents of ``model`` that overlap ``rng``, on each of its indicators
+    (:mod:`analysis.indicators`; ``slos``: the SLOs of its TTFT and TPOT by indicator name);
+    with ``on_demand`` and no incident, one diagnosis of the whole range against the windows
+    before it."""
     p = params or SpikeParams()
     full, first = history_range(rng, step_s, p)
     gpus = [g for g, ms in gpus_of(source, full, step_s).items() if model in ms]
@@ -182,7 +192,7 @@ def diagnose(
     for gpu in gpus:
         w = read[gpu] = gpu_windows(source, gpu, full, step_s)
         out += diagnose_windows(
-            source, w, model, first, slo_ms=slo_ms, params=p, on_demand=on_demand
+            source, w, model, first, slo_ms=slo_ms, params=p, on_demand=on_demand, slos=slos
         )
     if out:
         annotate_replicas(out, read, source.replicas(full))
@@ -209,6 +219,8 @@ def diagnose_windows(
     on_demand: bool = False,
     lag_windows: int = 0,
     carry: Carry | None = None,
+    slos: Mapping[str, float | None] | None = None,
+    carries: Mapping[str, Carry] | None = None,
 ) -> list[Diagnosis]:
     """:func:`diagnose` on windows already read (one read serves every model of a GPU).
 
@@ -216,7 +228,9 @@ def diagnose_windows(
     live loop's ingest lag). Windows after the newest one holding data on this GPU (no older
     than ``lag_windows``) are not judged yet: rows that have not landed must not resolve an
     incident. ``carry``: the episode the live loop has open for this model (its baseline
-    stays frozen; see :mod:`analysis.episodes`)."""
+    stays frozen; see :mod:`analysis.episodes`). ``slos`` and ``carries``: the SLO and the
+    open episode of each other indicator (``ttft``, ``tpot``) by name; ``slo_ms`` and
+    ``carry`` are the e2e ones."""
     p = params or SpikeParams()
     v = w.models[model]
     end = w.n
@@ -226,19 +240,29 @@ def diagnose_windows(
             filled |= np.nan_to_num(m["count"]) > 0
         last = int(np.flatnonzero(filled)[-1]) + 1 if filled.any() else 0
         end = min(w.n, max(last, w.n - lag_windows))
-    tr = track(v["p99_ms"], v["count"], slo_ms, p, carry=carry, n_eval=end)
-    eps = [e for e in tr.episodes if e.end >= first or e.open]
-    if not eps and not on_demand:
+    found: list[tuple[str, Episode, float | None]] = []
+    # a window slow on any indicator is no baseline for another: a workload shift that TTFT
+    # shows first must not be in the "before" of the e2e incident it causes later
+    abnormal = np.zeros(w.n, dtype=bool)
+    for name, series in indicator_series(w, model).items():
+        slo = slo_ms if name == E2E else (slos or {}).get(name)
+        c = carry if name == E2E else (carries or {}).get(name)
+        tr = track(series.p99_ms, series.count, slo, p, carry=c, n_eval=end)
+        found += [(name, e, slo) for e in tr.episodes if e.end >= first or e.open]
+        abnormal |= tr.abnormal
+    if not found and not on_demand:
         return []
     # host CPU series are read once for every incident of this call (they are not per GPU)
     cpu = host_cpu(
         source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
     )
-    out = [_diagnose_span(source, w, model, e, tr.abnormal, slo_ms, p, cpu) for e in eps]
-    if not eps and on_demand:
+    out = [
+        _diagnose_span(source, w, model, e, abnormal, slo, p, cpu, name) for name, e, slo in found
+    ]
+    if not found and on_demand:
         peak = first + int(np.nanargmax(np.nan_to_num(v["p99_ms"][first:], nan=-1)))
         whole = Episode(first, w.n - 1, peak, first, DEGRADATION, float("nan"), float("nan"), False)
-        d = _diagnose_span(source, w, model, whole, tr.abnormal, slo_ms, p, cpu)
+        d = _diagnose_span(source, w, model, whole, abnormal, slo_ms, p, cpu, E2E)
         d.incident = False
         out.append(d)
     return out
@@ -253,18 +277,22 @@ def _diagnose_span(
     slo_ms: float | None,
     p: SpikeParams,
     cpu: dict[str, np.ndarray],
+    indicator: str,
 ) -> Diagnosis:
-    v = w.models[model]
+    """One episode of ``indicator`` attributed on that indicator's view of the windows."""
+    view = indicator_view(w, model, indicator)
+    v = view.models[model]
     during = np.zeros(w.n, dtype=bool)
     during[e.start : e.end + 1] = True
     before = _before_mask(w.n, e.start, abnormal, v["count"], p.min_count)
     att = attribute(
-        w,
+        view,
         model,
         before,
         during,
         locks=_locks(source, model, w, e),
         host_cpu=cpu,
+        mix=mix_excess(w.tokens.get(model), indicator, before, during),
     )
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]
@@ -294,4 +322,5 @@ def _diagnose_span(
         carried=e.carried,
         during_windows=int(np.count_nonzero(during & (v["count"] >= p.min_count))),
         after_p99_ms=float(np.median(after)) if len(after) else None,
+        indicator=indicator,
     )

@@ -4,7 +4,9 @@ The continuous loop re-diagnoses a sliding horizon; :meth:`IncidentBook.update` 
 pass's diagnoses of one (model, GPU) into its incidents and says what changed, as
 :class:`IncidentEvent` s in the order a person should read them:
 
-* one incident per (model, GPU) at a time: a diagnosis overlapping it, or starting within
+* one incident per (model, GPU, indicator) at a time (``e2e``, and for generative models
+  ``ttft`` and ``tpot``: :mod:`analysis.indicators`; each indicator's incidents are merged
+  on their own): a diagnosis overlapping it, or starting within
   ``cooldown_ns`` after it ended, continues it (a re-breach within the cool-down re-opens a
   resolved incident instead of opening a new one);
 * ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
@@ -26,6 +28,7 @@ from typing import Any
 
 from analysis.diagnose import Diagnosis
 from analysis.episodes import BREACH
+from analysis.indicators import E2E
 from store.db import Store
 from store.incident_rows import (
     StoredIncident,
@@ -59,6 +62,7 @@ class Incident:
     detail: dict[str, Any]  # the latest Diagnosis.to_dict(), plus cause_history
     severity: str = BREACH
     replica: str | None = None  # the slow replica, when the model's requests name replicas
+    indicator: str = E2E  # the series that breached: e2e | ttft | tpot
 
     @property
     def top(self) -> dict[str, Any] | None:
@@ -81,6 +85,7 @@ class Incident:
             replica=self.replica,
             state=self.state,
             severity=self.severity,
+            indicator=self.indicator,
             start_ns=self.start_ns,
             end_ns=self.end_ns,
             updated_ns=self.updated_ns,
@@ -121,6 +126,7 @@ def _from_stored(r: StoredIncident) -> Incident:
         detail=r.detail,
         severity=r.severity or BREACH,
         replica=r.replica,
+        indicator=r.indicator or E2E,
     )
 
 
@@ -143,6 +149,7 @@ def _to_stored(i: Incident) -> StoredIncident:
         detail=i.to_dict(),
         severity=i.severity,
         replica=i.replica,
+        indicator=i.indicator,
     )
 
 
@@ -179,6 +186,16 @@ def _merged(ds: list[Diagnosis]) -> Diagnosis:
     )
 
 
+def live_of(incidents: list[Incident], model: str, gpu: str, indicator: str) -> Incident | None:
+    """The newest live incident of (``model``, ``gpu``, ``indicator``) among ``incidents``."""
+    got = [
+        i
+        for i in incidents
+        if i.live and i.model == model and i.gpu == gpu and i.indicator == indicator
+    ]
+    return max(got, key=lambda i: i.start_ns) if got else None
+
+
 class IncidentBook:
     """Reads and writes incidents. Thread-safe: :meth:`update` reads, merges and writes
     under the book's lock, so one book never rewrites an incident from two threads at once
@@ -212,6 +229,7 @@ class IncidentBook:
         state: str | None = None,
         severity: str | None = None,
         limit: int = 500,
+        indicator: str | None = None,
     ) -> list[Incident]:
         """Incidents newest first; with ``since_ns`` / ``until_ns``, those overlapping the range
         (ending at or after ``since_ns``, starting before ``until_ns``)."""
@@ -223,6 +241,7 @@ class IncidentBook:
             state=state,
             severity=severity,
             limit=limit,
+            indicator=indicator,
         )
         return [_from_stored(r) for r in found]
 
@@ -234,19 +253,19 @@ class IncidentBook:
         r = get_incident(self._store, incident_id)
         return None if r is None else _from_stored(r)
 
-    def live_for(self, model: str, gpu: str) -> Incident | None:
-        """The (model, GPU)'s incident still diagnosing or open, if any."""
-        got = [i for i in self.live() if i.model == model and i.gpu == gpu]
-        return max(got, key=lambda i: i.start_ns) if got else None
+    def live_for(self, model: str, gpu: str, indicator: str = E2E) -> Incident | None:
+        """The (model, GPU)'s incident on ``indicator`` still diagnosing or open, if any."""
+        return live_of(self.live(), model, gpu, indicator)
 
     def update(
         self, diags: list[Diagnosis], model: str, gpu: str, horizon_start_ns: int, now_ns: int
     ) -> list[IncidentEvent]:
-        """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``; resolve live
-        incidents the horizon no longer shows. Returns what changed, oldest incident first."""
+        """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``, each
+        indicator's into that indicator's incidents; resolve live incidents the horizon no
+        longer shows. Returns what changed, oldest incident first."""
         with self._lock:
-            current = [i for i in self.live() if i.model == model and i.gpu == gpu]
-            current += [
+            mine = [i for i in self.live() if i.model == model and i.gpu == gpu]
+            mine += [
                 i
                 for i in self.find(
                     model=model,
@@ -255,41 +274,61 @@ class IncidentBook:
                 )
                 if i.gpu == gpu
             ]
-            groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
-            extent = {i.id: (i.start_ns, i.end_ns) for i in current}
-            for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
-                inc = self._match(current, extent, d)
-                created = inc is None
-                if inc is None:
-                    inc = self._new(d, model, gpu, now_ns)
-                    current.append(inc)
-                lo, hi = extent.get(inc.id, (d.start_ns, d.end_ns))
-                extent[inc.id] = (min(lo, d.start_ns), max(hi, d.end_ns))
-                _, ds, was_created = groups.get(inc.id, (inc, [], created))
-                groups[inc.id] = (inc, [*ds, d], was_created)
             events: list[IncidentEvent] = []
-            written: list[Incident] = []
-            for inc, ds, created in groups.values():
-                got = self._apply(inc, _merged(ds), now_ns, created)
-                events += got
-                if got or created or inc.live:
-                    inc.updated_ns = now_ns
-                    written.append(inc)
-            dismissed: list[Incident] = []
-            for inc in current:
-                if inc.id in groups or not inc.live:
-                    continue
-                if inc.state == DIAGNOSING:
-                    # its slowdown turned out a transient: never published, so withdrawn
-                    inc.state = DISMISSED
-                    dismissed.append(inc)
-                    events.append(IncidentEvent("dismissed", inc, now_ns))
-                elif inc.end_ns < now_ns - self._gap_ns:
-                    events += self._resolve(inc, now_ns)
-                    written.append(inc)
-            self._write(written)
-            self._delete(dismissed)
+            for ind in sorted({d.indicator for d in diags} | {i.indicator for i in mine}):
+                events += self._update_indicator(
+                    [d for d in diags if d.indicator == ind],
+                    [i for i in mine if i.indicator == ind],
+                    model,
+                    gpu,
+                    now_ns,
+                )
             return events
+
+    def _update_indicator(
+        self,
+        diags: list[Diagnosis],
+        current: list[Incident],
+        model: str,
+        gpu: str,
+        now_ns: int,
+    ) -> list[IncidentEvent]:
+        """:meth:`update` for the diagnoses and incidents of one indicator."""
+        groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
+        extent = {i.id: (i.start_ns, i.end_ns) for i in current}
+        for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
+            inc = self._match(current, extent, d)
+            created = inc is None
+            if inc is None:
+                inc = self._new(d, model, gpu, now_ns)
+                current.append(inc)
+            lo, hi = extent.get(inc.id, (d.start_ns, d.end_ns))
+            extent[inc.id] = (min(lo, d.start_ns), max(hi, d.end_ns))
+            _, ds, was_created = groups.get(inc.id, (inc, [], created))
+            groups[inc.id] = (inc, [*ds, d], was_created)
+        events: list[IncidentEvent] = []
+        written: list[Incident] = []
+        for inc, ds, created in groups.values():
+            got = self._apply(inc, _merged(ds), now_ns, created)
+            events += got
+            if got or created or inc.live:
+                inc.updated_ns = now_ns
+                written.append(inc)
+        dismissed: list[Incident] = []
+        for inc in current:
+            if inc.id in groups or not inc.live:
+                continue
+            if inc.state == DIAGNOSING:
+                # its slowdown turned out a transient: never published, so withdrawn
+                inc.state = DISMISSED
+                dismissed.append(inc)
+                events.append(IncidentEvent("dismissed", inc, now_ns))
+            elif inc.end_ns < now_ns - self._gap_ns:
+                events += self._resolve(inc, now_ns)
+                written.append(inc)
+        self._write(written)
+        self._delete(dismissed)
+        return events
 
     def _match(
         self, current: list[Incident], extent: dict[str, tuple[int, int]], d: Diagnosis
@@ -330,6 +369,7 @@ class IncidentBook:
             detail,
             d.severity,
             d.replica,
+            d.indicator,
         )
 
     def _ready(self, d: Diagnosis, named: bool) -> bool:

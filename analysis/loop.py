@@ -2,9 +2,10 @@
 
 Every ``interval_s`` it re-diagnoses the last ``horizon_s`` of every model seen in that horizon,
 merges the results into incidents (:class:`analysis.incidents.IncidentBook`) and publishes
-``cotenant_incident_active{victim,gpu,cause,culprit}`` and
-``cotenant_cause_share{victim,gpu,cause,culprit}``. A failing pass is logged and counted; the
-loop keeps going.
+``cotenant_incident_active{victim,gpu,cause,culprit,severity,indicator}`` and
+``cotenant_cause_share{victim,gpu,cause,culprit,indicator}`` (one series per open incident:
+a model's e2e, TTFT and TPOT incidents are separate, :mod:`analysis.indicators`). A failing
+pass is logged and counted; the loop keeps going.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from analysis.diagnose import Diagnosis, diagnose_windows, history_range
 from analysis.episodes import Carry
-from analysis.incidents import Incident, IncidentBook, IncidentEvent
+from analysis.incidents import Incident, IncidentBook, IncidentEvent, live_of
+from analysis.indicators import E2E, TPOT, TTFT, indicator_slos
 from analysis.replicas import annotate_replicas
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
@@ -49,9 +51,13 @@ class AnalysisLoop:
         on_incident: OnIncident | None = None,
         reread_s: float = AnalysisSettings.reread_s,
         params: SpikeParams | None = None,
+        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
-        so rows that land late — up to that lag — are still seen."""
+        so rows that land late — up to that lag — are still seen. ``indicator_slo_ms``: the
+        SLOs of the other indicators, indicator (``ttft``, ``tpot``) -> model -> ms
+        (``AnalysisSettings.indicator_slos()``)."""
+        self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self._source = source
         self._reread_s = reread_s
         self._book = book
@@ -90,6 +96,7 @@ class AnalysisLoop:
         full, first = history_range(rng, self._step_s, self._params)
         read: dict[str, GpuWindows] = {}
         found: list[tuple[list[Diagnosis], str, str]] = []
+        live = self._book.live()
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -101,6 +108,13 @@ class AnalysisLoop:
             for model in models:
                 if model not in w.models:
                     continue
+                since = full.since_ns or 0
+                slos = indicator_slos(model, self._slo.get(model), self._ind_slo)
+                carries = {
+                    ind: c
+                    for ind in (TTFT, TPOT)
+                    if (c := self._carry(live_of(live, model, gpu, ind), since)) is not None
+                }
                 try:
                     diags = diagnose_windows(
                         self._source,
@@ -110,7 +124,9 @@ class AnalysisLoop:
                         slo_ms=self._slo.get(model),
                         params=self._params,
                         lag_windows=int(self._reread_s / self._step_s),
-                        carry=self._carry(model, gpu, full.since_ns or 0),
+                        carry=self._carry(live_of(live, model, gpu, E2E), since),
+                        slos=slos,
+                        carries=carries,
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
@@ -129,10 +145,10 @@ class AnalysisLoop:
         self.passes += 1
         return events
 
-    def _carry(self, model: str, gpu: str, since_ns: int) -> Carry | None:
-        """The live incident of (model, GPU) when it began before the windows read: the
-        detector continues it with its frozen baseline instead of learning a new one."""
-        inc = self._book.live_for(model, gpu)
+    def _carry(self, inc: Incident | None, since_ns: int) -> Carry | None:
+        """A live incident (of one model, GPU and indicator) when it began before the windows
+        read: the detector continues it with its frozen baseline instead of learning a new
+        one."""
         if inc is None or inc.start_ns >= since_ns or inc.baseline_p99_ms is None:
             return None
         thr = inc.detail.get("threshold_ms")
@@ -149,12 +165,12 @@ class AnalysisLoop:
         active = GaugeMetricFamily(
             "cotenant_incident_active",
             "1 while an incident is open, by its top cause",
-            labels=["victim", "gpu", "cause", "culprit", "severity"],
+            labels=["victim", "gpu", "cause", "culprit", "severity", "indicator"],
         )
         share = GaugeMetricFamily(
             "cotenant_cause_share",
             "Share of an open incident's excess latency per cause",
-            labels=["victim", "gpu", "cause", "culprit"],
+            labels=["victim", "gpu", "cause", "culprit", "indicator"],
         )
         for inc in self._active:
             if inc.state != "open":
@@ -167,11 +183,14 @@ class AnalysisLoop:
                     top["kind"] if top else "unknown",
                     top["culprit"] if top else "—",
                     inc.severity,
+                    inc.indicator,
                 ],
                 1.0,
             )
             for c in inc.detail.get("causes", []):
-                share.add_metric([inc.model, inc.gpu, c["kind"], c["culprit"]], float(c["share"]))
+                share.add_metric(
+                    [inc.model, inc.gpu, c["kind"], c["culprit"], inc.indicator], float(c["share"])
+                )
         yield active
         yield share
 

@@ -19,6 +19,12 @@ class AnalysisSettings:
     horizon_s: float = key(600.0, "how far back each pass looks for incidents", min=10.0)
     step_s: float = key(1.0, "window width", min=0.1, max=3600.0)
     slo_ms: dict[str, float] = key({}, "p99 latency SLO per model in ms (env: 'tts=100,chat=400')")
+    slo_ttft_ms: dict[str, float] = key(
+        {}, "p99 time-to-first-token SLO per generative model in ms (env: 'chat=500')"
+    )
+    slo_tpot_ms: dict[str, float] = key(
+        {}, "p99 time-per-output-token SLO per generative model in ms per token (env: 'chat=50')"
+    )
     max_range_h: float = key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
     season_s: float = key(
         86400.0,
@@ -49,6 +55,10 @@ class AnalysisSettings:
     degradation_s: float = key(
         30.0, "... for at least this long (0 = no degradations, breaches only)", min=0.0
     )
+
+    def indicator_slos(self) -> dict[str, dict[str, float]]:
+        """The SLOs of the token indicators: ``ttft`` / ``tpot`` -> model -> ms."""
+        return {"ttft": dict(self.slo_ttft_ms), "tpot": dict(self.slo_tpot_ms)}
 
     def spike_params(self) -> SpikeParams:
         """The detector's parameters these keys set (the rest keep their defaults)."""

@@ -3,7 +3,9 @@
 A :class:`GpuWindows` holds, for ``[since, until)`` cut into ``step_s`` windows, NumPy arrays of
 shape ``(n_windows,)``: per model on the GPU its request windows (count, rate, quantiles, mean
 phases, batch size), the GPU's counters, and per process (keyed by process name) its SM and
-memory utilisation and memory used. Missing windows are NaN (counts 0).
+memory utilisation and memory used; per generative model (requests with token counts) its
+TTFT, TPOT and token-count series (:data:`store.frames.TOKEN_WINDOWS`). Missing windows are NaN
+(counts 0).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from store.frames import GPU_WINDOWS, REQUEST_WINDOWS
+from store.frames import GPU_WINDOWS, REQUEST_WINDOWS, TOKEN_WINDOWS
 from store.queries import TimeRange
 from store.source import MetricSource, check_range
 
 REQ_FIELDS = tuple(n for n in REQUEST_WINDOWS.names if n not in ("ts_ns", "model", "gpu"))
 GPU_FIELDS = tuple(n for n in GPU_WINDOWS.names if n not in ("ts_ns", "host", "gpu"))
 PROC_FIELDS = ("sm_util", "mem_util", "mem_used_bytes")
+TOKEN_FIELDS = tuple(n for n in TOKEN_WINDOWS.names if n not in ("ts_ns", "model", "gpu"))
 
 
 @dataclass
@@ -33,6 +36,7 @@ class GpuWindows:
     counters: dict[str, np.ndarray] = field(default_factory=dict)
     processes: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     process_model: dict[str, str | None] = field(default_factory=dict)
+    tokens: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def ts_ns(self) -> np.ndarray:
@@ -53,16 +57,17 @@ def _col(table: pa.Table, name: str) -> np.ndarray:
 
 
 def pivot_requests(
-    table: pa.Table, since: int, step: int, n: int
+    table: pa.Table, since: int, step: int, n: int, fields: tuple[str, ...] = REQ_FIELDS
 ) -> dict[tuple[str, str], dict[str, np.ndarray]]:
-    """REQUEST_WINDOWS rows -> {(model, gpu): {field: array[n]}} on the grid."""
+    """REQUEST_WINDOWS (or TOKEN_WINDOWS, with its ``fields``) rows -> {(model, gpu): {field:
+    array[n]}} on the grid."""
     out: dict[tuple[str, str], dict[str, np.ndarray]] = {}
     if table.num_rows == 0:
         return out
     idx, ok = _grid(table, since, step, n)
     models = np.asarray(table.column("model").to_pylist(), dtype=object)
     gpus = np.asarray([g or "" for g in table.column("gpu").to_pylist()], dtype=object)
-    cols = {f: _col(table, f) for f in REQ_FIELDS}
+    cols = {f: _col(table, f) for f in fields}
     keys = np.char.add(models.astype(str), np.char.add("\x1f", gpus.astype(str)))
     for key in np.unique(keys[ok]):
         sel = ok & (keys == key)
@@ -83,24 +88,42 @@ def pivot_requests(
 def gpu_windows(source: MetricSource, gpu: str, rng: TimeRange, step_s: float) -> GpuWindows:
     """Every series of ``gpu`` over ``rng`` on one grid."""
     check_range(rng, step_s)
-    tables = (
+    return windows_from_tables(gpu, rng, step_s, *_read(source, gpu, rng, step_s))
+
+
+def _read(source: MetricSource, gpu: str, rng: TimeRange, step_s: float) -> Tables:
+    return (
         source.request_windows(rng, step_s, gpu=gpu),
         source.gpu_windows(rng, step_s, gpu=gpu),
         source.process_windows(rng, step_s, gpu=gpu),
+        source.token_windows(rng, step_s, gpu=gpu),
     )
-    return windows_from_tables(gpu, rng, step_s, *tables)
+
+
+Tables = tuple[pa.Table, pa.Table, pa.Table, pa.Table]
+"""One GPU's request, counter, process and token frames."""
 
 
 def windows_from_tables(
-    gpu: str, rng: TimeRange, step_s: float, req: pa.Table, counters: pa.Table, procs: pa.Table
+    gpu: str,
+    rng: TimeRange,
+    step_s: float,
+    req: pa.Table,
+    counters: pa.Table,
+    procs: pa.Table,
+    tokens: pa.Table | None = None,
 ) -> GpuWindows:
-    """Pivot the three frames of one GPU onto the grid of ``rng``."""
+    """Pivot the frames of one GPU onto the grid of ``rng``."""
     since, until, step = check_range(rng, step_s)
     n = int(-(-(until - since) // step))
     w = GpuWindows(gpu, since, step, n)
     for (model, g), series in pivot_requests(req, since, step, n).items():
         if g == gpu:
             w.models[model] = series
+    if tokens is not None and tokens.num_rows:
+        for (model, g), series in pivot_requests(tokens, since, step, n, TOKEN_FIELDS).items():
+            if g == gpu and model in w.models:
+                w.tokens[model] = series
     if counters.num_rows:
         idx, ok = _grid(counters, since, step, n)
         for f in GPU_FIELDS:
@@ -135,7 +158,7 @@ class WindowCache:
         self._step_s = step_s
         self._overlap_ns = int(overlap_s * 1e9)
         self._refresh_ns = int(refresh_s * 1e9)
-        self._tables: tuple[pa.Table, pa.Table, pa.Table] | None = None
+        self._tables: Tables | None = None
         self._until: int | None = None
         self._full_at = 0
 
@@ -149,27 +172,24 @@ class WindowCache:
             or until - self._full_at >= self._refresh_ns
         ):
             self._full_at = until
-            fresh = TimeRange(since, until)
-            self._tables = (
-                src.request_windows(fresh, s, gpu=gpu),
-                src.gpu_windows(fresh, s, gpu=gpu),
-                src.process_windows(fresh, s, gpu=gpu),
-            )
+            self._tables = _read(src, gpu, TimeRange(since, until), s)
         else:
             start = max(since, self._until - self._overlap_ns)
             start -= (start - since) % step  # stay on the grid
-            part = TimeRange(start, until)
-            new = (
-                src.request_windows(part, s, gpu=gpu),
-                src.gpu_windows(part, s, gpu=gpu),
-                src.process_windows(part, s, gpu=gpu),
-            )
-            self._tables = tuple(
-                pa.concat_tables([_between(old, since, start), fresh_t])
-                for old, fresh_t in zip(self._tables, new, strict=True)
+            new = _read(src, gpu, TimeRange(start, until), s)
+            old = self._tables
+            self._tables = (
+                _joined(old[0], new[0], since, start),
+                _joined(old[1], new[1], since, start),
+                _joined(old[2], new[2], since, start),
+                _joined(old[3], new[3], since, start),
             )
         self._until = until
         return windows_from_tables(gpu, rng, s, *self._tables)
+
+
+def _joined(old: pa.Table, new: pa.Table, since: int, start: int) -> pa.Table:
+    return pa.concat_tables([_between(old, since, start), new])
 
 
 def _between(t: pa.Table, lo: int, hi: int) -> pa.Table:

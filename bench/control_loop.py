@@ -155,7 +155,11 @@ def fill(store: Store, n: int) -> None:
     ]
     with store.cursor() as cur:
         cur.execute("INSERT INTO requests SELECT * FROM tbl")
-        cur.executemany(f"INSERT INTO incidents VALUES ({', '.join('?' * 14)})", incidents)
+        cols = (
+            "id, model, gpu, state, start_ns, end_ns, updated_ns, peak_p99_ms, baseline_p99_ms, "
+            "slo_ms, top_cause, top_culprit, top_share, detail_json"
+        )
+        cur.executemany(f"INSERT INTO incidents ({cols}) VALUES ({', '.join('?' * 14)})", incidents)
 
 
 def run(n: int, mode: str, passes: int, tmp: Path) -> dict[str, float]:

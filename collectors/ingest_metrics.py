@@ -1,6 +1,8 @@
 """Ingest and store metrics for ``/metrics``, registered on a registry passed in.
 
-``cotenant_request_duration_seconds{model,gpu,phase}`` is a vectorised histogram: each
+``cotenant_request_duration_seconds{model,gpu,phase}`` (and, for generative models,
+``cotenant_time_to_first_token_seconds`` / ``cotenant_time_per_output_token_seconds``) are
+vectorised histograms: each
 normalized batch is bucketed with NumPy in one pass per phase instead of one ``observe`` call
 per request and phase.
 """
@@ -96,6 +98,78 @@ class RequestDurationHistogram:
         yield fam
 
 
+TOKEN_SERIES = (
+    ("cotenant_time_to_first_token_seconds", "Time to first token of generative models"),
+    (
+        "cotenant_time_per_output_token_seconds",
+        "Time per output token of generative models: (latency - TTFT) / (output tokens - 1)",
+    ),
+)
+
+
+class TokenTimeHistogram:
+    """``cotenant_time_to_first_token_seconds{model,gpu}`` and
+    ``cotenant_time_per_output_token_seconds{model,gpu}``: the requests that carry a TTFT
+    (and, for TPOT, more than one output token); other rows are not counted."""
+
+    def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS_S) -> None:
+        self._bounds = np.asarray(buckets, dtype=np.float64)
+        self._nb = len(buckets) + 1
+        # (model, gpu) -> (counts [series, bucket], sums [series])
+        self._state: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def observe_requests(self, table: pa.Table) -> None:
+        """Add the rows of a ``requests`` batch that carry a TTFT (milliseconds)."""
+        if table.num_rows == 0 or table["ttft_ms"].null_count == table.num_rows:
+            return
+        t = table.filter(pc.is_valid(table["ttft_ms"]))
+        keys = pc.binary_join_element_wise(
+            pc.fill_null(t["model"], ""), pc.fill_null(t["gpu"], ""), "\x00"
+        )
+        enc = pc.dictionary_encode(keys).combine_chunks()
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        groups = [str(k).split("\x00", 1) for k in enc.dictionary.to_pylist()]
+        ng, nb = len(groups), self._nb
+        ttft = _floats(t["ttft_ms"]) / 1e3
+        out = _floats(t["output_tokens"])
+        lat = _floats(t["latency_ms"]) / 1e3
+        tpot = np.where(out > 1, (lat - ttft) / np.fmax(out - 1, 1), np.nan)
+        counts = np.zeros((ng, 2, nb), dtype=np.int64)
+        sums = np.zeros((ng, 2), dtype=np.float64)
+        for k, v in enumerate((ttft, tpot)):
+            ok = np.isfinite(v)
+            idx = np.searchsorted(self._bounds, v[ok], side="left")
+            c = codes[ok]
+            counts[:, k, :] = np.bincount(c * nb + idx, minlength=ng * nb).reshape(ng, nb)
+            sums[:, k] = np.bincount(c, weights=v[ok], minlength=ng)
+        with self._lock:
+            for g, (model, gpu) in enumerate(groups):
+                cur = self._state.get((model, gpu))
+                if cur is None:
+                    self._state[(model, gpu)] = (counts[g].copy(), sums[g].copy())
+                else:
+                    cur[0][...] += counts[g]
+                    cur[1][...] += sums[g]
+
+    def collect(self) -> Iterator[Metric]:
+        fams = [HistogramMetricFamily(n, h, labels=["model", "gpu"]) for n, h in TOKEN_SERIES]
+        les = [*(_fmt(b) for b in self._bounds), "+Inf"]
+        with self._lock:
+            snapshot = [(k, c.copy(), s.copy()) for k, (c, s) in self._state.items()]
+        for (model, gpu), counts, sums in snapshot:
+            for k, fam in enumerate(fams):
+                cum = np.cumsum(counts[k])
+                fam.add_metric(
+                    [model, gpu], list(zip(les, cum.tolist(), strict=True)), float(sums[k])
+                )
+        yield from fams
+
+
+def _floats(col: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
 def _fmt(b: float) -> str:
     return repr(float(b))
 
@@ -179,6 +253,8 @@ class IngestMetrics:
         )
         self.durations = RequestDurationHistogram()
         registry.register(self.durations)
+        self.token_times = TokenTimeHistogram()
+        registry.register(self.token_times)
 
     def bind_queue(
         self, depth: Callable[[], float], capacity: float, pending: Callable[[], float]

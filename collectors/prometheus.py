@@ -43,6 +43,11 @@ and set by any ``request_windows`` that reads them.
 replicas, ``kv_cache_usage_perc`` (``gpu_cache_usage_perc`` before vLLM 0.9) averaged,
 ``rate(num_preemptions_total)``).
 
+**TOKEN_WINDOWS** from vLLM's histograms: ``ttft_*`` from ``vllm:time_to_first_token_seconds``,
+``tpot_*`` from ``vllm:time_per_output_token_seconds`` (p99 and mean, s -> ms), token counts
+from ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` (mean and p99);
+``count`` = first tokens per second x step.
+
 **GPU of a model**: the series' own ``gpu`` label; else the GPU whose DCGM series carry the same
 ``namespace``/``pod`` (the first UUID when a pod has several); else ``model_gpu``; else
 ``default_gpu``. Series landing on one ``(model, gpu)`` add up; their quantiles are averaged
@@ -73,6 +78,7 @@ from store.frames import (
     PROCESS_WINDOWS,
     REQUEST_WINDOWS,
     SERVING_WINDOWS,
+    TOKEN_WINDOWS,
 )
 from store.queries import TimeRange
 from store.schema import PHASES
@@ -232,6 +238,39 @@ class PrometheusSource:
                     cols[f"{p}_ms"] = 1e3 * div(f[f"{p}_sum"], f.get(f"{p}_n", rate))
             out.append((key, cols, rate > 0))
         return table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
+
+    def token_windows(
+        self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
+    ) -> pa.Table:
+        """From vLLM's ``vllm:time_to_first_token_seconds``,
+        ``vllm:time_per_output_token_seconds``, ``vllm:request_prompt_tokens`` and
+        ``vllm:request_generation_tokens`` histograms; ``count`` is the requests that got a
+        first token in the window. Models whose exporter has none of them are absent."""
+        g = promql.grid(rng, step_s)
+        if g.n == 0:
+            return TOKEN_WINDOWS.empty_table()
+        window = promql.duration(max(g.step, 4 * self._scrape_ns))
+        by = ("model_name", "", "namespace", "pod")
+        blocks = self._api.blocks(promql.token_query("", window, lengths=lengths), g, by)
+        nan = np.full(g.n, np.nan)
+        out = []
+        for key, fs in self._place(blocks.items(), g).items():
+            if gpu is not None and key[1] != gpu:
+                continue
+            f = merge(fs, means=promql.TOKEN_QUANTILES)
+            cols = {
+                "count": f.get("ttft_n", nan) * step_s,
+                "ttft_p99_ms": 1e3 * f.get("ttft_p99", nan),
+                "ttft_mean_ms": 1e3 * div(f.get("ttft_sum", nan), f.get("ttft_n", nan)),
+                "tpot_p99_ms": 1e3 * f.get("tpot_p99", nan),
+                "tpot_mean_ms": 1e3 * div(f.get("tpot_sum", nan), f.get("tpot_n", nan)),
+                "prompt_tokens_mean": div(f.get("prompt_sum", nan), f.get("prompt_n", nan)),
+                "output_tokens_mean": div(f.get("output_sum", nan), f.get("output_n", nan)),
+                "prompt_tokens_p99": f.get("prompt_p99", nan),
+                "output_tokens_p99": f.get("output_p99", nan),
+            }
+            out.append((key, cols, windows_with_data(f)))
+        return table(TOKEN_WINDOWS, g, ("model", "gpu"), out)
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
         """Exporters carry no lock detail: always empty (lock causes need spans)."""

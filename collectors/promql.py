@@ -255,6 +255,33 @@ def serving_query(m: str, gauge_window: str, rate_window: str) -> str:
     )
 
 
+TOKEN_QUANTILES = ("ttft_p99", "tpot_p99", "prompt_p99", "output_p99")
+"""Fields of :func:`token_query` that are quantiles (averaged, not added, across series)."""
+
+
+def token_query(m: str, r: str, *, lengths: bool = False) -> str:
+    """vLLM's TTFT and TPOT histograms (seconds) and its prompt / generation token histograms
+    per (model_name, namespace, pod): ``<x>_sum`` and ``<x>_n`` (per second) and ``<x>_p99``
+    for ``x`` in ttft, tpot, prompt, output (the token counts' p99 only with ``lengths``).
+    TPOT's count is of output tokens, not requests."""
+    by = "model_name, namespace, pod"
+    parts: dict[str, str] = {}
+    for x, metric in (
+        ("ttft", "time_to_first_token_seconds"),
+        ("tpot", "time_per_output_token_seconds"),
+        ("prompt", "request_prompt_tokens"),
+        ("output", "request_generation_tokens"),
+    ):
+        parts[f"{x}_sum"] = f"sum by ({by}) (rate(vllm:{metric}_sum{{{m}}}[{r}]))"
+        parts[f"{x}_n"] = f"sum by ({by}) (rate(vllm:{metric}_count{{{m}}}[{r}]))"
+        if lengths or x in ("ttft", "tpot"):
+            parts[f"{x}_p99"] = (
+                f"histogram_quantile(0.99, sum by ({by}, le) "
+                f"(rate(vllm:{metric}_bucket{{{m}}}[{r}])))"
+            )
+    return union(parts)
+
+
 # -- answers ---------------------------------------------------------------------------------
 
 

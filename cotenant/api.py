@@ -203,10 +203,18 @@ def _analysis_routes(app: FastAPI, analyzer: Analyzer, alerts: AlertBook) -> Non
         state: str | None = Query(None, description="diagnosing, open or resolved"),
         severity: str | None = Query(None, description="breach or degradation"),
         limit: int = Query(500, description="1..10000"),
+        indicator: str | None = Query(
+            None, description="e2e, ttft or tpot: the latency indicator that breached"
+        ),
     ) -> SafeJSONResponse:
         since_ns = None if since is None else parse_time_ns(since, "since")
         rows = analyzer.incidents(
-            since_ns=since_ns, model=model, state=state, severity=severity, limit=limit
+            since_ns=since_ns,
+            model=model,
+            state=state,
+            severity=severity,
+            limit=limit,
+            indicator=indicator,
         )
         return SafeJSONResponse({"count": len(rows), "incidents": rows})
 

@@ -55,6 +55,7 @@ def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
             max_range_s=cfg.analysis.max_range_h * 3600,
             season_s=cfg.analysis.season_s,
             params=cfg.analysis.spike_params(),
+            indicator_slo_ms=cfg.analysis.indicator_slos(),
         )
         return a.diagnose(args.model, start, end)
     finally:

@@ -41,6 +41,8 @@ def settings_from(cfg: Config) -> RuleSettings:
     r = cfg.rules
     return RuleSettings(
         slo_ms=dict(cfg.analysis.slo_ms),
+        slo_ttft_ms=dict(cfg.analysis.slo_ttft_ms),
+        slo_tpot_ms=dict(cfg.analysis.slo_tpot_ms),
         slo_default_ms=r.slo_default_ms,
         dram_saturated=r.dram_saturated,
         pcie_saturated_bps=r.pcie_saturated_bps,

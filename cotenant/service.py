@@ -196,6 +196,7 @@ class Service:
             max_range_s=ac.max_range_h * 3600,
             season_s=ac.season_s,
             params=ac.spike_params(),
+            indicator_slo_ms=ac.indicator_slos(),
         )
         self.analysis = (
             AnalysisLoop(
@@ -210,6 +211,7 @@ class Service:
                 on_incident=on_incident,
                 reread_s=ac.reread_s,
                 params=ac.spike_params(),
+                indicator_slo_ms=ac.indicator_slos(),
             )
             if ac.enabled
             else None
@@ -253,6 +255,7 @@ class Service:
             self.store,
             book=self.analyzer.book,
             slo_ms=self.config.analysis.slo_ms,
+            indicator_slo_ms=self.config.analysis.indicator_slos(),
             clock_ns=self.clock_ns,
         )
         app = create_app(

@@ -9,6 +9,7 @@ import numpy as np
 from dash import dcc, html
 
 from analysis.incidents import Incident
+from analysis.indicators import UNITS
 from dashboard.timerange import incident_range
 from store.timespec import format_ns
 
@@ -84,11 +85,13 @@ def incident_table(incidents: Sequence[Incident], *, id_: str) -> html.Table:
                 link,
                 html.Span(i.state, className=f"state state-{i.state}"),
                 html.Span(i.severity, className=f"severity severity-{i.severity}"),
+                i.indicator,
                 i.model,
                 i.gpu,
                 format_ns(i.start_ns),
                 f"{(i.end_ns - i.start_ns) / 1e9:.0f} s",
-                fmt(i.peak_p99_ms, "ms") + (f" (SLO {fmt(i.slo_ms, 'ms', 0)})" if i.slo_ms else ""),
+                fmt(i.peak_p99_ms, UNITS.get(i.indicator, "ms"))
+                + (f" (SLO {fmt(i.slo_ms, UNITS.get(i.indicator, 'ms'), 0)})" if i.slo_ms else ""),
                 top.get("kind", "unknown"),
                 top.get("culprit", "–"),
                 fmt(100 * float(top["share"]), "%", 0) if "share" in top else "–",
@@ -98,6 +101,7 @@ def incident_table(incidents: Sequence[Incident], *, id_: str) -> html.Table:
         "incident",
         "state",
         "severity",
+        "indicator",
         "victim",
         "GPU",
         "start (UTC)",

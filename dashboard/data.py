@@ -88,9 +88,12 @@ class DashboardData:
         slo_ms: Mapping[str, float] | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         otlp_hint: str = "http://127.0.0.1:4318/v1/traces",
+        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         """``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
-        OTLP endpoint named by the empty states."""
+        OTLP endpoint named by the empty states; ``indicator_slo_ms``: TTFT / TPOT SLOs,
+        ``ttft`` / ``tpot`` -> model -> ms."""
+        self.indicator_slo_ms = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self.store = store
         self.source = StoreSource(store)
         self.book = book or IncidentBook(store)
@@ -161,6 +164,15 @@ class DashboardData:
         tr = _aligned(rng, step, since_ns)
         return Cols.of(self.source.request_windows(tr, float(step), model=model, gpu=gpu))
 
+    def tokens(self, rng: Range, *, model: str | None = None, gpu: str | None = None) -> Cols:
+        """Per-window TTFT, TPOT and token counts (TOKEN_WINDOWS) of the generative models
+        over the range (only ``model``'s when given); empty when no request carries tokens."""
+        step = step_for(rng)
+        t = Cols.of(
+            self.source.token_windows(_aligned(rng, step), float(step), gpu=gpu, lengths=True)
+        )
+        return t.where("model", model) if model is not None else t
+
     def gpus(self, rng: Range, gpu: str | None = None) -> Cols:
         step = step_for(rng)
         return Cols.of(self.source.gpu_windows(_aligned(rng, step), float(step), gpu=gpu))
@@ -230,6 +242,13 @@ class DashboardData:
                     "y": [None if v is None else v / 1e9 for v in y],
                 }
             return _series(f"{gpu} memory-controller busy", "%", g, "mem_util")
+        if kind == "mix":  # the token count whose change explains more of the excess
+            ev = cause.get("evidence") or {}
+            which = "prompt" if ev.get("prefill_ms", 0) > ev.get("decode_ms", 0) else "output"
+            t = self.tokens(rng, model=inc.model, gpu=gpu)
+            if not len(t):
+                return None
+            return _series(f"{inc.model} mean {which} tokens", "tokens", t, f"{which}_tokens_mean")
         if kind == "throttle":
             return _series(f"{gpu} SM clock", "MHz", self.gpus(rng, gpu=gpu), "sm_clock_mhz")
         if kind == "memory":

@@ -8,7 +8,7 @@ axis, optional right-hand axes) without that cost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 Fig = dict[str, Any]
@@ -155,3 +155,32 @@ def _note(fig: Fig, where: dict[str, Any], text: str, colour: str = "#555") -> N
             "font": {"color": colour, "size": 11},
         }
     )
+
+
+def token_panels(
+    t: Any,
+    colour_of: Callable[[str], str],
+    slos: Mapping[str, Mapping[str, float]],
+    *,
+    to_time: Callable[[Sequence[int]], list[str]],
+) -> Fig | None:
+    """TTFT p99 (top, ms) and TPOT p99 (bottom, ms per token) per generative model of ``t``
+    (TOKEN_WINDOWS columns as lists, ``dashboard.data.Cols``), each model's SLO of that
+    indicator as a dotted line; None when ``t`` is empty."""
+    if not len(t):
+        return None
+    models = sorted(set(t["model"]))
+    traces = []
+    for m in models:
+        mine = t.where("model", m)
+        x = to_time(mine["ts_ns"])
+        colour = colour_of(m)
+        traces.append(line(x, mine["ttft_p99_ms"], f"{m} TTFT p99", colour, yaxis="y"))
+        traces.append(line(x, mine["tpot_p99_ms"], f"{m} TPOT p99", colour, yaxis="y2", dash="dot"))
+    fig = figure(traces, y_titles=["TTFT p99 (ms)", "TPOT p99 (ms/token)"], height=380, gap=0.14)
+    for row, name in ((1, "ttft"), (2, "tpot")):
+        for m in models:
+            slo = slos.get(name, {}).get(m)
+            if slo:
+                hline(fig, slo, colour_of(m), f"{m} {name.upper()} SLO", yaxis=axis_ref(row))
+    return fig

@@ -8,6 +8,7 @@ shapes the (small) results.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,6 +34,22 @@ from store.report_queries import ReportQueries
 MINUTE_NS = 60_000_000_000
 
 
+def _with_tokens(
+    m: ModelWeek, row: Mapping[str, Any] | None, slos: Mapping[str, Mapping[str, float]]
+) -> ModelWeek:
+    """``m`` with its TTFT / TPOT SLO attainment (from a ``token_slo_weeks`` row)."""
+    if row is None:
+        return m
+    got: dict[str, Any] = {}
+    for ind in ("ttft", "tpot"):
+        slo = slos.get(ind, {}).get(m.model)
+        n = int(row[f"{ind}_minutes"])
+        if slo is not None and n:
+            got[f"{ind}_slo_ms"] = float(slo)
+            got[f"{ind}_attainment"] = int(row[f"{ind}_met"]) / n
+    return dataclasses.replace(m, **got)
+
+
 class ReportBuilder:
     """Builds the summary of one ISO week from ``store``.
 
@@ -48,7 +65,11 @@ class ReportBuilder:
         dashboard_url: str = "",
         thresholds: Thresholds | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
+        """``indicator_slo_ms``: TTFT / TPOT SLOs of generative models, ``ttft`` / ``tpot``
+        -> model -> ms (``AnalysisSettings.indicator_slos()``)."""
+        self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self._store = store
         self._slo = dict(slo_ms or {})
         self._default_slo = default_slo_ms
@@ -103,6 +124,13 @@ class ReportBuilder:
 
     def _models(self, q: ReportQueries, lo: int, hi: int) -> list[ModelWeek]:
         names = q.model_names(lo, hi)
+        tokens = {str(r["model"]): r for r in q.token_slo_weeks(lo, hi, self._ind_slo)}
+        return [
+            _with_tokens(m, tokens.get(m.model), self._ind_slo)
+            for m in self._e2e_models(q, lo, hi, names)
+        ]
+
+    def _e2e_models(self, q: ReportQueries, lo: int, hi: int, names: list[str]) -> list[ModelWeek]:
         return [
             ModelWeek(
                 model=str(r["model"]),
@@ -234,6 +262,4 @@ def _changes(
 
 
 def _with(s: WeekSummary, recs: list[Any]) -> WeekSummary:
-    import dataclasses
-
     return dataclasses.replace(s, recommendations=recs)

@@ -92,6 +92,28 @@ def _causes_bar(s: WeekSummary) -> go.Figure:
     return fig
 
 
+def _token_table(s: WeekSummary) -> str:
+    """TTFT / TPOT SLO attainment of the generative models that have those SLOs ("" when
+    none has)."""
+    rows = [
+        [
+            escape(m.model),
+            ms(m.ttft_slo_ms),
+            pct(m.ttft_attainment),
+            "–" if m.tpot_slo_ms is None else f"{m.tpot_slo_ms:g} ms/token",
+            pct(m.tpot_attainment),
+        ]
+        for m in s.models
+        if m.ttft_slo_ms is not None or m.tpot_slo_ms is not None
+    ]
+    if not rows:
+        return ""
+    head = ["model", "TTFT SLO p99", "TTFT attainment", "TPOT SLO p99", "TPOT attainment"]
+    return "<h3>Generative models: time to first token and per output token</h3>" + _table(
+        head, rows, {1, 2, 3, 4}
+    )
+
+
 def render_html(s: WeekSummary) -> str:
     """The whole report as an HTML document with every section and its charts."""
     figs = _Figures()
@@ -132,6 +154,7 @@ def render_html(s: WeekSummary) -> str:
             if rows
             else ""
         )
+        + _token_table(s)
         + "<h3>Week over week</h3>"
         + _table(["scope", "metric", "this week", "last week", "change"], wow, {2, 3, 4})
         + "</section>"

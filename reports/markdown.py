@@ -23,6 +23,21 @@ def render_markdown(s: WeekSummary) -> str:
                 f"| {m.incidents} | {num(m.impacted_minutes)} |"
             )
         out.append("")
+        llm = [m for m in s.models if m.ttft_slo_ms is not None or m.tpot_slo_ms is not None]
+        if llm:
+            out += [
+                "Generative models (time to first token, time per output token):",
+                "",
+                "| model | TTFT SLO p99 | TTFT attainment | TPOT SLO p99 | TPOT attainment |",
+                "|---|---:|---:|---:|---:|",
+            ]
+            for m in llm:
+                tpot = "–" if m.tpot_slo_ms is None else f"{m.tpot_slo_ms:g} ms/token"
+                out.append(
+                    f"| {m.model} | {ms(m.ttft_slo_ms)} | {pct(m.ttft_attainment)} "
+                    f"| {tpot} | {pct(m.tpot_attainment)} |"
+                )
+            out.append("")
     out += ["Week over week (all models):", ""]
     for c in s.changes:
         if c.scope == "all":

@@ -24,6 +24,12 @@ class ModelWeek:
     incidents: int
     impacted_minutes: float
     peak_to_median_rate: float | None  # busiest minute / median minute, by request count
+    # generative models with a TTFT / TPOT SLO ([analysis] slo_ttft_ms, slo_tpot_ms): the
+    # share of minutes whose p99 (worst GPU) was within it; None without that SLO or data
+    ttft_slo_ms: float | None = None
+    ttft_attainment: float | None = None
+    tpot_slo_ms: float | None = None
+    tpot_attainment: float | None = None
 
 
 @dataclass(frozen=True)

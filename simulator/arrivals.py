@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from simulator.scenario import Arrival, Fault, Model, Scenario
+from simulator.scenario import Arrival, Fault, Llm, Model, Scenario
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -105,18 +105,56 @@ def model_arrivals(s: Scenario, index: int) -> Arrays:
         parts = [(tt, sc, c, g)]
     else:
         return (np.empty(0), np.empty(0), _none(0), _none(0))
+    if m.llm is not None and a.kind != "trace":
+        parts = [_with_tokens(s, index, m.llm, parts[0])]
     base_rate = mean_rate(m, s.duration_s)
     for fi, f in enumerate(s.faults):
         if f.kind in ("cotenant_burst", "load_surge") and f.target == m.name and f.factor > 1:
             parts.append(_extra(s, fi, f, base_rate, parts[0]))
     t = np.concatenate([p[0] for p in parts])
     order = np.argsort(t, kind="stable")
-    return (
-        t[order],
-        np.concatenate([p[1] for p in parts])[order],
-        np.concatenate([p[2] for p in parts])[order],
-        np.concatenate([p[3] for p in parts])[order],
-    )
+    t = t[order]
+    ctx = np.concatenate([p[2] for p in parts])[order]
+    gen = np.concatenate([p[3] for p in parts])[order]
+    for f in s.faults:
+        if f.kind == "length_shift" and f.target == m.name:
+            ctx, gen = _shift_lengths(t, ctx, gen, f)
+    return t, np.concatenate([p[1] for p in parts])[order], ctx, gen
+
+
+TOKEN_SIGMA = 0.6
+"""Log-space spread of the token counts drawn for an LLM model without a trace."""
+
+
+def _with_tokens(s: Scenario, index: int, llm: Llm, base: Arrays) -> Arrays:
+    """``base`` with prompt and output token counts drawn from lognormals whose means are the
+    model's ``llm`` ones; an RNG stream of its own, so arrival times are those of the run
+    without tokens."""
+    rng = np.random.default_rng([s.seed, index, 20_000])
+    n = len(base[0])
+    mu = -(TOKEN_SIGMA**2) / 2
+
+    def draw(mean: float) -> np.ndarray:
+        x = rng.lognormal(np.log(mean) + mu, TOKEN_SIGMA, n)
+        return np.maximum(1, np.rint(x)).astype(np.int64)
+
+    return base[0], base[1], draw(llm.prompt_tokens), draw(llm.output_tokens)
+
+
+def _shift_lengths(
+    t: np.ndarray, ctx: np.ndarray, gen: np.ndarray, f: Fault
+) -> tuple[np.ndarray, np.ndarray]:
+    """A ``length_shift``: the token counts of requests arriving during the fault, x factor
+    (at least 1 token)."""
+    during = (t >= f.start_s) & (t < f.end_s)
+    ctx, gen = ctx.copy(), gen.copy()
+    if f.lengths in ("prompt", "both"):
+        sel = during & (ctx >= 0)
+        ctx[sel] = np.maximum(1, np.rint(ctx[sel] * f.factor)).astype(ctx.dtype)
+    if f.lengths in ("output", "both"):
+        sel = during & (gen >= 0)
+        gen[sel] = np.maximum(1, np.rint(gen[sel] * f.factor)).astype(gen.dtype)
+    return ctx, gen
 
 
 class MergedArrivals(NamedTuple):

@@ -27,6 +27,7 @@ from typing import Any
 
 from simulator.arrivals import merged_arrivals
 from simulator.controls import RunControls
+from simulator.decode import DecodePool, token_counts
 from simulator.events import EventKind, EventQueue
 from simulator.faults import FaultEffects
 from simulator.fluid import INF, Fluid, Job, kernel_policy
@@ -108,7 +109,15 @@ class Simulation(RunControls):
                 self._sampler.kernel_accounting(g),
             )
         self._requests = RequestLog(start_ns)
+        # LLM models (an ``llm`` section) decode in a continuous batch: model index -> pool
+        self._pools: dict[int, DecodePool] = {}
+        for ms in self.models:
+            if ms.m.llm is not None:
+                self._pools[ms.idx] = DecodePool(
+                    ms, ms.m.llm, self.gpus[ms.gpu].kern, self._decoded
+                )
         self._batch_seq = 0
+        self._seq_batch: dict[int, tuple[Batch, int]] = {}  # decoding rid -> (prefill, batch)
         self._arrivals = merged_arrivals(s)
         self._a_i = 0
         handlers: dict[EventKind, Handler] = {
@@ -264,6 +273,12 @@ class Simulation(RunControls):
     def _launch(self, t: float, ms: SimModel) -> None:
         b = ms.m.batching
         n = min(b.max_batch, len(ms.queue))
+        pool = self._pools.get(ms.idx) if self._pools else None
+        if pool is not None:
+            # the decode batch is full: new prefills wait for a sequence to finish
+            n = min(n, pool.room)
+            if n <= 0:
+                return
         rids = [ms.queue.popleft() for _ in range(n)]
         ms.busy = True
         ms.timer_at = -1.0
@@ -284,8 +299,18 @@ class Simulation(RunControls):
         ms = self.models[batch.model]
         batch.h2d_end = t
         k = ms.m.kernel
-        scale = self._requests.scale
-        work = (k.base_ms + k.per_item_ms * sum(scale[r] for r in batch.rids)) / 1000.0
+        llm = ms.m.llm
+        if llm is None:
+            scale = self._requests.scale
+            work = (k.base_ms + k.per_item_ms * sum(scale[r] for r in batch.rids)) / 1000.0
+        else:  # prefill: the batch's prompt tokens
+            tokens = self._requests.tokens
+            for r in batch.rids:  # a closed-loop request carries no counts: the means
+                tokens[r] = token_counts(llm, tokens[r])
+            prompt = sum(tokens[r][0] for r in batch.rids)
+            work = (
+                k.base_ms + k.per_item_ms * len(batch.rids) + llm.prefill_ms_per_1k * prompt / 1000
+            ) / 1000.0
         work *= self._faults.preemption_factor(ms, batch.seq)
         g = self.gpus[ms.gpu]
         g.kern.add(
@@ -293,6 +318,9 @@ class Simulation(RunControls):
         )
 
     def _fluid_done(self, t: float, fluid: Fluid, job: Job) -> None:
+        if isinstance(job.batch, DecodePool):  # decode steps: it re-arms its own job
+            job.batch.step_done(t)
+            return
         fluid.remove(t, job)
         batch: Batch | None = job.batch
         if batch is None:  # a background job of a process
@@ -312,7 +340,13 @@ class Simulation(RunControls):
         ms = self.models[batch.model]
         ms.busy = False
         post = ms.m.postprocess_ms / 1000.0
-        if post > 0:
+        pool = self._pools.get(ms.idx) if self._pools else None
+        if pool is not None:  # first tokens out: the sequences join the decode batch
+            n = pool.active + len(batch.rids)
+            for r in batch.rids:
+                self._seq_batch[r] = (batch, n)
+            pool.join(t, batch.rids, [self._requests.tokens[r][1] - 1 for r in batch.rids])
+        elif post > 0:
             self._events.push(t + post, EventKind.POSTPROCESS_DONE, batch)
         else:
             self._finish(t, batch)
@@ -324,6 +358,20 @@ class Simulation(RunControls):
             elif ms.timer_at < 0:
                 ms.timer_at = oldest + b.max_wait_ms / 1000.0
                 self._events.push(ms.timer_at, EventKind.BATCH_TIMER, ms.idx)
+
+    def _decoded(self, t: float, rid: int) -> None:
+        """An LLM request's last token is out at ``t``."""
+        batch, n = self._seq_batch.pop(rid)
+        ms = self.models[batch.model]
+        self._requests.complete_llm(t, rid, batch, ms, self.gpus[ms.gpu].spec.id, n)
+        if ms.m.arrival.kind == "closed":
+            self._events.push(t + ms.m.arrival.think_ms / 1000.0, EventKind.CLOSED_ARRIVAL, ms.idx)
+        if ms.queue and not ms.busy:  # room in the decode batch again
+            b = ms.m.batching
+            if len(ms.queue) >= b.max_batch or t - self._requests.ready[ms.queue[0]] >= (
+                b.max_wait_ms / 1000.0
+            ):
+                self._launch(t, ms)
 
     def _finish(self, t: float, batch: Batch, _: object = None) -> None:
         ms = self.models[batch.model]

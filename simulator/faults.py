@@ -2,9 +2,10 @@
 
 :class:`FaultEffects` applies a fault when it starts and undoes it when it ends (the engine
 calls :meth:`FaultEffects.start` / :meth:`FaultEffects.end` at the fault's times), one method
-per fault kind. ``cotenant_burst`` and ``load_surge`` change nothing here: their extra arrivals
-are generated up front (:mod:`simulator.arrivals`). Memory pressure also acts on every kernel
-launch through :meth:`FaultEffects.preemption_factor`. Times are seconds of virtual time.
+per fault kind. ``cotenant_burst``, ``load_surge`` and ``length_shift`` change nothing here:
+their extra arrivals and changed token counts are generated up front
+(:mod:`simulator.arrivals`). Memory pressure also acts on every kernel launch through
+:meth:`FaultEffects.preemption_factor`. Times are seconds of virtual time.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class FaultEffects:
             "lock_hog": self._lock_hog,
             "cotenant_burst": _arrivals_only,
             "load_surge": _arrivals_only,
+            "length_shift": _arrivals_only,
         }
 
     def start(self, t: float, fi: int) -> None:
@@ -203,4 +205,4 @@ class FaultEffects:
 
 
 def _arrivals_only(t: float, fi: int, f: Fault, start: bool) -> None:
-    """``cotenant_burst`` and ``load_surge``: extra arrivals, generated up front."""
+    """``cotenant_burst``, ``load_surge``, ``length_shift``: arrivals generated up front."""

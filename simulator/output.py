@@ -65,7 +65,6 @@ def requests_table(sim: Simulation, cols: dict[str, list[Any]]) -> pa.Table:
         status=["ok"] * n,
         source=["sim"] * n,
         other_ms=other,
-        ttft_ms=[None] * n,
     )
     return pa.table({f.name: pa.array(data[f.name], type=f.type) for f in schema}, schema=schema)
 
@@ -112,6 +111,20 @@ def _p99_by_model(t: pa.Table, lo_ns: int, hi_ns: int) -> dict[str, float]:
     return {m: float(np.percentile(lat[models == m], 99)) for m in set(models.tolist())}
 
 
+def _tpot_p99_by_model(t: pa.Table, lo_ns: int, hi_ns: int) -> dict[str, float]:
+    """p99 time per output token (ms) of the requests ending in ``[lo, hi)`` that carry a
+    first-token time (LLM models), by model."""
+    ttft = np.asarray(t.column("ttft_ms").to_pylist(), dtype=np.float64)
+    if not np.isfinite(ttft).any():
+        return {}
+    end = t.column("ts_end_ns").to_numpy()
+    out_tok = np.asarray(t.column("output_tokens").to_pylist(), dtype=np.float64)
+    sel = (end >= lo_ns) & (end < hi_ns) & np.isfinite(ttft) & (out_tok > 1)
+    tpot = (t.column("latency_ms").to_numpy()[sel] - ttft[sel]) / (out_tok[sel] - 1)
+    models = np.asarray(t.column("model").to_pylist(), dtype=object)[sel]
+    return {m: float(np.percentile(tpot[models == m], 99)) for m in set(models.tolist())}
+
+
 def truth_entry(f: Fault, s: Scenario | None = None) -> dict[str, Any]:
     """Ground-truth cause of a fault (DESIGN.md vocabulary) in scenario ``s``, as written to
     truth.json."""
@@ -135,7 +148,9 @@ def truth(
 ) -> list[dict[str, Any]]:
     """One entry per fault with its cause and ``victims``: the models whose p99 over the fault
     (plus SETTLE_S) is at least VICTIM_RATIO x, and VICTIM_MIN_MS above, the same scenario
-    run without that fault (same seed)."""
+    run without that fault (same seed); for LLM models, also those whose p99 time per output
+    token is VICTIM_RATIO x the run without it (a decode slowdown that leaves e2e flat).
+    ``victim_indicators``: model -> the indicators (``e2e``, ``tpot``) that made it one."""
     base_ns = Simulation(s).start_ns if start_ns is None else start_ns
     out = []
     for i, f in enumerate(s.faults):
@@ -145,22 +160,31 @@ def truth(
         hi = base_ns + int(min(s.duration_s, f.end_s + SETTLE_S) * 1e9)
         with_f = _p99_by_model(full.requests, lo, hi)
         without = _p99_by_model(cf.requests, lo, hi)
+        tpot_f = _tpot_p99_by_model(full.requests, lo, hi)
+        tpot_cf = _tpot_p99_by_model(cf.requests, lo, hi)
         victims = []
         detail = {}
+        why: dict[str, list[str]] = {}
         for m, p in sorted(with_f.items()):
             q = without.get(m)
             if q is None:
                 continue
             detail[m] = {"p99_ms": round(p, 3), "p99_without_ms": round(q, 3)}
+            if f.kind in ("cotenant_burst", "process_active", "bandwidth_hog") and m == f.target:
+                continue
             if p >= VICTIM_RATIO * q and p - q >= VICTIM_MIN_MS:
-                if (
-                    f.kind in ("cotenant_burst", "process_active", "bandwidth_hog")
-                    and m == f.target
-                ):
-                    continue
+                why.setdefault(m, []).append("e2e")
+            tp, tq = tpot_f.get(m), tpot_cf.get(m)
+            if tp is not None and tq is not None:
+                detail[m].update(tpot_p99_ms=round(tp, 3), tpot_p99_without_ms=round(tq, 3))
+                if tp >= VICTIM_RATIO * tq:
+                    why.setdefault(m, []).append("tpot")
+            if m in why:
                 victims.append(m)
         entry = truth_entry(f, s)
         entry["victims"] = victims
+        if any(ind != ["e2e"] for ind in why.values()):
+            entry["victim_indicators"] = why
         entry["p99"] = detail
         out.append(entry)
     return out

@@ -33,6 +33,7 @@ REQUEST_COLUMNS = (
     "postprocess_ms",
     "lock_name",
     "lock_holder",
+    "ttft_ms",
     "rid",
     "replica",
 )
@@ -123,8 +124,44 @@ class RequestLog:
             o["postprocess_ms"].append((t - d2h_end) * 1000.0)
             o["lock_name"].append(self.lock_name[r])
             o["lock_holder"].append(self.lock_holder[r])
+            o["ttft_ms"].append(None)
             o["rid"].append(r)
             o["replica"].append(ms.replica)
+
+    def complete_llm(
+        self, t: float, rid: int, batch: Batch, ms: SimModel, gpu_id: str, decode_batch: int
+    ) -> None:
+        """Request ``rid`` of LLM model ``ms`` emits its last token at ``t``; its prefill ran
+        in ``batch`` (first token at the batch's ``d2h_end``). ``compute`` holds prefill and
+        decode; ``batch_size`` is the decode batch it joined (``decode_batch`` sequences)."""
+        m = ms.m
+        o = self._out
+        arr = self.arrived[rid]
+        first = batch.d2h_end
+        o["ts_start_ns"].append(self._start_ns + int(arr * 1e9))
+        o["ts_end_ns"].append(self._start_ns + int(t * 1e9))
+        o["latency_ms"].append((t - arr) * 1000.0)
+        o["model"].append(m.name)
+        o["tenant"].append(m.tenant or None)
+        o["pid"].append(ms.pid)
+        o["gpu"].append(gpu_id)
+        o["priority"].append(ms.priority)
+        o["batch_size"].append(decode_batch)
+        ctx, gen = self.tokens[rid]
+        o["prompt_tokens"].append(ctx)
+        o["output_tokens"].append(gen)
+        o["queue_ms"].append((batch.launch - self.ready[rid] + self.gate_wait[rid]) * 1000.0)
+        o["lock_wait_ms"].append(self.lock_wait[rid] * 1000.0)
+        o["preprocess_ms"].append(self.preprocess[rid] * 1000.0)
+        o["h2d_ms"].append((batch.h2d_end - batch.launch) * 1000.0)
+        o["compute_ms"].append((t - batch.h2d_end) * 1000.0)
+        o["d2h_ms"].append(0.0)
+        o["postprocess_ms"].append(0.0)
+        o["lock_name"].append(self.lock_name[rid])
+        o["lock_holder"].append(self.lock_holder[rid])
+        o["ttft_ms"].append((first - arr) * 1000.0)
+        o["rid"].append(rid)
+        o["replica"].append(ms.replica)
 
     def take(self) -> dict[str, list[Any]]:
         """Completed requests since the last call, as columns (:data:`REQUEST_COLUMNS`)."""

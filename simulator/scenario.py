@@ -28,7 +28,9 @@ FaultKind = Literal[
     "memory_pressure",
     "cpu_hog",
     "load_surge",
+    "length_shift",
 ]
+TokenLengths = Literal["output", "prompt", "both"]
 
 CLOCK_REASON_BITS: dict[str, int] = {
     # NVML nvmlClocksEventReason* bit values
@@ -136,6 +138,26 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class Llm:
+    """A generative model's physics (opt in with a model's ``llm:`` section; without it a
+    model keeps the batch-kernel physics above). Per batch of newly admitted requests, a
+    *prefill* kernel of ``kernel.base_ms + kernel.per_item_ms x n + prefill_ms_per_1k x
+    prompt tokens / 1000`` (the first token comes out at its end); then each request joins
+    the model's *decode* batch (continuous batching, at most ``max_seqs`` sequences), where
+    one decode step emits one token for every sequence and takes ``decode_step_ms +
+    decode_per_seq_ms x sequences`` alone at full clock; co-runners, DRAM load and clock
+    throttling stretch it like any kernel (the ``kernel`` demands apply). Requests without
+    token counts (not trace arrivals) draw them from lognormals with these means."""
+
+    prefill_ms_per_1k: float = 10.0
+    decode_step_ms: float = 10.0
+    decode_per_seq_ms: float = 0.1
+    max_seqs: int = 64
+    prompt_tokens: float = 512.0
+    output_tokens: float = 128.0
+
+
+@dataclass(frozen=True)
 class Model:
     """A served model. With ``replicas``, its traffic is split among them by ``routing``
     (``weighted``: smooth weighted round robin; ``least-loaded``: power of two choices on
@@ -158,6 +180,7 @@ class Model:
     tenant: str = ""
     replicas: tuple[Replica, ...] = ()
     routing: Routing = "weighted"
+    llm: Llm | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +207,7 @@ class Fault:
     start_s: float
     duration_s: float
     target: str = ""  # model or process
-    factor: float = 1.0  # cotenant_burst, load_surge: arrival-rate multiplier
+    factor: float = 1.0  # cotenant_burst, load_surge: arrival-rate x; length_shift: tokens x
     resource: Literal["dram", "pcie", "nvlink"] = "dram"  # bandwidth_hog
     level: float = 0.0  # bandwidth_hog: fraction of the resource's peak
     lock: str = ""  # lock_hog
@@ -195,6 +218,7 @@ class Fault:
     reason: str = "hw_thermal"  # throttle: a key of CLOCK_REASON_BITS
     gib: float = 0.0  # memory_pressure
     cores: int = 0  # cpu_hog
+    lengths: TokenLengths = "output"  # length_shift: which token counts ``factor`` multiplies
 
     @property
     def end_s(self) -> float:

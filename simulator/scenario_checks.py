@@ -260,6 +260,16 @@ def _check_fault(
             f"{why}; a {f.kind} targets a model or a process "
             "with a gpu: " + (", ".join([*models, *gpu_procs])),
         )
+    if f.kind == "length_shift" and (f.target not in models or models[f.target].llm is None):
+        llms = [n for n, m in models.items() if m.llm is not None]
+        bad(
+            f"{where}.target",
+            f.target,
+            "a length_shift targets a model with an llm section; declared: "
+            + (", ".join(llms) or "none"),
+        )
+    if f.kind == "length_shift" and f.factor == 1:
+        bad(f"{where}.factor", f.factor, "must differ from 1 (a shift of x1 changes nothing)")
     if f.kind == "cpu_hog" and f.target not in models and f.target not in procs:
         bad(f"{where}.target", f.target, f"no such model or process; declared: {names}")
     if f.kind == "cpu_hog" and f.cores > s.host_cpus:

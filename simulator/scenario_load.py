@@ -40,6 +40,7 @@ from simulator.scenario import (
     Fault,
     Gpu,
     Kernel,
+    Llm,
     Lock,
     Model,
     Process,
@@ -106,6 +107,14 @@ _BATCHING_KEYS: dict[str, Check] = {
     "max_batch": number(1, integer=True),
     "max_wait_ms": NON_NEGATIVE,
 }
+_LLM_KEYS: dict[str, Check] = {
+    "prefill_ms_per_1k": NON_NEGATIVE,
+    "decode_step_ms": POSITIVE,
+    "decode_per_seq_ms": NON_NEGATIVE,
+    "max_seqs": number(1, integer=True),
+    "prompt_tokens": number(1),
+    "output_tokens": number(1),
+}
 _TRANSFER_KEYS: dict[str, Check] = {"h2d_mb": NON_NEGATIVE, "d2h_mb": NON_NEGATIVE}
 _LOCK_KEYS: dict[str, Check] = {"name": nonempty_str, "hold_ms": POSITIVE}
 _REPLICA_KEYS: dict[str, Check] = {
@@ -159,6 +168,14 @@ _FAULT_KEYS: dict[str, tuple[dict[str, Check], tuple[str, ...]]] = {
     "memory_pressure": ({"target": nonempty_str, "gib": POSITIVE}, ("target", "gib")),
     "cpu_hog": ({"target": nonempty_str, "cores": number(1, integer=True)}, ("target", "cores")),
     "load_surge": ({"target": nonempty_str, "factor": _RATE_FACTOR}, ("target", "factor")),
+    "length_shift": (
+        {
+            "target": nonempty_str,
+            "factor": number(0, 100, above=True),
+            "lengths": one_of(("output", "prompt", "both")),
+        },
+        ("target", "factor"),
+    ),
 }
 
 
@@ -182,6 +199,7 @@ class _Parser:
             "kernel": lambda v, p: Kernel(**section(v, p, _KERNEL_KEYS, ("base_ms",))),
             "batching": lambda v, p: Batching(**section(v, p, _BATCHING_KEYS)),
             "transfer": lambda v, p: Transfer(**section(v, p, _TRANSFER_KEYS)),
+            "llm": lambda v, p: Llm(**section(v, p, _LLM_KEYS)),
         }
         self.scenario_keys: dict[str, Check] = {
             "version": _version,
@@ -330,6 +348,7 @@ def schema_keys() -> dict[str, tuple[str, ...]]:
         "models[].batching": tuple(_BATCHING_KEYS),
         "models[].kernel": tuple(_KERNEL_KEYS),
         "models[].transfer": tuple(_TRANSFER_KEYS),
+        "models[].llm": tuple(_LLM_KEYS),
         "models[].locks[]": tuple(_LOCK_KEYS),
         "models[].replicas[]": tuple(_REPLICA_KEYS),
         "processes[]": tuple(_PROCESS_KEYS),
@@ -390,7 +409,12 @@ def truth_cause(fault: Fault, scenario: Scenario | None = None) -> TruthCause:
         return TruthCause("lock", fault.lock)
     if fault.kind == "throttle":
         return TruthCause("throttle", fault.gpu)
-    kind = {"memory_pressure": "memory", "cpu_hog": "cpu", "load_surge": "load"}.get(fault.kind)
+    kind = {
+        "memory_pressure": "memory",
+        "cpu_hog": "cpu",
+        "load_surge": "load",
+        "length_shift": "mix",
+    }.get(fault.kind)
     if kind is None:
         raise UsageError(f"unknown fault kind {fault.kind!r}")
     return TruthCause(kind, fault.target)

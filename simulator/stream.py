@@ -117,6 +117,8 @@ class ScenarioSpanEmitter:
         if c["prompt_tokens"][i] is not None:
             attrs["gen_ai.usage.prompt_tokens"] = c["prompt_tokens"][i]
             attrs["gen_ai.usage.completion_tokens"] = c["output_tokens"][i]
+        if c["ttft_ms"][i] is not None:  # an LLM model's first token (the vLLM attribute)
+            attrs["gen_ai.latency.time_to_first_token"] = c["ttft_ms"][i] / 1000.0
         tracer = self._tracers.get(replica or model) or self._tracers[model]
         root = tracer.start_span("request", attributes=attrs, start_time=start)
         ctx = set_span_in_context(root)

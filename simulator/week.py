@@ -252,7 +252,7 @@ def simulate_week(spec: WeekSpec) -> Week:
         )
     return Week(
         spec,
-        _table("request_rollup_1m", req_parts, {}),
+        _table("request_rollup_1m", req_parts, {"ttft_p99_ms": None, "tpot_p99_ms": None}),
         _table("gpu_rollup_1m", gpu_rows, {"host": spec.host, "samples": 60}),
         _table(
             "process_rollup_1m",

@@ -15,15 +15,19 @@ from store.settings import StoreSettings
 log = logging.getLogger(__name__)
 
 
-_ADDITIVE_UPGRADES = frozenset({"2", "3", "4"})
+_ADDITIVE_UPGRADES = frozenset({"2", "3", "4", "5"})
 """Older schema versions this one only adds tables and columns to (2 -> 3: ``alerts``; 3 -> 4:
-``incidents.severity``; 4 -> 5: ``requests.replica``, ``incidents.replica``); opened for
+``incidents.severity``; 4 -> 5: ``requests.replica``, ``incidents.replica``; 5 -> 6:
+``incidents.indicator``, ``request_rollup_1m.ttft_p99_ms`` and ``tpot_p99_ms``); opened for
 writing, such a file is upgraded in place."""
 
 _ADDED_COLUMNS = (
     ("incidents", "severity", "VARCHAR"),
     ("requests", "replica", "VARCHAR"),
     ("incidents", "replica", "VARCHAR"),
+    ("incidents", "indicator", "VARCHAR"),
+    ("request_rollup_1m", "ttft_p99_ms", "DOUBLE"),
+    ("request_rollup_1m", "tpot_p99_ms", "DOUBLE"),
 )
 """Columns added since schema 3, created on an older file (new files get them from the DDL)."""
 

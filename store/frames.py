@@ -86,6 +86,28 @@ SERVING_WINDOWS = pa.schema(
 """Per (window, model): serving-engine gauges (vLLM): queue length, running requests, KV-cache
 usage (0-1), preemption rate."""
 
+TOKEN_WINDOWS = pa.schema(
+    [
+        ("ts_ns", pa.int64()),
+        ("model", pa.string()),
+        ("gpu", pa.string()),
+        ("count", pa.float64()),
+        ("ttft_p99_ms", pa.float64()),
+        ("ttft_mean_ms", pa.float64()),
+        ("tpot_p99_ms", pa.float64()),
+        ("tpot_mean_ms", pa.float64()),
+        ("prompt_tokens_mean", pa.float64()),
+        ("output_tokens_mean", pa.float64()),
+        ("prompt_tokens_p99", pa.float64()),
+        ("output_tokens_p99", pa.float64()),
+    ]
+)
+"""Per (window, model, gpu), over the requests that carry token counts (generative models):
+how many (``count``), time to first token (TTFT) and time per output token (TPOT: ``(e2e -
+TTFT) / (output tokens - 1)``, or the compute phase over the output tokens where TTFT is not
+known) as p99 and mean in ms, and the prompt and output token counts (mean; p99 only when
+asked for, ``lengths=True``). Sources that cannot know a value leave it null."""
+
 LOCK_WAITS = pa.schema(
     [
         ("lock_name", pa.string()),

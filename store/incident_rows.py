@@ -40,11 +40,12 @@ class StoredIncident:
     detail: dict[str, Any]
     severity: str | None = None  # breach | degradation (schema 4; None on older rows)
     replica: str | None = None  # the slow replica (schema 5)
+    indicator: str | None = None  # e2e | ttft | tpot (schema 6; None on older rows: e2e)
 
 
 _COLS = (
     "id, model, gpu, state, start_ns, end_ns, updated_ns, peak_p99_ms, baseline_p99_ms, "
-    "slo_ms, top_cause, top_culprit, top_share, detail_json, severity, replica"
+    "slo_ms, top_cause, top_culprit, top_share, detail_json, severity, replica, indicator"
 )
 
 
@@ -66,6 +67,7 @@ def _row(r: tuple[Any, ...]) -> StoredIncident:
         detail=json.loads(r[13] or "{}"),
         severity=r[14],
         replica=r[15],
+        indicator=r[16],
     )
 
 
@@ -78,6 +80,7 @@ def find_incidents(
     state: str | None = None,
     severity: str | None = None,
     limit: int = 500,
+    indicator: str | None = None,
 ) -> list[StoredIncident]:
     """Incidents newest first (by start); with ``since_ns`` / ``until_ns``, those overlapping
     the range (ending at or after ``since_ns``, starting before ``until_ns``). Filters left
@@ -92,6 +95,7 @@ def find_incidents(
             "model": model,
             "state": state,
             "coalesce(severity, 'breach') = ?": severity,
+            "coalesce(indicator, 'e2e') = ?": indicator,
         },
         order_by="start_ns DESC",
         limit=limit,
@@ -131,12 +135,13 @@ def upsert_incidents(store: Store, incidents: Sequence[StoredIncident]) -> None:
             json.dumps(i.detail),
             i.severity,
             i.replica,
+            i.indicator,
         )
         for i in incidents
     ]
     with store.cursor() as cur:
         cur.executemany(
-            f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 16)})", rows
+            f"INSERT OR REPLACE INTO incidents ({_COLS}) VALUES ({', '.join('?' * 17)})", rows
         )
 
 

@@ -18,7 +18,7 @@ import duckdb
 import numpy as np
 
 from store.db import Store
-from store.schema import PHASE_COLUMNS
+from store.schema import PHASE_COLUMNS, TPOT_MS_SQL
 from store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,16 @@ _ROLLUPS: dict[str, tuple[str, str, str]] = {
         f"""
         SELECT minute_ns, model, gpu, count, errors, latency_sum_ms, latency_max_ms,
                q[1] AS p50_ms, q[2] AS p90_ms, q[3] AS p95_ms, q[4] AS p99_ms, {_PHASE_COLS},
-               batch_size_mean, prompt_tokens_sum, output_tokens_sum
+               batch_size_mean, prompt_tokens_sum, output_tokens_sum, ttft_p99_ms, tpot_p99_ms
         FROM (
             SELECT (ts_end_ns // {MINUTE_NS}) * {MINUTE_NS} AS minute_ns, model, gpu,
                    count(*) AS count, count(*) FILTER (WHERE status = 'error') AS errors,
                    sum(latency_ms) AS latency_sum_ms, max(latency_ms) AS latency_max_ms,
                    quantile_cont(latency_ms, [0.5, 0.9, 0.95, 0.99]) AS q, {_PHASE_AVGS},
                    avg(batch_size) AS batch_size_mean, sum(prompt_tokens) AS prompt_tokens_sum,
-                   sum(output_tokens) AS output_tokens_sum
+                   sum(output_tokens) AS output_tokens_sum,
+                   quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms,
+                   quantile_cont({TPOT_MS_SQL}, 0.99) AS tpot_p99_ms
             FROM requests
             WHERE ts_end_ns >= $lo AND ts_end_ns < $hi
               AND (ts_end_ns // {MINUTE_NS}) * {MINUTE_NS} IN (SELECT minute_ns FROM _dirty)

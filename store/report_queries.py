@@ -121,6 +121,45 @@ class ReportQueries:
             },
         )
 
+    def token_slo_weeks(
+        self, lo: int, hi: int, slo_ms: Mapping[str, Mapping[str, float]]
+    ) -> list[dict[str, Any]]:
+        """Per generative model with a TTFT or TPOT SLO (``slo_ms``: ``ttft`` / ``tpot`` ->
+        model -> ms), from the rollups: ``model``; for each of ``ttft`` and ``tpot``:
+        ``{ind}_minutes`` (minutes whose rollup holds that p99) and ``{ind}_met`` (of those,
+        the minutes whose p99 — the max over the model's GPUs — is within the SLO; 0 where the
+        model has no SLO for it). Models with neither SLO or no such minute are left out."""
+        ttft, tpot = dict(slo_ms.get("ttft", {})), dict(slo_ms.get("tpot", {}))
+        names = sorted(set(ttft) | set(tpot))
+        if not names:
+            return []
+        return self._rows(
+            """
+            WITH m AS (
+                SELECT minute_ns, model, max(ttft_p99_ms) AS ttft, max(tpot_p99_ms) AS tpot
+                FROM request_rollup_1m
+                WHERE minute_ns >= $lo AND minute_ns < $hi AND model IN (SELECT unnest($names))
+                GROUP BY minute_ns, model),
+            slo AS (SELECT unnest($names::VARCHAR[]) AS model,
+                           unnest($ttft::DOUBLE[]) AS ttft_slo,
+                           unnest($tpot::DOUBLE[]) AS tpot_slo)
+            SELECT model,
+                   count(ttft) AS ttft_minutes,
+                   count(*) FILTER (WHERE ttft <= ttft_slo) AS ttft_met,
+                   count(tpot) AS tpot_minutes,
+                   count(*) FILTER (WHERE tpot <= tpot_slo) AS tpot_met
+            FROM m JOIN slo USING (model)
+            GROUP BY model HAVING count(ttft) + count(tpot) > 0
+            ORDER BY model""",
+            {
+                "lo": lo,
+                "hi": hi,
+                "names": names,
+                "ttft": [ttft.get(n) for n in names],
+                "tpot": [tpot.get(n) for n in names],
+            },
+        )
+
     def cause_matrix(self, lo: int, hi: int) -> list[dict[str, Any]]:
         """Victim x culprit minutes (known causes only), largest first. Keys: ``victim``,
         ``culprit``, ``minutes`` (the incidents' minutes times the cause's share)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 PHASES: tuple[str, ...] = (
     "queue",
@@ -102,6 +102,7 @@ INCIDENTS: list[tuple[str, str]] = [
     ("detail_json", "VARCHAR"),
     ("severity", "VARCHAR"),  # breach | degradation (schema 4)
     ("replica", "VARCHAR"),  # the slow replica, when the model has named replicas (schema 5)
+    ("indicator", "VARCHAR"),  # e2e | ttft | tpot: the series that breached (schema 6)
 ]
 
 ACTIONS: list[tuple[str, str]] = [
@@ -160,9 +161,21 @@ REQUEST_ROLLUP: list[tuple[str, str]] = [
     ("batch_size_mean", "DOUBLE"),
     ("prompt_tokens_sum", "BIGINT"),
     ("output_tokens_sum", "BIGINT"),
+    ("ttft_p99_ms", "DOUBLE"),  # schema 6
+    ("tpot_p99_ms", "DOUBLE"),  # schema 6: ms per output token
 ]
 """Per-minute per-(model, gpu) aggregates of ``requests`` by completion minute.
-Phase columns hold the mean per request."""
+Phase columns hold the mean per request; ``ttft_p99_ms`` / ``tpot_p99_ms`` (generative
+models: :data:`TPOT_MS_SQL`) are null where no request of the minute carried them."""
+
+TPOT_MS_SQL = (
+    "CASE WHEN ttft_ms IS NOT NULL THEN "
+    "CASE WHEN output_tokens > 1 THEN (latency_ms - ttft_ms) / (output_tokens - 1) END "
+    "WHEN output_tokens > 0 THEN compute_ms / output_tokens END"
+)
+"""A request's time per output token (ms) from its ``requests`` columns: ``(latency - TTFT) /
+(output tokens - 1)``, or the compute phase over the output tokens where TTFT is not known;
+null without token counts (and for a one-token answer with a TTFT)."""
 
 GPU_ROLLUP: list[tuple[str, str]] = [
     ("minute_ns", "BIGINT"),

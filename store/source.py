@@ -20,10 +20,11 @@ from store.frames import (
     PROCESS_WINDOWS,
     REQUEST_WINDOWS,
     SERVING_WINDOWS,
+    TOKEN_WINDOWS,
 )
 from store.queries import TimeRange
 from store.rollup_quantiles import quantile_estimate_sql
-from store.schema import PHASE_COLUMNS
+from store.schema import PHASE_COLUMNS, TPOT_MS_SQL
 
 
 class MetricSource(Protocol):
@@ -56,6 +57,15 @@ class MetricSource(Protocol):
     def serving_windows(
         self, rng: TimeRange, step_s: float, model: str | None = None
     ) -> pa.Table: ...
+
+    def token_windows(
+        self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
+    ) -> pa.Table:
+        """TOKEN_WINDOWS rows: TTFT, TPOT and token counts of generative models (none for
+        models whose requests carry no token counts). The token counts' p99 columns are
+        filled only with ``lengths`` (they cost as much as the latency quantiles; the
+        analysis needs their means)."""
+        ...
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
         """LOCK_WAITS rows: which locks ``model``'s requests waited on, and behind whom."""
@@ -234,6 +244,37 @@ class StoreSource:
     def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
         check_range(rng, step_s)
         return SERVING_WINDOWS.empty_table()  # engine gauges come only from exporters
+
+    def token_windows(
+        self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
+    ) -> pa.Table:
+        """From raw rows at any step (token counts and TTFT are not rolled up): only as far
+        back as raw requests are kept (``[store] retention``)."""
+        lo, hi, step = check_range(rng, step_s)
+        p: dict[str, Any] = {"lo": lo, "hi": hi, "step": step}
+        gf = ""
+        if gpu is not None:
+            gf = "AND gpu = $gpu"
+            p["gpu"] = gpu
+
+        def p99(col: str) -> str:
+            return f"quantile_cont({col}, 0.99)" if lengths else "NULL::DOUBLE"
+
+        sql = f"""
+            SELECT (ts_end_ns // $step) * $step AS ts_ns, model, gpu, count(*)::DOUBLE AS count,
+                   quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms, avg(ttft_ms) AS ttft_mean_ms,
+                   quantile_cont(tpot, 0.99) AS tpot_p99_ms, avg(tpot) AS tpot_mean_ms,
+                   avg(prompt_tokens) AS prompt_tokens_mean,
+                   avg(output_tokens) AS output_tokens_mean,
+                   {p99("prompt_tokens")} AS prompt_tokens_p99,
+                   {p99("output_tokens")} AS output_tokens_p99
+            FROM (
+                SELECT ts_end_ns, model, gpu, ttft_ms, prompt_tokens, output_tokens,
+                       {TPOT_MS_SQL} AS tpot
+                FROM requests
+                WHERE ts_end_ns >= $lo AND ts_end_ns < $hi AND output_tokens > 0 {gf})
+            GROUP BY ALL ORDER BY ts_ns, model, gpu"""
+        return self._query(sql, p, TOKEN_WINDOWS)
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
         lo, hi, _ = check_range(rng, 1.0)

@@ -278,7 +278,7 @@ def test_loop_publishes_incident_metrics(demo_store: Store, fresh_book: Incident
     text = generate_latest(reg).decode()
     assert (
         'cotenant_incident_active{cause="cotenant",culprit="sdxl",gpu="gpu0",'
-        'severity="breach",victim="tts"} 1.0' in text
+        'indicator="e2e",severity="breach",victim="tts"} 1.0' in text
     )
     assert ("tts", "opened") in seen
 

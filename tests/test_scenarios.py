@@ -12,7 +12,14 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from simulator.scenario import CLOCK_REASON_BITS, GPU_TYPES, Batching, FaultKind, Scenario
+from simulator.scenario import (
+    CLOCK_REASON_BITS,
+    GPU_TYPES,
+    Batching,
+    Fault,
+    FaultKind,
+    Scenario,
+)
 from simulator.scenario_checks import MODEL_PID_BASE, PROCESS_PID_BASE
 from simulator.scenario_load import (
     SCENARIOS_DIR,
@@ -457,7 +464,10 @@ def test_truth_cause_of_every_fault_kind() -> None:
     assert truth_cause(s.faults[2]) == TruthCause(
         kind="bandwidth", culprit="train-job", resource="pcie"
     )
-    assert {f.kind for f in s.faults} == set(get_args(FaultKind))
+    # length_shift needs an LLM model (tests/test_sim_llm.py loads one)
+    shift = Fault("length_shift", 10, 5, target="chat", factor=2)
+    assert truth_cause(shift) == ("mix", "chat", None)
+    assert {f.kind for f in s.faults} | {shift.kind} == set(get_args(FaultKind))
 
 
 # --- the bundled library ----------------------------------------------------------------------

@@ -1065,6 +1065,28 @@ def test_a_schema_3_store_gains_incident_severity_and_its_incidents_read_as_brea
         assert IncidentBook(s).find(severity="degradation") == []
 
 
+def test_a_schema_4_store_gains_incident_indicator_and_its_incidents_read_as_e2e(
+    tmp_path: Path,
+) -> None:
+    from analysis.incidents import IncidentBook
+
+    path = tmp_path / "v4.duckdb"
+    with Store(path) as s:
+        fetch(s, "ALTER TABLE incidents DROP COLUMN indicator")
+        fetch(
+            s,
+            "INSERT INTO incidents (id, model, gpu, state, start_ns, end_ns, updated_ns, severity) "
+            "VALUES ('inc-1', 'chat', 'gpu0', 'resolved', 1, 2, 2, 'breach')",
+        )
+    _set_version(path, "4")
+    with Store(path) as s:
+        assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
+        [inc] = IncidentBook(s).find()
+        assert (inc.id, inc.indicator, inc.severity) == ("inc-1", "e2e", "breach")
+        assert [i.id for i in IncidentBook(s).find(indicator="e2e")] == ["inc-1"]
+        assert IncidentBook(s).find(indicator="tpot") == []
+
+
 def test_request_windows_count_arrivals_where_nothing_completed(tmp_path: Path) -> None:
     from store.source import StoreSource
 

@@ -9,6 +9,7 @@ from typing import Any
 from dash import Dash, Input, Output, dcc, html
 
 from analysis.incidents import Incident
+from analysis.indicators import E2E, UNITS
 from dashboard import figures, theme
 from dashboard.components import at, empty, error, fmt, incident_table, table, times
 from dashboard.context import PageContext
@@ -20,10 +21,16 @@ from store.errors import CotenantError, QueryError
 from store.schema import PHASE_COLUMNS
 from store.timespec import format_ns
 
-_GRAPHS = ("inc-latency", "inc-phases", "inc-causes", "inc-evidence")
+_GRAPHS = ("inc-latency", "inc-tokens", "inc-phases", "inc-causes", "inc-evidence")
 
 
-_TITLES = ("Victim latency", "Latency by phase", "Ranked causes", "Evidence for the top causes")
+_TITLES = (
+    "Victim latency",
+    "Time to first token and per output token",
+    "Latency by phase",
+    "Ranked causes",
+    "Evidence for the top causes",
+)
 
 
 def layout(id: str | None = None, range: str | None = None, **_: Any) -> html.Div:
@@ -79,11 +86,13 @@ def register(app: Dash, pc: PageContext) -> None:
         )
         data.learn_colours()
         w = data.latency(rng, model=inc.model, gpu=inc.gpu or None)
+        tok = data.tokens(rng, model=inc.model, gpu=inc.gpu or None)
         figs = (
             _latency(inc, w, data.colours(inc.model)),
+            _tokens(inc, tok, pc),
             _phases(w),
             _causes(inc),
-            _evidence(pc, inc, w, rng),
+            _evidence(pc, inc, _indicator_windows(inc, w, tok), rng),
         )
         boxes = [
             None
@@ -94,8 +103,12 @@ def register(app: Dash, pc: PageContext) -> None:
         return (_summary(inc), *boxes, _actions(pc, inc))
 
 
+_INDICATOR_NAMES = {"e2e": "latency", "ttft": "time to first token", "tpot": "time per token"}
+
+
 def _summary(inc: Incident) -> html.Div:
     top = inc.top or {}
+    unit = UNITS.get(inc.indicator, "ms")
     notes = inc.detail.get("notes") or []
     return html.Div(
         [
@@ -106,9 +119,9 @@ def _summary(inc: Incident) -> html.Div:
                     + (f" (replica {inc.replica})" if inc.replica else "")
                     + f" · {inc.state} · {format_ns(inc.start_ns)} for "
                     f"{(inc.end_ns - inc.start_ns) / 1e9:.0f} s · "
-                    f"peak p99 {fmt(inc.peak_p99_ms, 'ms')} "
-                    f"vs baseline {fmt(inc.baseline_p99_ms, 'ms')}"
-                    + (f" (SLO {fmt(inc.slo_ms, 'ms', 0)})" if inc.slo_ms else ""),
+                    f"{_INDICATOR_NAMES[inc.indicator]} p99 peak {fmt(inc.peak_p99_ms, unit)} "
+                    f"vs baseline {fmt(inc.baseline_p99_ms, unit)}"
+                    + (f" (SLO {fmt(inc.slo_ms, unit, 0)})" if inc.slo_ms else ""),
                 ]
             ),
             html.P(
@@ -134,10 +147,32 @@ def _latency(inc: Incident, w: Cols, colour: str) -> Fig | None:
         ],
         y_titles=["latency (ms)"],
     )
-    if inc.slo_ms:
+    if inc.slo_ms and inc.indicator == E2E:
         figures.hline(fig, inc.slo_ms, theme.SLO_COLOUR, "SLO")
     figures.shade(fig, at(inc.start_ns), at(inc.end_ns), theme.SPIKE_FILL, label="spike")
     return fig
+
+
+def _tokens(inc: Incident, tok: Cols, pc: PageContext) -> Fig | None:
+    """The victim's TTFT and TPOT p99 (generative models only), the spike shaded on the
+    panel of the indicator that breached (both for an e2e incident)."""
+    fig = figures.token_panels(tok, pc.data.colours, pc.data.indicator_slo_ms, to_time=times)
+    if fig is None:
+        return None
+    rows = {"ttft": (1,), "tpot": (2,)}.get(inc.indicator, (1, 2))
+    for row in rows:
+        figures.shade(
+            fig, at(inc.start_ns), at(inc.end_ns), theme.SPIKE_FILL, yaxis=figures.axis_ref(row)
+        )
+    return fig
+
+
+def _indicator_windows(inc: Incident, w: Cols, tok: Cols) -> Cols:
+    """Windows whose ``p99_ms`` is the incident's indicator (the excess the evidence chart
+    sets each cause against)."""
+    if inc.indicator == E2E or not len(tok):
+        return w
+    return Cols({"ts_ns": tok["ts_ns"], "p99_ms": tok[f"{inc.indicator}_p99_ms"]})
 
 
 def _phases(w: Cols) -> Fig | None:
@@ -221,7 +256,7 @@ def _evidence(pc: PageContext, inc: Incident, w: Cols, rng: Range) -> Fig | None
             figures.line(
                 wx,
                 excess,
-                f"{inc.model} p99 over baseline",
+                f"{inc.model} {inc.indicator} p99 over baseline",
                 theme.SLO_COLOUR,
                 yaxis=right,
                 dash="dot",

@@ -35,6 +35,8 @@ def layout(range: str | None = None, **_: Any) -> html.Div:
             html.H3("p99 latency per model"),
             html.Div(id="ov-p99-empty"),
             dcc.Graph(id="ov-p99", config={"displaylogo": False}, style={"display": "none"}),
+            # generative models only: the box stays empty where no request carries tokens
+            html.Div(id="ov-tokens-box"),
             html.H3("Open and recent incidents"),
             dcc.RadioItems(
                 id="ov-severity",
@@ -130,6 +132,31 @@ def register(app: Dash, pc: PageContext) -> None:
         fig["layout"]["xaxis"]["range"] = [at(rng.since_ns), at(rng.until_ns)]
         state = {"models": order, "next_ns": last + step * 1_000_000_000 if last else rng.since_ns}
         return fig, {"display": "block"}, None, state
+
+    @app.callback(
+        Output("ov-tokens-box", "children"),
+        Input("ov-params", "data"),
+        Input("shell-tick", "n_intervals"),
+    )
+    def tokens(params: dict[str, Any], _tick: int | None) -> Any:
+        """TTFT and TPOT p99 per generative model (redrawn on each live tick)."""
+        try:
+            rng = pc.range(params.get("range"))
+        except QueryError:
+            return None  # the latency chart says what is wrong with the range
+        if ctx.triggered_id == "shell-tick" and not rng.live:
+            return no_update
+        data.learn_colours()
+        fig = figures.token_panels(
+            data.tokens(rng), data.colours, data.indicator_slo_ms, to_time=times
+        )
+        if fig is None:
+            return None
+        fig["layout"]["xaxis"]["range"] = [at(rng.since_ns), at(rng.until_ns)]
+        return [
+            html.H3("Time to first token and per output token (generative models)"),
+            dcc.Graph(id="ov-tokens", figure=fig, config={"displaylogo": False}),
+        ]
 
     @app.callback(
         Output("ov-incidents", "children"),

@@ -99,7 +99,7 @@ def add_incident(
     with store.cursor() as cur:
         cur.execute(
             "INSERT OR REPLACE INTO incidents VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 id,
                 model,
@@ -117,6 +117,7 @@ def add_incident(
                 json.dumps(detail),
                 severity,
                 replica,
+                "e2e",
             ],
         )
 

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from alerts.rule_blocks import RuleSettings
 from alerts.rules import RULE_FILES, render_rules, write_rules
 from cotenant.config import Config, load_config
 from cotenant.rules_cmd import settings_from
+from store.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "rules"
@@ -154,3 +156,34 @@ def test_configured_and_default_slos_alert_in_promtool(tmp_path: Path) -> None:
     shutil.copy(HERE / "slo_rendered.test.yml", tmp_path)
     r = promtool("test", "rules", tmp_path / "slo_rendered.test.yml")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_ttft_and_tpot_slos_render_recording_rules_and_alerts_in_promtool(
+    tmp_path: Path,
+) -> None:
+    """TTFT / TPOT SLOs become constants and alerts over cotenant's own histograms and
+    vLLM's; without them, only the quantile recording rules are rendered."""
+    base = settings_from(Config())
+    plain = render_rules(base)
+    assert "ModelTTFTSLOBreach" not in "".join(plain.values())
+    assert "cotenant:time_per_output_token_seconds:p99_1m" in plain["cotenant.rules.yml"]
+    assert "exporter:time_to_first_token_seconds:p99_1m" in plain["exporters.rules.yml"]
+    s = replace(
+        base,
+        slo_ttft_ms={"chat": 500.0},
+        slo_tpot_ms={"chat": 50.0},
+        runbook_base_url="http://runbooks",
+    )
+    write_rules(s, tmp_path)
+    r = promtool("check", "rules", *(tmp_path / n for n in RULE_FILES))
+    assert r.returncode == 0, r.stdout + r.stderr
+    shutil.copy(HERE / "token_slo_rendered.test.yml", tmp_path)
+    r = promtool("test", "rules", tmp_path / "token_slo_rendered.test.yml")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_bad_ttft_slo_is_refused_naming_the_key() -> None:
+    base = settings_from(Config())
+    with pytest.raises(UsageError, match=r"slo_tpot_ms\['chat'\] = -1"):
+        replace(base, slo_tpot_ms={"chat": -1.0})

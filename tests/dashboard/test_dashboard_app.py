@@ -101,7 +101,8 @@ def test_an_empty_store_says_what_is_missing(tmp_path: Path) -> None:
         assert "no weekly reports" in str(reports["rep-view"])
         missing = _callback(
             c,
-            "inc-summary.children...inc-latency-box.children...inc-phases-box.children"
+            "inc-summary.children...inc-latency-box.children...inc-tokens-box.children"
+            "...inc-phases-box.children"
             "...inc-causes-box.children...inc-evidence-box.children...inc-actions.children",
             [{"id": "inc-params", "property": "data", "value": {"id": "inc-nope"}}],
         )

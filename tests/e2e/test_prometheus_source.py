@@ -27,7 +27,13 @@ from promserver import (
 
 from collectors.prometheus import PrometheusSource
 from store.errors import CotenantError, SourceError
-from store.frames import GPU_WINDOWS, PROCESS_WINDOWS, REQUEST_WINDOWS, SERVING_WINDOWS
+from store.frames import (
+    GPU_WINDOWS,
+    PROCESS_WINDOWS,
+    REQUEST_WINDOWS,
+    SERVING_WINDOWS,
+    TOKEN_WINDOWS,
+)
 from store.queries import TimeRange
 from store.schema import PHASES
 
@@ -94,6 +100,11 @@ GPUS: list[dict[str, Any]] = [
 # cumulative bucket fractions: (le seconds, share of requests at or below)
 VLLM_BUCKETS = [(0.1, 0.3), (0.25, 0.6), (0.5, 0.9), (1.0, 0.97), (2.5, 1.0)]
 OWN_BUCKETS = [(0.005, 0.1), (0.01, 0.7), (0.025, 0.95), (0.05, 1.0)]
+TTFT_BUCKETS = [(0.05, 0.5), (0.1, 0.9), (0.25, 1.0)]
+TPOT_BUCKETS = [(0.01, 0.4), (0.02, 0.95), (0.05, 1.0)]  # per output token
+PROMPT_BUCKETS = [(256.0, 0.5), (1024.0, 0.9), (4096.0, 1.0)]
+OUTPUT_BUCKETS = [(64.0, 0.3), (256.0, 0.9), (1024.0, 1.0)]
+TOKENS_PER_REQUEST = 150.0
 
 
 @dataclass(frozen=True)
@@ -201,7 +212,14 @@ class FleetExporter:
             _histogram(out, "vllm:request_queue_time_seconds", v.labels, done, v.queue_s,
                        [(1.0, 1.0)], ts)  # fmt: skip
             _histogram(out, "vllm:time_to_first_token_seconds", v.labels, done, 0.08,
-                       [(1.0, 1.0)], ts)  # fmt: skip
+                       TTFT_BUCKETS, ts)  # fmt: skip
+            if v.labels["model_name"] == "llama-8b":  # the rest only from one of the two
+                _histogram(out, "vllm:time_per_output_token_seconds", v.labels,
+                           done * TOKENS_PER_REQUEST, 0.015, TPOT_BUCKETS, ts)  # fmt: skip
+                _histogram(out, "vllm:request_prompt_tokens", v.labels, done, 500.0,
+                           PROMPT_BUCKETS, ts)  # fmt: skip
+                _histogram(out, "vllm:request_generation_tokens", v.labels, done,
+                           TOKENS_PER_REQUEST, OUTPUT_BUCKETS, ts)  # fmt: skip
             line("vllm:num_requests_waiting", v.labels, 3.0)
             line("vllm:num_requests_running", v.labels, 7.0)
             line("vllm:kv_cache_usage_perc", v.labels, 0.42)
@@ -282,6 +300,7 @@ def test_every_frame_has_the_store_schema(fleet: Fleet) -> None:
     assert s.process_windows(rng, STEP_S).schema == PROCESS_WINDOWS
     assert s.request_windows(rng, STEP_S).schema == REQUEST_WINDOWS
     assert s.serving_windows(rng, STEP_S).schema == SERVING_WINDOWS
+    assert s.token_windows(rng, STEP_S).schema == TOKEN_WINDOWS
 
 
 def test_gpu_windows_carry_the_served_dcgm_values_in_store_units(fleet: Fleet) -> None:
@@ -395,6 +414,31 @@ def test_serving_windows_from_vllm_gauges(fleet: Fleet) -> None:
         assert r["requests_running"] == pytest.approx(7.0)
         assert r["kv_cache_usage"] == pytest.approx(0.42)
         assert r["preemptions_per_s"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_token_windows_from_vllm_ttft_tpot_and_token_histograms(fleet: Fleet) -> None:
+    t = fleet.source.token_windows(fleet.rng, STEP_S, lengths=True)
+    llama = rows(t, model="llama-8b")
+    assert len(llama) == 2
+    for r in llama:
+        assert r["gpu"] == "GPU-bbbb"
+        assert r["count"] == pytest.approx(10.0 * STEP_S, rel=1e-3)
+        assert r["ttft_mean_ms"] == pytest.approx(80.0, rel=1e-3)
+        assert r["ttft_p99_ms"] == pytest.approx(1e3 * bucket_quantile(0.99, TTFT_BUCKETS), 1e-3)
+        assert r["tpot_mean_ms"] == pytest.approx(15.0, rel=1e-3)
+        assert r["tpot_p99_ms"] == pytest.approx(1e3 * bucket_quantile(0.99, TPOT_BUCKETS), 1e-3)
+        assert r["prompt_tokens_mean"] == pytest.approx(500.0, rel=1e-3)
+        assert r["output_tokens_mean"] == pytest.approx(TOKENS_PER_REQUEST, rel=1e-3)
+        assert r["output_tokens_p99"] == pytest.approx(bucket_quantile(0.99, OUTPUT_BUCKETS), 1e-3)
+    assert {
+        r["output_tokens_p99"] for r in rows(fleet.source.token_windows(fleet.rng, STEP_S))
+    } == {None}  # the token counts' p99 only when asked for
+    [mistral, _] = rows(t, model="mistral-7b")
+    assert mistral["gpu"] == "GPU-aaaa" and mistral["tpot_p99_ms"] is None
+    assert mistral["ttft_mean_ms"] == pytest.approx(80.0, rel=1e-3)
+    assert fleet.source.token_windows(fleet.rng, STEP_S, gpu="GPU-aaaa").column(
+        "model"
+    ).to_pylist() == ["mistral-7b", "mistral-7b"]
 
 
 def test_instant_and_range_helpers(fleet: Fleet) -> None:
