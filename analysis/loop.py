@@ -22,7 +22,7 @@ from analysis.incidents import Incident, IncidentBook, IncidentEvent
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import WindowCache, gpus_of
-from store.errors import CotenantError
+from store.errors import CotenantError, SourceError
 from store.periodic import Periodic
 from store.queries import TimeRange
 from store.source import MetricSource
@@ -74,10 +74,20 @@ class AnalysisLoop:
         self._worker = Periodic(
             "cotenant-analysis",
             interval_s,
-            self.run_once,
+            self._pass,
             what="analysis pass",
             on_error=self._failures.inc if self._failures is not None else None,
         )
+
+    def _pass(self) -> None:
+        """A pass of the worker thread. A source that cannot be read (Prometheus down) skips
+        the pass, counted: the source has logged why (``store.source_watch``), and the next
+        pass tries again. Open incidents stay as they were."""
+        try:
+            self.run_once()
+        except SourceError:
+            if self._failures is not None:
+                self._failures.inc()
 
     def run_once(self) -> list[IncidentEvent]:
         """One pass over every model; returns what changed, in reading order."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +37,15 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
     60.0,
     120.0,
 )
+
+
+class RequestObserver(Protocol):
+    """A collector fed every normalized ``requests`` batch (``RequestDurationHistogram`` in
+    serve, ``collectors.fleet_histogram.FleetHistogram`` in the agent)."""
+
+    def observe_requests(self, table: pa.Table) -> None: ...
+
+    def collect(self) -> Iterator[Metric]: ...
 
 
 class RequestDurationHistogram:
@@ -103,7 +113,11 @@ def _fmt(b: float) -> str:
 class IngestMetrics:
     """All ingest-side series; implements :class:`store.writer.WriteObserver`."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, durations: RequestObserver | None = None
+    ) -> None:
+        """``durations``: the request-latency collector (default: serve's
+        :class:`RequestDurationHistogram`)."""
         self.registry = registry
         self.spans_received = Counter(
             "cotenant_otlp_spans_received",
@@ -177,7 +191,7 @@ class IngestMetrics:
             "Child spans waiting for their root span",
             registry=registry,
         )
-        self.durations = RequestDurationHistogram()
+        self.durations: RequestObserver = durations or RequestDurationHistogram()
         registry.register(self.durations)
 
     def bind_queue(

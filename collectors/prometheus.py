@@ -25,7 +25,16 @@ bytes/s: gauges despite the name); ``mem_used_bytes`` / ``mem_total_bytes`` = ``
 
 **PROCESS_WINDOWS**: DCGM series carrying ``pod``; ``process_name`` = ``namespace/pod/container``
 (the parts present), ``pid`` null, the values of the GPU the pod is on (DCGM does not split a
-shared GPU per pod), ``model`` from the vLLM / Triton / cotenant series of the same pod.
+shared GPU per pod), ``model`` from the vLLM / Triton / cotenant series of the same pod. Then
+the per-process series of cotenant agents (``cotenant_gpu_process_*`` from NVML, and host CPU
+``cotenant_process_cpu_cores``, with no GPU), keyed by their ``host, gpu, pid, process,
+model`` labels.
+
+**LOCK_WAITS** from the agents' ``cotenant_lock_waits_total`` / ``cotenant_lock_wait_seconds_total``
+(increase over the range); empty where only exporters run.
+
+**Owners** (:meth:`PrometheusSource.owners`): the ``node`` and ``instance`` labels of the agent
+series of a (model, GPU), which fleet mode turns into the agent's URL for drill-down.
 
 **REQUEST_WINDOWS**, per model from the first family that has it: cotenant's own
 ``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase), else
@@ -176,6 +185,14 @@ class PrometheusSource:
             name = "/".join(p for p in (ns, pod, container) if p)
             key = (promql.host_of(ident), dev, None, name, models.get((ns, pod)))
             out.append((key, f, windows_with_data(f)))
+        sel = f"gpu={promql.quote(gpu)}" if gpu is not None else ""
+        agent = promql.agent_process_query(sel, window)
+        for (host, dev, pid, name, model), f in self._api.blocks(
+            agent, g, promql.AGENT_PROCESS_BY
+        ).items():
+            pid_v = int(pid) if pid.isdigit() else None
+            key2 = (host, dev or None, pid_v, name, model or None)
+            out.append((key2, f, windows_with_data(f)))  # type: ignore[arg-type]
         return table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
     def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
@@ -229,9 +246,34 @@ class PrometheusSource:
         return table(REQUEST_WINDOWS, g, ("model", "gpu"), out)
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
-        """Exporters carry no lock detail: always empty (lock causes need spans)."""
-        check_range(rng, 1.0)
-        return LOCK_WAITS.empty_table()
+        """From cotenant agents' lock counters; exporters carry no lock detail (empty)."""
+        lo, hi, _ = check_range(rng, 1.0)
+        window = promql.duration(max(hi - lo, 4 * self._scrape_ns))
+        found: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+        for labels, v in self.instant(promql.lock_waits_query(model, window), hi):
+            key = (labels.get("lock", ""), labels.get("holder", ""))
+            found[key][labels.get(promql.FIELD, "")] = v
+        rows = [
+            (lock, holder, round(f.get("requests", 0.0)), 1e3 * f.get("seconds", 0.0))
+            for (lock, holder), f in found.items()
+            if f.get("seconds", 0.0) > 0
+        ]
+        rows.sort(key=lambda r: -r[3])
+        return (
+            pa.table([pa.array([r[i] for r in rows]) for i in range(4)], schema=LOCK_WAITS)
+            if rows
+            else LOCK_WAITS.empty_table()
+        )
+
+    def owners(self, rng: TimeRange, model: str, gpu: str | None = None) -> list[dict[str, str]]:
+        """The agents that published ``model``'s latency (on ``gpu``) in ``rng``: one
+        ``{node, instance}`` per agent, as their series label them; empty when no agent did
+        (exporter-only models)."""
+        lo, hi, _ = check_range(rng, 1.0)
+        window = promql.duration(max(hi - lo, 4 * self._scrape_ns))
+        got = self.instant(promql.owners_query(model, gpu, window), hi)
+        seen = {(lb.get("node", ""), lb.get("instance", "")) for lb, _ in got}
+        return [{"node": n, "instance": i} for n, i in sorted(seen)]
 
     def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
         g = promql.grid(rng, step_s)

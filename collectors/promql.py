@@ -142,6 +142,51 @@ def pod_models_query(window: str) -> str:
     )
 
 
+AGENT_PROCESS_BY = ("host", "gpu", "pid", "process", "model")
+"""Labels identifying one process in an agent's per-process series."""
+
+
+def agent_process_query(sel: str, window: str) -> str:
+    """A cotenant agent's per-process series (docs/metrics.md) as PROCESS_WINDOWS fields:
+    NVML's per-process ratios as percent, memory in bytes, and host CPU in cores (those have
+    no ``gpu``: asked for only when ``sel`` does not select a GPU)."""
+    by = ", ".join(AGENT_PROCESS_BY)
+
+    def mean(metric: str, scale: str = "") -> str:
+        return f"{scale}avg by ({by}) (avg_over_time({metric}{{{sel}}}[{window}]))"
+
+    parts = {
+        "sm_util": mean("cotenant_gpu_process_sm_utilization_ratio", "100 * "),
+        "mem_util": mean("cotenant_gpu_process_memory_utilization_ratio", "100 * "),
+        "mem_used_bytes": mean("cotenant_gpu_process_memory_used_bytes"),
+    }
+    if "gpu=" not in sel:
+        parts["cpu_cores"] = mean("cotenant_process_cpu_cores")
+    return union(parts)
+
+
+def lock_waits_query(model: str, window: str) -> str:
+    """Per (lock, holder) of ``model``: requests that waited and seconds waited, over
+    ``window`` ending at the query time (agents' ``cotenant_lock_wait*`` counters)."""
+    m = f"model={quote(model)}"
+    return union(
+        {
+            "requests": f"sum by (lock, holder) (increase(cotenant_lock_waits_total{{{m}}}"
+            f"[{window}]))",
+            "seconds": f"sum by (lock, holder) (increase(cotenant_lock_wait_seconds_total"
+            f"{{{m}}}[{window}]))",
+        }
+    )
+
+
+def owners_query(model: str, gpu: str | None, window: str) -> str:
+    """Which agents (node, scrape target) published ``model``'s latency on ``gpu``."""
+    sel = [f"model={quote(model)}", 'phase="total"']
+    if gpu:
+        sel.append(f"gpu={quote(gpu)}")
+    return f"group by (node, instance) (last_over_time({OWN}_count{{{','.join(sel)}}}[{window}]))"
+
+
 def host_of(ident: tuple[str, ...]) -> str:
     """Host of a :data:`GPU_BY` identity: ``Hostname``, ``hostname``, else ``instance``."""
     _, _, hostname_cap, hostname, instance = ident[:5]

@@ -44,6 +44,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    """``cotenant agent``: [agent] store and retention replace [store]'s (``--store`` wins)."""
+    cfg = _load(args)
+    ag = cfg.agent
+    store = dataclasses.replace(
+        cfg.store, path=args.store or ag.store, raw_retention_h=ag.raw_retention_h
+    )
+    cfg = dataclasses.replace(cfg, store=store)
+    _configure_logging(cfg.log.level)
+    from cotenant.service import Service
+
+    Service(cfg, role="agent").run()
+    return 0
+
+
 def cmd_nvml(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _configure_logging(cfg.log.level)
@@ -200,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run collectors, store, analysis and the HTTP API")
     common(serve)
     serve.set_defaults(func=cmd_serve)
+
+    agent = sub.add_parser(
+        "agent",
+        help="run on a GPU node: collectors, a short local store, /metrics for Prometheus and "
+        "the drill-down API (docs/fleet.md)",
+    )
+    common(agent)
+    agent.set_defaults(func=cmd_agent)
 
     nvml = sub.add_parser(
         "nvml", help="list the GPUs NVML sees and print one poll of their counters"

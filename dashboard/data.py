@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -33,7 +33,7 @@ from store.dashboard_queries import (
 from store.db import Store
 from store.incident_rows import incidents_version, open_incident_counts
 from store.queries import TimeRange
-from store.source import StoreSource
+from store.source import MetricSource, StoreSource
 
 NOW_WINDOW_NS = 60_000_000_000
 """"Now" on the tiles is the last minute of the range."""
@@ -77,6 +77,17 @@ class Cols:
         return Cols({k: [v[i] for i in keep] for k, v in self.data.items()})
 
 
+class RequestDrill(Protocol):
+    """The slowest requests of a (model, GPU) in a range, from wherever they are kept (fleet
+    mode: the agent that owns the GPU; ``cotenant.fleet_drill.AgentDrill``). The answer has
+    ``requests`` (dicts of the ``requests`` columns plus ``node``), ``agents`` and ``note``
+    (why some are missing, e.g. a node unreachable; None when nothing is)."""
+
+    def slowest(
+        self, model: str, gpu: str | None, since_ns: int, until_ns: int, limit: int = 20
+    ) -> dict[str, Any]: ...
+
+
 class DashboardData:
     """Typed reads for the pages. Thread-safe: each call takes its own cursor."""
 
@@ -84,15 +95,20 @@ class DashboardData:
         self,
         store: Store,
         *,
+        source: MetricSource | None = None,
+        drill: RequestDrill | None = None,
         book: IncidentBook | None = None,
         slo_ms: Mapping[str, float] | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         otlp_hint: str = "http://127.0.0.1:4318/v1/traces",
     ) -> None:
-        """``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
+        """``source``: where windows are read (default the store; fleet mode: Prometheus);
+        ``drill``: where an incident's slowest requests come from (fleet mode);
+        ``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
         OTLP endpoint named by the empty states."""
         self.store = store
-        self.source = StoreSource(store)
+        self.source: MetricSource = source or StoreSource(store)
+        self.drill = drill
         self.book = book or IncidentBook(store)
         self.slo_ms = dict(slo_ms or {})
         self.clock_ns = clock_ns
