@@ -53,8 +53,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     )
     cfg = dataclasses.replace(cfg, store=store)
     _configure_logging(cfg.log.level)
+    import prometheus_client
+
     from cotenant.service import Service
 
+    # no `_created` twin of every counter: it doubles the series a node sends to Prometheus
+    prometheus_client.disable_created_metrics()
     Service(cfg, role="agent").run()
     return 0
 
