@@ -58,7 +58,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from cotenant.service import Service
 
     # no `_created` twin of every counter: it doubles the series a node sends to Prometheus
-    prometheus_client.disable_created_metrics()
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     Service(cfg, role="agent").run()
     return 0
 

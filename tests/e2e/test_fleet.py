@@ -182,6 +182,29 @@ def embedded_top_cause(scenario: Path) -> tuple[str, str]:
     return top["kind"], top["culprit"]
 
 
+INCIDENT_PAGE = (
+    "inc-summary.children...inc-latency-box.children...inc-phases-box.children"
+    "...inc-causes-box.children...inc-evidence-box.children...inc-actions.children"
+    "...inc-drill.children"
+)
+
+
+def incident_page(api: str, incident_id: str) -> str:
+    """The incident page's content as the browser's callback gets it (Dash's JSON)."""
+    outs = [dict(zip(("id", "property"), o.rsplit(".", 1), strict=True)) for o in
+            INCIDENT_PAGE.split("...")]  # fmt: skip
+    body = {
+        "output": f"..{INCIDENT_PAGE}..",
+        "outputs": outs,
+        "inputs": [{"id": "inc-params", "property": "data", "value": {"id": incident_id}}],
+        "changedPropIds": ["inc-params.data"],
+        "state": [],
+    }
+    r = httpx.post(f"{api}/_dash-update-component", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return str(r.json()["response"])
+
+
 def _top(inc: dict[str, Any]) -> tuple[str, str] | None:
     """(kind, culprit) of an incident's first cause that is not ``unknown``."""
     c = next((c for c in inc.get("causes", []) if c["kind"] != "unknown"), None)
@@ -242,7 +265,6 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
                     "COTENANT_ANALYSIS_HORIZON_S": "120",
                     "COTENANT_ANALYSIS_REREAD_S": "6",
                     "COTENANT_ANALYSIS_SLO_MS": "tts=100,chat=100,embed=80,ocr=100",
-                    "COTENANT_DASHBOARD_ENABLED": "false",
                     "COTENANT_ACTUATORS_MODE": "off",
                 },
             )
@@ -306,12 +328,16 @@ def test_central_serve_over_prometheus_diagnoses_drills_down_and_survives_outage
     assert lat == sorted(lat, reverse=True) and lat[0] > 100.0  # over the SLO: the slow ones
     bad = httpx.get(f"{api}/api/v1/incidents/{inc['id']}/requests", params={"limit": 0})
     assert bad.status_code == 400 and "limit" in bad.json()["error"]
+    page = incident_page(api, inc["id"])
+    assert "Slowest requests — from node-a" in page and reqs[0]["trace_id"] in page
 
     # node A's agent goes away: the diagnosis stands, the drill-down says why it is empty
     fleet["agents"]["a"].stop()
     drill = httpx.get(f"{api}/api/v1/incidents/{inc['id']}/requests", timeout=10).json()
     assert drill["requests"] == [] and "node node-a unreachable" in drill["note"], drill
     assert drill["agents"][0]["reachable"] is False
+    page = incident_page(api, inc["id"])
+    assert "node node-a unreachable" in page and "Top cause: cotenant — sdxl" in page
     again = httpx.get(f"{api}/api/v1/incidents/{inc['id']}", timeout=5).json()
     assert _top(again) == expected
 
