@@ -40,12 +40,10 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 
 
 class RequestObserver(Protocol):
-    """A collector fed every normalized ``requests`` batch (``RequestDurationHistogram`` in
+    """What is fed every normalized ``requests`` batch (``RequestDurationHistogram`` in
     serve, ``collectors.fleet_histogram.FleetHistogram`` in the agent)."""
 
     def observe_requests(self, table: pa.Table) -> None: ...
-
-    def collect(self) -> Iterator[Metric]: ...
 
 
 class RequestDurationHistogram:
@@ -116,8 +114,8 @@ class IngestMetrics:
     def __init__(
         self, registry: CollectorRegistry, *, durations: RequestObserver | None = None
     ) -> None:
-        """``durations``: the request-latency collector (default: serve's
-        :class:`RequestDurationHistogram`)."""
+        """``durations``: what request batches feed (default: serve's
+        :class:`RequestDurationHistogram`, registered here; one passed in exposes itself)."""
         self.registry = registry
         self.spans_received = Counter(
             "cotenant_otlp_spans_received",
@@ -191,8 +189,10 @@ class IngestMetrics:
             "Child spans waiting for their root span",
             registry=registry,
         )
-        self.durations: RequestObserver = durations or RequestDurationHistogram()
-        registry.register(self.durations)
+        if durations is None:
+            durations = RequestDurationHistogram()
+            registry.register(durations)
+        self.durations: RequestObserver = durations
 
     def bind_queue(
         self, depth: Callable[[], float], capacity: float, pending: Callable[[], float]

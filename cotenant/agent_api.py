@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from collectors.fleet_histogram import FleetHistogram
 from cotenant.api import ErrorResponse, http_status, validation_error
 from store.db import Store
 from store.errors import CotenantError, QueryError
@@ -35,8 +36,10 @@ def create_agent_api(
     *,
     node: str,
     max_range_s: float,
+    histogram: FleetHistogram | None = None,
 ) -> FastAPI:
-    """The agent's app. ``readiness()`` returns None when ready, else the reason it is not."""
+    """The agent's app. ``readiness()`` returns None when ready, else the reason it is not;
+    ``histogram``'s text is appended to the registry's exposition."""
     app = FastAPI(
         title="cotenant agent",
         version="0.1.0",
@@ -67,7 +70,12 @@ def create_agent_api(
     @app.get("/metrics", summary="Prometheus exposition", response_class=Response)
     def metrics(request: Request) -> Response:
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encode(registry), media_type=content_type)
+        body = encode(registry)
+        if histogram is not None:
+            om = content_type.startswith("application/openmetrics-text")
+            extra = histogram.render(openmetrics=om).encode()
+            body = body.removesuffix(b"# EOF\n") + extra + (b"# EOF\n" if om else b"")
+        return Response(body, media_type=content_type)
 
     @app.get(
         "/api/v1/slowest",

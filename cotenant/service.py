@@ -154,9 +154,10 @@ class Service:
         self.role = role
         self.node = config.agent.node or config.nvml.host or socket.gethostname()
         agent = role == "agent"
-        self.metrics = IngestMetrics(
-            self.registry, durations=FleetHistogram(self.node) if agent else None
-        )
+        self.fleet_histogram = FleetHistogram(self.node) if agent else None
+        if self.fleet_histogram is not None:
+            self.registry.register(self.fleet_histogram)  # its lock-wait counters
+        self.metrics = IngestMetrics(self.registry, durations=self.fleet_histogram)
         self.host_cpu = HostCpuGauge() if agent else None
         if self.host_cpu is not None:
             self.registry.register(self.host_cpu)
@@ -223,6 +224,7 @@ class Service:
                 self._not_ready_reason,
                 node=self.node,
                 max_range_s=config.agent.drill_max_range_h * 3600,
+                histogram=self.fleet_histogram,
             )
         else:
             self._build_central(on_incident)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 from spans import MS, SpanFactory
 
@@ -65,9 +65,7 @@ def test_total_buckets_give_the_p99_within_ten_percent(median_ms: float, sigma: 
     lat = median_ms * np.exp(sigma * rng.standard_normal(20_000))
     h = FleetHistogram("node-a")
     h.observe_requests(_requests(lat))
-    reg = CollectorRegistry()
-    reg.register(h)
-    fam = next(f for f in text_string_to_metric_families(generate_latest(reg).decode()))
+    fam = next(f for f in text_string_to_metric_families(h.render()))
     buckets = [
         (float(s.labels["le"]), s.value)
         for s in fam.samples
@@ -96,12 +94,18 @@ def test_series_carry_node_exemplars_lock_waits_and_only_phases_seen() -> None:
     h.observe_requests(t)
     reg = CollectorRegistry()
     reg.register(h)
-    om = om_latest(reg).decode()
-    # the slow request is the exemplar of its bucket, with its trace id and latency (s)
-    slow = [ln for ln in om.splitlines() if f'trace_id="{2:032x}"' in ln]
-    assert len(slow) == 1 and 'phase="total"' in slow[0] and 'node="node-a"' in slow[0]
-    assert slow[0].split(" # ")[1].split()[1] == "0.9"
-    text = generate_latest(reg).decode()
+    om = h.render(openmetrics=True) + "# EOF\n"
+    # valid OpenMetrics (the strict parser), the slow request the exemplar of its bucket
+    ex = [
+        s
+        for f in om_families(om)
+        for s in f.samples
+        if s.exemplar is not None and s.exemplar.labels["trace_id"] == f"{2:032x}"
+    ]
+    assert len(ex) == 1 and ex[0].labels["phase"] == "total" and ex[0].labels["node"] == "node-a"
+    assert ex[0].exemplar is not None and ex[0].exemplar.value == 0.9
+    assert "trace_id" not in h.render()  # the classic text format has no exemplars
+    text = h.render() + generate_latest(reg).decode()
     phases = {
         s.labels["phase"]
         for f in text_string_to_metric_families(text)
@@ -178,6 +182,7 @@ def test_a_running_agent_exposes_what_central_diagnosis_reads_and_drills_down(
         om = {"Accept": "application/openmetrics-text; version=1.0.0"}
         text = _poll(metrics, "DCGM_FI_DEV_GPU_UTIL", om)
         assert text.rstrip().endswith("# EOF")  # OpenMetrics when asked for
+        assert len(list(om_families(text))) > 20  # and valid (the strict parser)
         assert f'trace_id="{ids[250.0][0]}"' in text  # the slow request is an exemplar
         assert f'DCGM_FI_DEV_GPU_UTIL{{Hostname="node-a",UUID="{gpu}"' in text
         plain = httpx.get(metrics, timeout=5).text
