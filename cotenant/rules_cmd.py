@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     rsub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND", required=True)
     render = rsub.add_parser(
         "render",
-        help="write cotenant.rules.yml and exporters.rules.yml",
+        help="write cotenant.rules.yml, exporters.rules.yml and fleet.rules.yml",
         description="Render the rule files from [analysis] slo_ms and [rules] (thresholds, "
         "for_s, runbook_base_url). With the default configuration this writes the files "
         "committed under rules/.",
