@@ -69,6 +69,34 @@ def render_rules(s: RuleSettings) -> dict[str, str]:
     }
 
 
+def prometheus_rule(
+    s: RuleSettings,
+    *,
+    name: str = "cotenant",
+    namespace: str = "cotenant",
+    files: tuple[str, ...] = ("cotenant.rules.yml", "fleet.rules.yml"),
+) -> str:
+    """The rule files ``files`` as one Prometheus Operator ``PrometheusRule`` manifest (the
+    groups of each, in order), for ``deploy/k8s/``."""
+    groups: dict[str, list[dict[str, Any]]] = {
+        "cotenant.rules.yml": cotenant_groups(s),
+        "exporters.rules.yml": exporter_groups(s),
+        "fleet.rules.yml": fleet_groups(s),
+    }
+    doc = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "cotenant", "release": "prometheus"},
+        },
+        "spec": {"groups": [g for f in files for g in groups[f]]},
+    }
+    body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
+    return HEADER.replace("re-render", "re-render (--prometheus-rule)") + body
+
+
 def write_rules(s: RuleSettings, out_dir: Path) -> list[Path]:
     """Render into ``out_dir`` (created if missing); returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)

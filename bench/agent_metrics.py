@@ -51,7 +51,9 @@ from store.schema import PHASE_COLUMNS, arrow_schema  # noqa: E402
 GIB = 1 << 30
 
 
-def _agent(tmp: Path, fake: FakeNvml, procfs: bool) -> tuple[Service, threading.Thread]:
+def _agent(
+    tmp: Path, fake: FakeNvml, procfs: bool, ack: str = "durable"
+) -> tuple[Service, threading.Thread]:
     cfg = load_config(
         env={
             "COTENANT_SERVER_PORT": "0",
@@ -64,6 +66,7 @@ def _agent(tmp: Path, fake: FakeNvml, procfs: bool) -> tuple[Service, threading.
             "COTENANT_AGENT_NODE": "bench-node",
             "COTENANT_PROCFS_ENABLED": "true" if procfs else "false",
             "COTENANT_LOG_LEVEL": "warning",
+            "COTENANT_STORE_ACK": ack,
         }
     )
     svc = Service(cfg, nvml=fake, role="agent")
@@ -204,7 +207,7 @@ def _cpu_of_this_process() -> float:
 
 def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     fake, _ = _fleet_nvml(args.gpus, args.processes)
-    svc, t = _agent(tmp, fake, procfs=True)
+    svc, t = _agent(tmp, fake, procfs=True, ack=args.ack)
     try:
         assert svc.endpoints is not None and svc.endpoints.otlp_http is not None
         time.sleep(3)  # let start-up work settle
@@ -226,6 +229,7 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         )
         return {
             "rps": args.rps,
+            "ack": args.ack,
             "seconds": args.seconds,
             "requests_ingested": int(count),
             "cpu_share_idle": round(idle, 4),
@@ -248,6 +252,7 @@ def main() -> None:
     p.add_argument("--scrapes", type=int, default=50)
     p.add_argument("--rps", type=int, default=200)
     p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--ack", choices=("durable", "queued"), default="durable")
     p.add_argument("--part", choices=("scrape", "overhead", "both"), default="both")
     args = p.parse_args()
     import tempfile

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from alerts.rule_blocks import RuleSettings
-from alerts.rules import write_rules
+from alerts.rules import prometheus_rule, write_rules
 from cotenant.config import Config, load_config
 
 
@@ -33,6 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     render.add_argument(
         "--out", metavar="DIR", type=Path, default=Path("rules"), help="output folder (./rules)"
     )
+    render.add_argument(
+        "--prometheus-rule",
+        metavar="FILE",
+        type=Path,
+        help="also write cotenant.rules.yml and fleet.rules.yml as one Prometheus Operator "
+        "PrometheusRule manifest (deploy/k8s/prometheusrule.yaml is this with the defaults)",
+    )
     render.set_defaults(func=cmd_rules_render)
 
 
@@ -53,6 +60,11 @@ def settings_from(cfg: Config) -> RuleSettings:
 
 def cmd_rules_render(args: argparse.Namespace) -> int:
     cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
-    for p in write_rules(settings_from(cfg), args.out):
+    settings = settings_from(cfg)
+    for p in write_rules(settings, args.out):
         print(f"wrote {p}")
+    if args.prometheus_rule is not None:
+        args.prometheus_rule.parent.mkdir(parents=True, exist_ok=True)
+        args.prometheus_rule.write_text(prometheus_rule(settings), encoding="utf-8")
+        print(f"wrote {args.prometheus_rule}")
     return 0
