@@ -196,9 +196,13 @@ class PrometheusSource:
         return table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
     def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
-        """(model, gpu) pairs, from one window spanning the whole range."""
+        """(model, gpu) pairs, from one window ending exactly at the range's end and spanning
+        it (not a grid window, which may end in the future: an engine that answers nothing
+        past its newest sample, like VictoriaMetrics, would then miss recent models)."""
         lo, hi, _ = check_range(rng, 1.0)
-        t = self.request_windows(rng, max(1.0, (hi - lo) / 1e9))
+        step = max(1000, -(-(hi - lo) // 1_000_000)) * 1_000_000  # whole ms, >= 1 s
+        hi -= hi % 1_000_000
+        t = self._requests_on(Grid(hi - step, step, 1), step / 1e9, None)
         pairs = zip(t.column("model").to_pylist(), t.column("gpu").to_pylist(), strict=True)
         return sorted({(str(m), str(g or "")) for m, g in pairs})
 
@@ -211,6 +215,9 @@ class PrometheusSource:
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return REQUEST_WINDOWS.empty_table()
+        return self._requests_on(g, step_s, model)
+
+    def _requests_on(self, g: Grid, step_s: float, model: str | None) -> pa.Table:
         window = promql.duration(max(g.step, 4 * self._scrape_ns))
         taken: set[str] = set()
         keyed: list[tuple[tuple[str, ...], Fields]] = []

@@ -1,0 +1,158 @@
+"""The fleet path on a second PromQL engine: VictoriaMetrics (Debian's ``victoria-metrics``)
+and a real Prometheus scrape the same ``cotenant agent`` every second, and
+``PrometheusSource`` — what central serve reads through, unchanged — must read the same
+windows, locks, GPU counters and owning agent from both."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from promserver import free_port, needs_prometheus, start_prometheus, wait_until
+from spans import MS, SpanFactory
+
+from collectors.fake_nvml import FakeNvml
+from collectors.prometheus import PrometheusSource
+from cotenant.config import load_config
+from cotenant.service import Service
+from store.queries import TimeRange
+
+VM = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
+pytestmark = [
+    needs_prometheus,
+    pytest.mark.skipif(
+        not Path(VM).exists(),
+        reason="VictoriaMetrics is not installed (`make system-deps` installs Debian's "
+        "`victoria-metrics`)",
+    ),
+]
+
+
+@contextlib.contextmanager
+def start_victoria(tmp: Path, target: str) -> Iterator[str]:
+    """VictoriaMetrics scraping ``target`` every second; yields its URL once healthy."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = tmp / "scrape.yml"
+    cfg.write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: test\n"
+        f"    static_configs:\n      - targets: ['{target}']\n"
+    )
+    port = free_port()
+    log = (tmp / "vm.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            VM,
+            f"-storageDataPath={tmp / 'data'}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            f"-promscrape.config={cfg}",
+            "-search.latencyOffset=0s",  # answer with the newest samples, as Prometheus does
+            "-loggerLevel=ERROR",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool | None:
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return None
+
+    try:
+        wait_until(healthy, "VictoriaMetrics to answer /health")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: Path) -> None:
+    fake = FakeNvml()
+    gpu = fake.add_gpu()
+    fake.set_gpu(gpu, sm_util=70, memory_used_bytes=10 << 30, power_w=300, sm_clock_mhz=1500)
+    cfg = load_config(
+        env={
+            "COTENANT_SERVER_PORT": "0",
+            "COTENANT_OTLP_HTTP_PORT": "0",
+            "COTENANT_OTLP_GRPC_ENABLED": "false",
+            "COTENANT_STORE_PATH": str(tmp_path / "agent.duckdb"),
+            "COTENANT_STORE_FLUSH_INTERVAL_S": "0.05",
+            "COTENANT_NVML_POLL_INTERVAL_S": "0.2",
+            "COTENANT_NVML_HOST": "node-a",
+            "COTENANT_AGENT_NODE": "node-a",
+            "COTENANT_PROCFS_ENABLED": "false",
+        }
+    )
+    svc = Service(cfg, nvml=fake, role="agent")
+    runner = threading.Thread(target=svc.run, kwargs={"banner": None}, daemon=True)
+    runner.start()
+    assert svc.started.wait(30) and svc.endpoints is not None and svc.endpoints.otlp_http
+    target = svc.endpoints.api.removeprefix("http://")
+    try:
+        with (
+            start_prometheus(tmp_path / "prom", [target]) as prom,
+            start_victoria(tmp_path / "vm", target) as vm,
+        ):
+            f = SpanFactory({"service.name": "tts", "host.name": "node-a"})
+            exporter = OTLPSpanExporter(endpoint=svc.endpoints.otlp_http, timeout=10)
+            rng = np.random.default_rng(1)
+            t_start = time.time_ns()
+            for k in range(24):  # 12 s: 40 req/s, slow (x8) in the last 5 s
+                slow = k >= 14
+                for _ in range(20):
+                    lat = float(rng.uniform(15, 25)) * (8 if slow else 1)
+                    wait = lat * 0.5 if slow else 0.0
+                    phases = (
+                        [("lock.wait", 0, wait), ("compute", wait, lat)]
+                        if slow
+                        else [("compute", 0, lat)]
+                    )
+                    f.ours("tts", time.time_ns() - int(lat * MS), lat, phases,
+                           attrs={"cotenant.gpu": gpu}, lock=("kv", "batcher"))  # fmt: skip
+                assert exporter.export(f.take()).name == "SUCCESS"
+                time.sleep(0.5)
+            exporter.shutdown()
+            time.sleep(2.5)  # two more scrapes of the last counts
+            window = TimeRange(t_start - t_start % 10**9, time.time_ns() - 10**9)
+            got = {}
+            for name, url in (("prometheus", prom.url), ("victoriametrics", vm)):
+                with PrometheusSource(url, scrape_interval_s=1.0) as src:
+                    req = src.request_windows(window, 1.0, model="tts")
+                    got[name] = {
+                        "pairs": src.model_gpus(window),
+                        "spans": src.has_spans,
+                        "p99": np.nanmax(req.column("p99_ms").to_numpy(zero_copy_only=False)),
+                        "rate": float(np.nanmedian(req.column("rate_rps").to_numpy())),
+                        "locks": src.lock_waits(window, "tts").to_pylist(),
+                        "owners": src.owners(window, "tts", gpu),
+                        "gpus": src.gpu_windows(window, 1.0).to_pylist(),
+                    }
+    finally:
+        svc.stop()
+        runner.join(60)
+    p, v = got["prometheus"], got["victoriametrics"]
+    assert p["pairs"] == v["pairs"] == [("tts", gpu)]
+    assert p["spans"] is v["spans"] is True
+    for g in (p, v):
+        assert 120 <= g["p99"] <= 260, got  # the slow seconds: 8 x 15-25 ms
+        assert 25 <= g["rate"] <= 55, got  # 40 requests/s
+        assert [(x["lock_name"], x["lock_holder"]) for x in g["locks"]] == [("kv", "batcher")]
+        assert g["owners"] == [{"node": "node-a", "instance": target}]
+        last = g["gpus"][-1]
+        assert (last["gpu"], last["host"], last["sm_util"]) == (gpu, "node-a", 70.0)
+        assert last["mem_used_bytes"] == pytest.approx(10 << 30)
+    assert abs(p["p99"] - v["p99"]) / p["p99"] < 0.25, got
+    # lock seconds over the range agree within the engines' rate extrapolations
+    pw, vw = p["locks"][0]["wait_ms_sum"], v["locks"][0]["wait_ms_sum"]
+    assert abs(pw - vw) / pw < 0.35, got
