@@ -49,7 +49,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     cfg = _load(args)
     ag = cfg.agent
     store = dataclasses.replace(
-        cfg.store, path=args.store or ag.store, raw_retention_h=ag.raw_retention_h
+        cfg.store,
+        path=args.store or ag.store,
+        raw_retention_h=ag.raw_retention_h,
+        rollup_interval_s=cfg.store.rollup_interval_s if ag.rollups else 3600.0,
     )
     cfg = dataclasses.replace(cfg, store=store)
     _configure_logging(cfg.log.level)

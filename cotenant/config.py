@@ -64,6 +64,11 @@ class AgentSettings:
     drill_max_range_h: float = key(
         24.0, "longest time range one drill-down query may cover", min=0.01, max=24 * 35
     )
+    rollups: bool = key(
+        False,
+        "refresh per-minute rollups in the agent's store as serve does (central serve reads "
+        "Prometheus, so by default the agent refreshes them only hourly, saving CPU)",
+    )
 
 
 @dataclass(frozen=True)
