@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis.attribution import Cause, attribute
 from analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
@@ -109,9 +111,19 @@ def _locks(
     ]
 
 
-def host_cpu(source: MetricSource, rng: TimeRange, step_s: float, n: int) -> dict[str, np.ndarray]:
-    """Host CPU use (cores) per process name, on the window grid of ``rng``."""
+def host_cpu(
+    source: MetricSource,
+    rng: TimeRange,
+    step_s: float,
+    n: int,
+    hosts: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, np.ndarray]:
+    """Host CPU use (cores) per process name, on the window grid of ``rng``; only rows of
+    ``hosts`` when given (a fleet's source holds every node's processes: a CPU hog on another
+    node cannot slow this GPU's models)."""
     t = source.process_windows(rng, step_s)
+    if hosts and t.num_rows:
+        t = t.filter(pc.is_in(pc.fill_null(t.column("host"), ""), pa.array(sorted(hosts))))
     if t.num_rows == 0:
         return {}
     since = rng.since_ns or 0
@@ -198,7 +210,11 @@ def diagnose_windows(
         return []
     # host CPU series are read once for every incident of this call (they are not per GPU)
     cpu = host_cpu(
-        source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
+        source,
+        TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns),
+        w.step_ns / 1e9,
+        w.n,
+        w.hosts,
     )
     out = [_diagnose_span(source, w, model, e, tr.abnormal, slo_ms, p, cpu) for e in eps]
     if not eps and on_demand:
