@@ -7,8 +7,8 @@ seconds, for ``promtool tsdb create-blocks-from openmetrics``:
 
 * ``cotenant_request_duration_seconds{node,model,gpu,phase}``: the total's buckets
   (:data:`collectors.fleet_histogram.TOTAL_BUCKETS_S`), ``_sum`` and ``_count`` of every
-  phase (phase buckets are left out: central diagnosis reads phase means). A request counts
-  from the first scrape at or after it completed, as the agent's counters do.
+  phase (phases get the ``+Inf`` bucket only: central diagnosis reads phase means). A request
+  counts from the first scrape at or after it completed, as the agent's counters do.
 * ``cotenant_lock_waits_total`` / ``cotenant_lock_wait_seconds_total{node,model,gpu,lock,holder}``;
 * the GPU counters under the DCGM names and labels the agent uses
   (:data:`collectors.nvml_metrics.DCGM_SERIES`), per-process GPU ratios and memory, and host
@@ -45,6 +45,29 @@ def _series(name: str, labels: str, ts_s: np.ndarray, values: np.ndarray) -> Ite
     for t, v in zip(ts_s.tolist(), values.tolist(), strict=True):
         if v == v:  # NaN: no sample
             yield f"{name}{labels} {v!r} {t:.3f}"
+
+
+def _histogram(
+    base: dict[str, str],
+    phase: str,
+    les: list[str],
+    cum: np.ndarray,
+    count: np.ndarray,
+    sums: np.ndarray,
+    ts_s: np.ndarray,
+) -> list[str]:
+    """One histogram's samples, a whole point (buckets, count, sum) per timestamp, as
+    OpenMetrics requires. ``cum``: cumulative bucket counts, shape (scrapes, buckets)."""
+    pre = [f"{NAME}_bucket{_lb(**base, phase=phase, le=le)} " for le in les]
+    lb = _lb(**base, phase=phase)
+    out: list[str] = []
+    rows = cum.tolist()
+    for i, (t, c, s) in enumerate(zip(ts_s.tolist(), count.tolist(), sums.tolist(), strict=True)):
+        stamp = f" {t:.3f}"
+        out += [f"{p}{v}{stamp}" for p, v in zip(pre, rows[i], strict=True)]
+        out.append(f"{NAME}_count{lb} {c!r}{stamp}")
+        out.append(f"{NAME}_sum{lb} {s!r}{stamp}")
+    return out
 
 
 def _np(t: pa.Table, col: str) -> np.ndarray:
@@ -86,8 +109,6 @@ def request_families(
         np.add.at(counts, (k[ok], b[ok]), 1)
         cum = counts.cumsum(axis=0).cumsum(axis=1)
         base = {"node": node, "model": model, "gpu": gpu}
-        for j, le in enumerate(les):
-            hist += _series(f"{NAME}_bucket", _lb(**base, phase="total", le=le), ts_s, cum[:, j])
         total = cum[:, -1].astype(np.float64)
         for phase, col in (("total", "latency_ms"), *zip(PHASES, PHASE_COLUMNS, strict=True)):
             v = np.nan_to_num(_np(t, col)) / 1e3
@@ -95,9 +116,9 @@ def request_families(
                 continue
             s = np.zeros(n)
             np.add.at(s, k[ok], v[ok])
-            labels = _lb(**base, phase=phase)
-            hist += _series(f"{NAME}_sum", labels, ts_s, s.cumsum())
-            hist += _series(f"{NAME}_count", labels, ts_s, total)
+            hist += _histogram(base, phase, les if phase == "total" else ["+Inf"],
+                               cum if phase == "total" else total[:, None], total,
+                               s.cumsum(), ts_s)  # fmt: skip
         wait = np.nan_to_num(_np(t, "lock_wait_ms")) / 1e3
         if (wait > 0).any():
             names = np.asarray(pc.fill_null(t["lock_name"], "").to_pylist(), dtype=object)
