@@ -79,7 +79,8 @@ def test_the_central_config_is_valid_and_reads_prometheus(tmp_path: Path) -> Non
     assert cfg.prometheus.url.startswith("http://") and "{instance}" in (
         cfg.prometheus.agent_url_template
     )
-    assert cfg.analysis.step_s >= cfg.prometheus.scrape_interval_s
+    # each pass re-reads at least one rate window (4 scrapes): the newest windows move until then
+    assert cfg.analysis.reread_s >= 4 * cfg.prometheus.scrape_interval_s
 
 
 def test_the_prometheus_rule_is_the_rendered_rules() -> None:
