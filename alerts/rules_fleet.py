@@ -8,13 +8,15 @@ the columns of the embedded store's rollups (``request_rollup_1m``, ``gpu_rollup
 
 * ``cotenant:requests:increase_1m {node,model,gpu}`` — requests completed in the minute;
 * ``cotenant:request_latency_seconds:sum_1m {node,model,gpu}`` — their summed latency (mean =
-  sum / count);
+  sum / count); ``cotenant:request_errors:increase_1m {node,model,gpu}`` — those that failed;
 * ``cotenant:request_latency_seconds:p90_1m|p95_1m {model,gpu}`` (p50 and p99 are in
   ``cotenant.rules.yml``);
 * ``cotenant:request_phase_seconds:sum_1m {node,model,gpu,phase}`` — time per phase;
 * ``cotenant:lock_wait_seconds:increase_1m {model,gpu,lock,holder}``;
-* ``cotenant:gpu_memory_used_bytes:max_1m``, ``cotenant:gpu_power_watts:avg_1m``,
-  ``cotenant:gpu_sm_clock_ratio:min_1m {host,gpu}`` (SM clock over its maximum: throttling);
+* ``cotenant:gpu_memory_used_bytes:max_1m``, ``cotenant:gpu_memory_total_bytes:max_1m``,
+  ``cotenant:gpu_power_watts:avg_1m``, ``cotenant:gpu_sm_clock_ratio:min_1m`` (SM clock over
+  its maximum) and ``cotenant:gpu_throttled:max_1m`` (1 when a thermal or power clock-event
+  reason was active) ``{host,gpu}``;
 * ``cotenant:process_sm_utilization:avg_1m``, ``cotenant:process_memory_used_bytes:max_1m``
   ``{host,gpu,pid,process,model}`` and ``cotenant:process_cpu_cores:avg_1m
   {host,pid,process,model}``.
@@ -27,8 +29,10 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.rule_blocks import Record, RuleSettings
+from alerts.rules_cotenant import THROTTLE_REASONS
 
 HIST = "cotenant_request_duration_seconds"
+THROTTLE = "|".join(THROTTLE_REASONS)
 PROC = "host, gpu, pid, process, model"
 
 
@@ -43,6 +47,12 @@ def _records() -> list[Record]:
             f'sum by (node, model, gpu) (increase({HIST}_sum{{phase="total"}}[1m]))',
         ),
     ]
+    out.append(
+        Record(
+            "cotenant:request_errors:increase_1m",
+            "sum by (node, model, gpu) (increase(cotenant_request_errors_total[1m]))",
+        )
+    )
     for q, name in ((0.9, "p90"), (0.95, "p95")):
         out.append(
             Record(
@@ -63,6 +73,15 @@ def _records() -> list[Record]:
         Record(
             "cotenant:gpu_memory_used_bytes:max_1m",
             "max by (host, gpu) (max_over_time(cotenant_gpu_memory_used_bytes[1m]))",
+        ),
+        Record(
+            "cotenant:gpu_memory_total_bytes:max_1m",
+            "max by (host, gpu) (max_over_time(cotenant_gpu_memory_total_bytes[1m]))",
+        ),
+        Record(
+            "cotenant:gpu_throttled:max_1m",
+            "max by (host, gpu) (max_over_time(cotenant_gpu_clock_event_active"
+            f'{{reason=~"{THROTTLE}"}}[1m]))',
         ),
         Record(
             "cotenant:gpu_power_watts:avg_1m",

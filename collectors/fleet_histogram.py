@@ -29,6 +29,7 @@ built once per (model, GPU, phase) and kept, so a scrape only formats the number
 ``/metrics`` appends it to the registry's exposition; :meth:`collect` yields the lock-wait
 counters (few series) the usual way.
 
+``cotenant_request_errors_total{node,model,gpu}`` counts requests with an error status.
 ``cotenant_lock_wait_seconds_total{node,model,gpu,lock,holder}`` and
 ``cotenant_lock_waits_total{…}`` count the wait time and the requests that waited, per lock and
 holder; at most :data:`MAX_LOCK_SERIES` (lock, holder) pairs per model, the rest under
@@ -66,6 +67,7 @@ class _Pair:
     total: np.ndarray
     phases: list[np.ndarray | None]
     sums: np.ndarray
+    errors: float = 0.0
     exemplars: dict[int, tuple[str, float, float]] = field(default_factory=dict)
 
 
@@ -116,6 +118,10 @@ class FleetHistogram:
         sums = np.zeros((ng, 1 + len(PHASES)))
         seen = np.zeros((ng, 1 + len(PHASES)), dtype=np.int64)
         sums[:, 0] = np.bincount(codes, weights=lat, minlength=ng)
+        failed = pc.fill_null(pc.equal(table["status"], "error"), False)
+        errors = np.bincount(
+            codes, weights=failed.to_numpy(zero_copy_only=False).astype(np.float64), minlength=ng
+        )
         phase_counts: list[np.ndarray] = []
         for p, col in enumerate(PHASE_COLUMNS, start=1):
             v = _seconds(table, col)
@@ -136,6 +142,7 @@ class FleetHistogram:
             for g, pair in enumerate(pairs):
                 pair.total += total[g]
                 pair.sums += sums[g]
+                pair.errors += float(errors[g])
                 for p in range(len(PHASES)):
                     if seen[g, p + 1]:
                         cur = pair.phases[p]
@@ -194,7 +201,7 @@ class FleetHistogram:
             for pair in self._pairs.values():
                 n += len(self._tles) + 2
                 n += sum(len(self._ples) + 2 for p in pair.phases if p is not None)
-            return n + 2 * len(self._locks)
+            return n + len(self._pairs) + 2 * len(self._locks)
 
     def _lines(self, model: str, gpu: str, p: int) -> tuple[list[str], str, str]:
         key = (model, gpu, p)
@@ -240,10 +247,18 @@ class FleetHistogram:
         return "".join(out)
 
     def collect(self) -> Iterator[Metric]:
-        """The lock-wait counters (the histogram is :meth:`render`'s)."""
+        """The error and lock-wait counters (the histogram is :meth:`render`'s)."""
         with self._mutex:
             locks = [(k, list(v)) for k, v in self._locks.items()]
+            errors = [(k, p.errors) for k, p in self._pairs.items()]
         node = self.node
+        failed = CounterMetricFamily(
+            "cotenant_request_errors", "Requests whose root span had an error status",
+            labels=["node", "model", "gpu"],
+        )  # fmt: skip
+        for (model, gpu), n in errors:
+            failed.add_metric([node, model, gpu], n)
+        yield failed
         labels = ["node", "model", "gpu", "lock", "holder"]
         waits = CounterMetricFamily(
             "cotenant_lock_waits", "Requests that waited on a lock, by lock and holder",

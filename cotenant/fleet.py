@@ -8,6 +8,8 @@
 * ``drill``: :class:`cotenant.fleet_drill.AgentDrill`, the slowest requests of an incident's
   victim from the agent that owns its GPU: ``GET /api/v1/incidents/{id}/requests`` and the
   dashboard's incident page.
+* ``import_rollups``: the weekly report's per-minute rollups, read from the recording rules
+  (``rules/fleet.rules.yml``) into central's store before each report.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from analysis.analyzer import Analyzer
 from collectors.prometheus import PrometheusSource
+from collectors.prometheus_rollups import fleet_rollups
 from cotenant.config import Config
 from cotenant.fleet_drill import AgentDrill
+from store.bulk_load import replace_rollups
+from store.db import Store
 from store.errors import QueryError
 from store.http_json import SafeJSONResponse
 from store.source_watch import WatchedSource
@@ -63,6 +68,16 @@ class Fleet:
 
     def status(self) -> dict[str, Any]:
         return {"mode": "fleet", "prometheus": self.source.status()}
+
+    def import_rollups(self, store: Store, lo_ns: int, hi_ns: int) -> int:
+        """Replace ``store``'s rollups of ``[lo_ns, min(hi_ns, now))`` by those Prometheus'
+        recording rules hold (``collectors.prometheus_rollups``); the weekly report calls it
+        before reading them. Returns the rows written; SourceError when Prometheus is down
+        (the report then fails, saying so)."""
+        hi = min(hi_ns, self._clock())
+        if hi <= lo_ns:
+            return 0
+        return replace_rollups(store, fleet_rollups(self.prometheus, lo_ns, hi), lo_ns, hi)
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -322,7 +323,9 @@ class Service:
         """``/api/v1/reports/{week}/summary``, and the weekly scheduler when
         ``[report] schedule`` is set (None otherwise)."""
         config = self.config
-        builder = report_builder(config, self.store)
+        # fleet mode: the report's rollups come from Prometheus' recording rules
+        prepare = None if self.fleet is None else partial(self.fleet.import_rollups, self.store)
+        builder = report_builder(config, self.store, prepare)
         self.api.include_router(reports_router(builder))
         at = parse_schedule(config.report.schedule)
         if at is None:

@@ -11,9 +11,11 @@ seconds, for ``promtool tsdb create-blocks-from openmetrics``:
   counts from the first scrape at or after it completed, as the agent's counters do.
 * ``cotenant_lock_waits_total`` / ``cotenant_lock_wait_seconds_total{node,model,gpu,lock,holder}``;
 * the GPU counters under the DCGM names and labels the agent uses
-  (:data:`collectors.nvml_metrics.DCGM_SERIES`), per-process GPU ratios and memory, and host
-  CPU per program: the newest sample at or before each scrape, as the agent's gauges show the
-  latest poll.
+  (:data:`collectors.nvml_metrics.DCGM_SERIES`) and under its own names
+  (:data:`collectors.nvml_metrics.GPU_SERIES`, ``cotenant_gpu_clock_event_active``),
+  per-process GPU ratios and memory, and host CPU per program: the newest sample at or
+  before each scrape, as the agent's gauges show the latest poll;
+* ``cotenant_request_errors_total{node,model,gpu}``.
 
 Vectorised per (model, GPU) and per series; one scenario of ten minutes is ~10^4 lines.
 """
@@ -27,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S
-from collectors.nvml_metrics import DCGM_SERIES
+from collectors.nvml_metrics import CLOCK_EVENT_REASONS, DCGM_SERIES, GPU_SERIES
 from store.schema import PHASE_COLUMNS, PHASES
 
 MIB = 1048576
@@ -90,6 +92,7 @@ def request_families(
     hist: list[str] = []
     waits: list[str] = []
     secs: list[str] = []
+    errors: list[str] = []
     n = len(scrapes)
     keys = pc.binary_join_element_wise(
         pc.fill_null(requests["model"], ""), pc.fill_null(requests["gpu"], ""), "\x00"
@@ -119,6 +122,10 @@ def request_families(
             hist += _histogram(base, phase, les if phase == "total" else ["+Inf"],
                                cum if phase == "total" else total[:, None], total,
                                s.cumsum(), ts_s)  # fmt: skip
+        failed = pc.fill_null(pc.equal(t["status"], "error"), False).to_numpy(zero_copy_only=False)
+        e = np.zeros(n)
+        np.add.at(e, k[ok & failed], 1)
+        errors += _series("cotenant_request_errors_total", _lb(**base), ts_s, e.cumsum())
         wait = np.nan_to_num(_np(t, "lock_wait_ms")) / 1e3
         if (wait > 0).any():
             names = np.asarray(pc.fill_null(t["lock_name"], "").to_pylist(), dtype=object)
@@ -134,6 +141,7 @@ def request_families(
                 waits += _series("cotenant_lock_waits_total", labels, ts_s, c.cumsum())
                 secs += _series("cotenant_lock_wait_seconds_total", labels, ts_s, w_.cumsum())
     yield NAME, "histogram", hist
+    yield "cotenant_request_errors", "counter", errors
     yield "cotenant_lock_waits", "counter", waits
     yield "cotenant_lock_wait_seconds", "counter", secs
 
@@ -152,8 +160,9 @@ def gauge_families(
 ) -> Iterator[tuple[str, str, list[str]]]:
     """(family, type, lines) of the DCGM-named GPU gauges and the per-process gauges."""
     ts_s = scrapes / 1e9
-    fams: dict[str, list[str]] = {name: [] for name, *_ in DCGM_SERIES}
+    fams: dict[str, list[str]] = {name: [] for name, *_ in (*DCGM_SERIES, *GPU_SERIES)}
     fams["DCGM_FI_DEV_FB_FREE"] = []
+    fams["cotenant_gpu_clock_event_active"] = []
     gpus = sorted(set(gpu_samples.column("gpu").to_pylist()) - {None})
     for index, gpu in enumerate(gpus):
         t = gpu_samples.filter(pc.equal(gpu_samples["gpu"], gpu))
@@ -162,6 +171,18 @@ def gauge_families(
         labels = _lb(gpu=str(index), UUID=str(gpu), device=f"nvidia{index}", Hostname=host)
         for name, col, scale, _ in DCGM_SERIES:
             fams[name] += _series(name, labels, ts_s, _latest(ts, _np(t, col) * scale, scrapes))
+        own = _lb(host=host, gpu=str(gpu))  # the agent's NVML-named series
+        for name, col, scale, _ in GPU_SERIES:
+            fams[name] += _series(name, own, ts_s, _latest(ts, _np(t, col) * scale, scrapes))
+        reasons = _latest(ts, _np(t, "clock_event_reasons"), scrapes)
+        for reason, bit in CLOCK_EVENT_REASONS:
+            active = np.where(
+                np.isnan(reasons), np.nan, (np.nan_to_num(reasons).astype(np.int64) & bit) > 0
+            )
+            fams["cotenant_gpu_clock_event_active"] += _series(
+                "cotenant_gpu_clock_event_active", _lb(host=host, gpu=str(gpu), reason=reason),
+                ts_s, active.astype(np.float64),
+            )  # fmt: skip
         free = (_np(t, "mem_total_bytes") - _np(t, "mem_used_bytes")) / MIB
         fams["DCGM_FI_DEV_FB_FREE"] += _series(
             "DCGM_FI_DEV_FB_FREE", labels, ts_s, _latest(ts, free, scrapes)

@@ -91,6 +91,7 @@ def test_series_carry_node_exemplars_lock_waits_and_only_phases_seen() -> None:
     t = t.set_column(
         t.schema.get_field_index("lock_holder"), "lock_holder", pa.array([None, None, "chat"])
     )
+    t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(["ok", "ok", "error"]))
     h.observe_requests(t)
     reg = CollectorRegistry()
     reg.register(h)
@@ -120,7 +121,8 @@ def test_series_carry_node_exemplars_lock_waits_and_only_phases_seen() -> None:
         if s.labels.get("lock") == "tokenizer" and s.labels.get("holder") == "chat"
     }
     assert waits == {"cotenant_lock_waits_total": 1.0, "cotenant_lock_wait_seconds_total": 0.5}
-    assert h.series == (49 + 1 + 2) + 3 * (8 + 1 + 2) + 2
+    assert "cotenant_request_errors_total{" in text and 'model="tts",node="node-a"} 1.0' in text
+    assert h.series == (49 + 1 + 2) + 3 * (8 + 1 + 2) + 1 + 2  # histogram, errors, locks
 
 
 def _agent(tmp: Path, fake: FakeNvml) -> tuple[Service, threading.Thread, str, str]:
