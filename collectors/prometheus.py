@@ -63,6 +63,7 @@ weighted by request rate (an approximation, as for ``StoreSource``'s rollups).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
@@ -155,10 +156,15 @@ class PrometheusSource:
         if g.n == 0:
             return GPU_WINDOWS.empty_table()
         window = promql.duration(max(g.step, self._scrape_ns))
-        blocks = self._api.blocks(
-            promql.dcgm_query(promql.GPU_FIELDS, GPU_BY, "", window), g, GPU_BY
-        )
-        reasons = self._clock_reasons(g)
+        blocks: dict[tuple[str, ...], Fields] = {}
+        sel = ""
+        for sel in promql.gpu_selectors(gpu):  # one GPU's series only, not the fleet's
+            blocks = self._api.blocks(
+                promql.dcgm_query(promql.GPU_FIELDS, GPU_BY, sel, window), g, GPU_BY
+            )
+            if blocks:
+                break
+        reasons = self._clock_reasons(g, sel) if blocks else {}
         out = []
         for ident, f in blocks.items():
             key = (promql.host_of(ident), promql.gpu_of(ident))
@@ -173,8 +179,13 @@ class PrometheusSource:
             return PROCESS_WINDOWS.empty_table()
         window = promql.duration(max(g.step, self._scrape_ns))
         by = GPU_BY + POD_BY
-        query = promql.dcgm_query(promql.PROCESS_FIELDS, by, 'pod!=""', window)
-        blocks = self._api.blocks(query, g, by)
+        blocks = {}
+        for sel in promql.gpu_selectors(gpu):
+            matchers = ",".join(x for x in ('pod!=""', sel) if x)
+            query = promql.dcgm_query(promql.PROCESS_FIELDS, by, matchers, window)
+            blocks = self._api.blocks(query, g, by)
+            if blocks:
+                break
         models = self._pod_models(g) if blocks else {}
         out = []
         for ident, f in blocks.items():
@@ -209,21 +220,28 @@ class PrometheusSource:
     def request_windows(
         self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None
     ) -> pa.Table:
-        if gpu is not None:
-            t = self.request_windows(rng, step_s, model)
-            return t.filter(pc.equal(pc.fill_null(t.column("gpu"), ""), gpu))
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return REQUEST_WINDOWS.empty_table()
-        return self._requests_on(g, step_s, model)
+        t = self._requests_on(g, step_s, model, gpu)
+        if gpu is None:
+            return t
+        # exporter families place models on GPUs after the query: filter here too
+        return t.filter(pc.equal(pc.fill_null(t.column("gpu"), ""), gpu))
 
-    def _requests_on(self, g: Grid, step_s: float, model: str | None) -> pa.Table:
+    def _requests_on(
+        self, g: Grid, step_s: float, model: str | None, gpu: str | None = None
+    ) -> pa.Table:
         window = promql.duration(max(g.step, 4 * self._scrape_ns))
         taken: set[str] = set()
         keyed: list[tuple[tuple[str, ...], Fields]] = []
         for fam in promql.FAMILIES:
-            m = f"{fam.model_label}={promql.quote(model)}" if model is not None else ""
-            blocks = self._api.blocks(fam.query(m, window), g, fam.by)
+            ms = [f"{fam.model_label}={promql.quote(model)}"] if model is not None else []
+            if gpu is not None and fam.by[1]:
+                # a family with its own gpu label: filter in the query (or no GPU: those are
+                # placed by pod or configuration below)
+                ms.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
+            blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
             for ident, f in blocks.items():
                 if ident[0] in mine:
@@ -299,7 +317,7 @@ class PrometheusSource:
 
     # -- joins -------------------------------------------------------------------------------
 
-    def _clock_reasons(self, g: Grid) -> dict[tuple[str, str], np.ndarray]:
+    def _clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
         """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where
         none). Raw samples, because PromQL has no bitwise OR over time."""
         bits: dict[tuple[str, str], np.ndarray] = {}
@@ -307,7 +325,7 @@ class PrometheusSource:
         for c in range(0, g.n, MAX_POINTS):
             lo, hi = g.w0 + c * g.step, g.w0 + min(g.n, c + MAX_POINTS) * g.step
             for labels, ts, vals in self._api.at(
-                promql.clock_reasons_query(promql.duration(hi - lo)), hi
+                promql.clock_reasons_query(promql.duration(hi - lo), sel), hi
             ):
                 ident = tuple(labels.get(b, "") for b in GPU_BY)
                 key = (promql.host_of(ident), promql.gpu_of(ident))

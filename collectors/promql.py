@@ -117,10 +117,11 @@ def dcgm_query(fields: Mapping[str, str], by: tuple[str, ...], sel: str, window:
     return union({f: re.sub(r"\b(DCGM_FI_\w+)", mean, e) for f, e in fields.items()})
 
 
-def clock_reasons_query(window: str) -> str:
+def clock_reasons_query(window: str, sel: str = "") -> str:
     """Raw samples (a matrix) of the clock-event reasons under both of their names."""
     names = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
-    return f'{{__name__=~"{names}"}}[{window}]'
+    more = f",{sel}" if sel else ""
+    return f'{{__name__=~"{names}"{more}}}[{window}]'
 
 
 def pod_gpus_query(window: str) -> str:
@@ -185,6 +186,14 @@ def owners_query(model: str, gpu: str | None, window: str) -> str:
     if gpu:
         sel.append(f"gpu={quote(gpu)}")
     return f"group by (node, instance) (last_over_time({OWN}_count{{{','.join(sel)}}}[{window}]))"
+
+
+def gpu_selectors(gpu: str | None) -> tuple[str, ...]:
+    """Label matchers that select one GPU's DCGM series, in the order to try them: its
+    ``UUID``, else its index in ``gpu`` (exporters without UUIDs); ``("",)`` for every GPU."""
+    if gpu is None:
+        return ("",)
+    return (f"UUID={quote(gpu)}", f"gpu={quote(gpu)}")
 
 
 def host_of(ident: tuple[str, ...]) -> str:
