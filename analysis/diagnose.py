@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from analysis.attribution import Cause, attribute
 from analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
@@ -121,9 +119,7 @@ def host_cpu(
     """Host CPU use (cores) per process name, on the window grid of ``rng``; only rows of
     ``hosts`` when given (a fleet's source holds every node's processes: a CPU hog on another
     node cannot slow this GPU's models)."""
-    t = source.process_windows(rng, step_s)
-    if hosts and t.num_rows:
-        t = t.filter(pc.is_in(pc.fill_null(t.column("host"), ""), pa.array(sorted(hosts))))
+    t = source.process_windows(rng, step_s, hosts=sorted(hosts) if hosts else None)
     if t.num_rows == 0:
         return {}
     since = rng.since_ns or 0

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -173,14 +173,21 @@ class PrometheusSource:
                 out.append((key, f, windows_with_data(f)))
         return table(GPU_WINDOWS, g, ("host", "gpu"), out)
 
-    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+    def process_windows(
+        self,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pa.Table:
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return PROCESS_WINDOWS.empty_table()
         window = promql.duration(max(g.step, self._scrape_ns))
         by = GPU_BY + POD_BY
         blocks = {}
-        for sel in promql.gpu_selectors(gpu):
+        # DCGM's pod series have no host CPU: with hosts (a node's host CPU), agents only
+        for sel in promql.gpu_selectors(gpu) if hosts is None else ():
             matchers = ",".join(x for x in ('pod!=""', sel) if x)
             query = promql.dcgm_query(promql.PROCESS_FIELDS, by, matchers, window)
             blocks = self._api.blocks(query, g, by)
@@ -196,8 +203,11 @@ class PrometheusSource:
             name = "/".join(p for p in (ns, pod, container) if p)
             key = (promql.host_of(ident), dev, None, name, models.get((ns, pod)))
             out.append((key, f, windows_with_data(f)))
-        sel = f"gpu={promql.quote(gpu)}" if gpu is not None else ""
-        agent = promql.agent_process_query(sel, window)
+        sels = [f"gpu={promql.quote(gpu)}"] if gpu is not None else []
+        if hosts is not None:
+            alts = "|".join(re.escape(h) for h in hosts)
+            sels.append(f"host=~{promql.quote(alts)}")
+        agent = promql.agent_process_query(",".join(sels), window)
         for (host, dev, pid, name, model), f in self._api.blocks(
             agent, g, promql.AGENT_PROCESS_BY
         ).items():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -103,8 +103,14 @@ class WatchedSource:
     def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
         return self._call(lambda: self.source.gpu_windows(rng, step_s, gpu))
 
-    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
-        return self._call(lambda: self.source.process_windows(rng, step_s, gpu))
+    def process_windows(
+        self,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pa.Table:
+        return self._call(lambda: self.source.process_windows(rng, step_s, gpu, hosts))
 
     def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
         return self._call(lambda: self.source.serving_windows(rng, step_s, model))
