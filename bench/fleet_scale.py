@@ -3,16 +3,17 @@ promtool into a real Prometheus, read by central serve's analysis through Promet
 
 Run ``.venv/bin/python bench/fleet_scale.py --nodes 16`` (``--help``; the issue's size is
 ``--nodes 64``). The history is synthetic but has the agent's exact series: per (node, GPU,
-model) the latency histogram (49 buckets + ``+Inf``, ``_count``, ``_sum``) and two phases
-(``compute``, ``queue``), per GPU the DCGM-named counters, per model process its SM share and
-memory; a scrape every ``--scrape`` s. Latency is log-normal (median 20 ms) at 20 requests/s
-per model; on node 0, GPU 0 model-1's traffic rises eightfold from minute 40 to 46 and
-model-0's compute time doubles while the GPU's SM use and model-1's SM share climb.
+model; each GPU's models are its own) the latency histogram (49 buckets + ``+Inf``,
+``_count``, ``_sum``) and two phases (``compute``, ``queue``); per GPU the DCGM-named
+counters; per model process its SM share and memory; a scrape every ``--scrape`` s. Latency
+is log-normal (median 20 ms) at 20 requests/s per model. On node 0, GPU 0
+``model-1-n0-g0``'s traffic rises eightfold from minute 40 to 46 and ``model-0-n0-g0``'s
+compute time doubles while the GPU's SM use and model-1's SM share climb.
 
 Measured (each the median of ``--repeats``):
 
-* **one 1-hour diagnosis** — ``Analyzer.diagnose(model-0, last hour)`` at 15 s and 5 s windows:
-  wall time (the goal: <= 2 s at 64 nodes), and that it names model-1;
+* **one 1-hour diagnosis** — ``Analyzer.diagnose(model-0-n0-g0, last hour)`` at 15 s and 5 s
+  windows: wall time (the goal: <= 2 s at 64 nodes), and that it names ``model-1-n0-g0``;
 * **the continuous loop** — ``AnalysisLoop.run_once`` over the whole fleet (every GPU of every
   node, horizon ``--horizon`` s, 5 s windows): the first pass (reads the whole horizon) and a
   following pass 15 s later (re-reads only the overlap), as wall time and CPU seconds of this
@@ -55,6 +56,12 @@ PROMTOOL = str(Path(PROMETHEUS).with_name("promtool"))
 FAULT_MIN = (40, 46)
 
 
+def _model(node: int, gpu: int, m: int) -> str:
+    """Each GPU serves its own models (replicas of one model would be diagnosed on every GPU
+    they run on: the cost of one diagnosis is per GPU)."""
+    return f"model-{m}-n{node}-g{gpu}"
+
+
 def _lb(**kv: str) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in kv.items()) + "}"
 
@@ -93,7 +100,7 @@ def history(path: Path, nodes: int, gpus: int, models: int, minutes: int, scrape
                     cum = counts.cumsum(axis=0).cumsum(axis=1).tolist()
                     total = [r[-1] for r in cum]
                     lat_sum = np.cumsum(per * median * np.exp(0.045)).tolist()
-                    base = {"node": f"node-{node}", "model": f"model-{m}", "gpu": uuid}
+                    base = {"node": f"node-{node}", "model": _model(node, g, m), "gpu": uuid}
                     pre = [f"{NAME}_bucket{_lb(**base, phase='total', le=le)} " for le in les]
                     cnt = f"{NAME}_count{_lb(**base, phase='total')} "
                     sm = f"{NAME}_sum{_lb(**base, phase='total')} "
@@ -139,8 +146,9 @@ def history(path: Path, nodes: int, gpus: int, models: int, minutes: int, scrape
                     )
                 for m in range(models):
                     share = np.where(fault & hot & (m == 1), 60.0, 10.0) + rng.normal(0, 0.5, n)
+                    name_m = _model(node, g, m)
                     plb = _lb(host=f"node-{node}", gpu=uuid, pid=str(1000 + m),
-                              process=f"model-{m}", model=f"model-{m}")  # fmt: skip
+                              process=name_m, model=name_m)  # fmt: skip
                     for name, v in (
                         ("cotenant_gpu_process_sm_utilization_ratio", share / 100),
                         ("cotenant_gpu_process_memory_used_bytes", np.full(n, 8e9)),
@@ -212,7 +220,7 @@ def main() -> None:
 
                 an = Analyzer(src, IncidentBook(store), step_s=15.0)
                 cProfile.runctx(
-                    'an.diagnose("model-0", end_ns - 3600 * S, end_ns)',
+                    'an.diagnose(_model(0, 0, 0), end_ns - 3600 * S, end_ns)',
                     globals(), locals(), sort="cumulative",
                 )  # fmt: skip
                 return
@@ -221,7 +229,7 @@ def main() -> None:
                 walls, named = [], None
                 for _ in range(args.repeats):
                     t = time.perf_counter()
-                    got = an.diagnose("model-0", end_ns - 3600 * S, end_ns)
+                    got = an.diagnose(_model(0, 0, 0), end_ns - 3600 * S, end_ns)
                     walls.append(time.perf_counter() - t)
                     hot = [x for x in got["diagnoses"] if x["gpu"] == "GPU-000-0"]
                     named = hot[0]["causes"][0] if hot and hot[0]["causes"] else None

@@ -217,15 +217,25 @@ class PrometheusSource:
         return table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
     def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
-        """(model, gpu) pairs, from one window ending exactly at the range's end and spanning
-        it (not a grid window, which may end in the future: an engine that answers nothing
-        past its newest sample, like VictoriaMetrics, would then miss recent models)."""
+        """(model, gpu) pairs whose request counters grew over the range (one cheap query per
+        family, evaluated at the range's end: no quantiles, however large the fleet), placed
+        on GPUs as :meth:`request_windows` places them."""
         lo, hi, _ = check_range(rng, 1.0)
         step = max(1000, -(-(hi - lo) // 1_000_000)) * 1_000_000  # whole ms, >= 1 s
         hi -= hi % 1_000_000
-        t = self._requests_on(Grid(hi - step, step, 1), step / 1e9, None)
-        pairs = zip(t.column("model").to_pylist(), t.column("gpu").to_pylist(), strict=True)
-        return sorted({(str(m), str(g or "")) for m, g in pairs})
+        window = promql.duration(max(step, 4 * self._scrape_ns))
+        taken: set[str] = set()
+        keyed: list[tuple[tuple[str, ...], Fields]] = []
+        for fam in promql.FAMILIES:
+            idents = [
+                tuple(labels.get(b, "") if b else "" for b in fam.by)
+                for labels, _ in self.instant(fam.presence(window), hi)
+            ]
+            mine = {i[0] for i in idents if i[0]} - taken  # preferred family wins
+            keyed += [(i, {}) for i in idents if i[0] in mine]
+            taken |= mine
+        pairs = self._place(keyed, Grid(hi - step, step, 1))
+        return sorted((str(m), str(g or "")) for m, g in pairs)
 
     def request_windows(
         self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None

@@ -218,7 +218,14 @@ class Family:
     model_label: str
     by: tuple[str, str, str, str]
     query: Callable[[str, str], str]  # (model matcher, rate window) -> query
+    counter: str  # a selector of its request counter: which series served requests
     spans: bool = False  # its phases come from spans (cotenant's own series)
+
+    def presence(self, window: str) -> str:
+        """The identities of its series that served requests in the ``window`` before the
+        query time: cheap (no quantiles), for ``model_gpus``."""
+        labels = ", ".join(b for b in self.by if b)
+        return f"group by ({labels}) (increase({self.counter}[{window}]) > 0)"
 
 
 def _own_query(m: str, r: str) -> str:
@@ -278,9 +285,25 @@ def _triton_query(m: str, r: str) -> str:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("model", ("model", "gpu", "namespace", "pod"), _own_query, spans=True),
-    Family("model_name", ("model_name", "", "namespace", "pod"), _vllm_query),
-    Family("model", ("model", "", "namespace", "pod"), _triton_query),
+    Family(
+        "model",
+        ("model", "gpu", "namespace", "pod"),
+        _own_query,
+        f'{OWN}_count{{phase="total"}}',
+        spans=True,
+    ),
+    Family(
+        "model_name",
+        ("model_name", "", "namespace", "pod"),
+        _vllm_query,
+        "vllm:e2e_request_latency_seconds_count",
+    ),
+    Family(
+        "model",
+        ("model", "", "namespace", "pod"),
+        _triton_query,
+        "nv_inference_count",  # one name: increase() of two would clash once names drop
+    ),
 )
 """In order of preference: cotenant's own series, vLLM, Triton. Fields: ``rate`` (requests/s),
 ``errors`` (/s), ``sum`` (latency seconds/s), ``p50/p95/p99`` (s), ``<phase>_sum`` and
