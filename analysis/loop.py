@@ -97,6 +97,11 @@ class AnalysisLoop:
         rng = TimeRange(lo, now)
         events: list[IncidentEvent] = []
         full, first = history_range(rng, self._step_s, self._params)
+        # the live incidents once per pass (not per model: at fleet scale, thousands of
+        # models each asking the book twice was most of a pass)
+        live: dict[tuple[str, str], Incident] = {}
+        for inc in sorted(self._book.live(), key=lambda i: i.start_ns):
+            live[(inc.model, inc.gpu)] = inc
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -117,11 +122,13 @@ class AnalysisLoop:
                         slo_ms=self._slo.get(model),
                         params=self._params,
                         lag_windows=int(self._reread_s / self._step_s),
-                        carry=self._carry(model, gpu, full.since_ns or 0),
+                        carry=self._carry(live.get((model, gpu)), full.since_ns or 0),
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
                     continue
+                if not diags and (model, gpu) not in live:
+                    continue  # healthy, nothing live to resolve or dismiss: nothing changes
                 events += self._book.update(diags, model, gpu, lo, now)
         self._active = self._book.live()
         events.sort(key=lambda e: (e.at_ns, e.incident.start_ns))
@@ -131,10 +138,9 @@ class AnalysisLoop:
         self.passes += 1
         return events
 
-    def _carry(self, model: str, gpu: str, since_ns: int) -> Carry | None:
-        """The live incident of (model, GPU) when it began before the windows read: the
-        detector continues it with its frozen baseline instead of learning a new one."""
-        inc = self._book.live_for(model, gpu)
+    def _carry(self, inc: Incident | None, since_ns: int) -> Carry | None:
+        """The live incident ``inc`` of a (model, GPU) when it began before the windows read:
+        the detector continues it with its frozen baseline instead of learning a new one."""
         if inc is None or inc.start_ns >= since_ns or inc.baseline_p99_ms is None:
             return None
         thr = inc.detail.get("threshold_ms")

@@ -215,7 +215,7 @@ def main() -> None:
         with start_prometheus(tmp / "prom", [], blocks=tmp / "blocks", ready_timeout_s=300) as prom:
             store = Store(":memory:")
             src = PrometheusSource(prom.url, timeout_s=120, scrape_interval_s=args.scrape)
-            if os.environ.get("FLEET_SCALE_PROFILE"):
+            if os.environ.get("FLEET_SCALE_PROFILE") == "diagnose":
                 import cProfile
 
                 an = Analyzer(src, IncidentBook(store), step_s=15.0)
@@ -224,7 +224,7 @@ def main() -> None:
                     globals(), locals(), sort="cumulative",
                 )  # fmt: skip
                 return
-            for step in (15.0, 5.0):
+            for step in () if os.environ.get("FLEET_SCALE_PROFILE") else (15.0, 5.0):
                 an = Analyzer(src, IncidentBook(store), step_s=step)
                 walls, named = [], None
                 for _ in range(args.repeats):
@@ -240,6 +240,13 @@ def main() -> None:
             clock = [end_ns - 120 * S]
             loop = AnalysisLoop(src, IncidentBook(store), interval_s=15.0, horizon_s=args.horizon,
                                 step_s=5.0, clock_ns=lambda: clock[0], reread_s=60.0)  # fmt: skip
+            if os.environ.get("FLEET_SCALE_PROFILE") == "loop":
+                import cProfile
+
+                loop.run_once()
+                clock[0] += 15 * S
+                cProfile.runctx("loop.run_once()", globals(), locals(), sort="tottime")
+                return
             passes = []
             for _ in range(2):
                 c0, p0, w0 = _self_cpu(), _proc_cpu(prom.proc.pid), time.perf_counter()
