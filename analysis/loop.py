@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from analysis.diagnose import diagnose_windows, history_range
 from analysis.episodes import Carry
 from analysis.incidents import Incident, IncidentBook, IncidentEvent
+from analysis.pass_reads import PassReads
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import WindowCache, gpus_of
@@ -48,10 +49,14 @@ class AnalysisLoop:
         on_incident: OnIncident | None = None,
         reread_s: float = AnalysisSettings.reread_s,
         params: SpikeParams | None = None,
+        batch_reads: bool = False,
     ) -> None:
         """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
-        so rows that land late — up to that lag — are still seen."""
-        self._source = source
+        so rows that land late — up to that lag — are still seen. ``batch_reads``: read each
+        frame of a pass once for the whole fleet and split it by GPU
+        (:class:`analysis.pass_reads.PassReads`; fleet mode, where a read is HTTP queries)."""
+        self._reads = PassReads(source) if batch_reads else None
+        self._source: MetricSource = self._reads if self._reads is not None else source
         self._reread_s = reread_s
         self._book = book
         self._slo = dict(slo_ms or {})
@@ -91,6 +96,8 @@ class AnalysisLoop:
 
     def run_once(self) -> list[IncidentEvent]:
         """One pass over every model; returns what changed, in reading order."""
+        if self._reads is not None:
+            self._reads.new_pass()
         now = self._clock()
         now -= now % self._step_ns
         lo = now - self._horizon_ns

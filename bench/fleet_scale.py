@@ -239,7 +239,8 @@ def main() -> None:
                 }
             clock = [end_ns - 120 * S]
             loop = AnalysisLoop(src, IncidentBook(store), interval_s=15.0, horizon_s=args.horizon,
-                                step_s=5.0, clock_ns=lambda: clock[0], reread_s=60.0)  # fmt: skip
+                                step_s=5.0, clock_ns=lambda: clock[0], reread_s=60.0,
+                                batch_reads=not os.environ.get("FLEET_SCALE_PER_GPU"))  # fmt: skip
             if os.environ.get("FLEET_SCALE_PROFILE") == "loop":
                 import cProfile
 

@@ -267,6 +267,7 @@ class Service:
                 on_incident=on_incident,
                 reread_s=ac.reread_s,
                 params=ac.spike_params(),
+                batch_reads=self.fleet is not None,
             )
             if ac.enabled
             else None
