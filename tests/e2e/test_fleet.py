@@ -189,20 +189,25 @@ INCIDENT_PAGE = (
 )
 
 
-def incident_page(api: str, incident_id: str) -> str:
-    """The incident page's content as the browser's callback gets it (Dash's JSON)."""
+def dash_callback(api: str, output: str, inputs: list[dict[str, Any]]) -> str:
+    """A page callback's content as the browser gets it (Dash's JSON)."""
     outs = [dict(zip(("id", "property"), o.rsplit(".", 1), strict=True)) for o in
-            INCIDENT_PAGE.split("...")]  # fmt: skip
+            output.split("...")]  # fmt: skip
     body = {
-        "output": f"..{INCIDENT_PAGE}..",
+        "output": f"..{output}..",
         "outputs": outs,
-        "inputs": [{"id": "inc-params", "property": "data", "value": {"id": incident_id}}],
-        "changedPropIds": ["inc-params.data"],
+        "inputs": inputs,
+        "changedPropIds": [f"{inputs[0]['id']}.{inputs[0]['property']}"],
         "state": [],
     }
     r = httpx.post(f"{api}/_dash-update-component", json=body, timeout=30)
     assert r.status_code == 200, r.text
     return str(r.json()["response"])
+
+
+def incident_page(api: str, incident_id: str) -> str:
+    inputs = [{"id": "inc-params", "property": "data", "value": {"id": incident_id}}]
+    return dash_callback(api, INCIDENT_PAGE, inputs)
 
 
 def _top(inc: dict[str, Any]) -> tuple[str, str] | None:
@@ -314,6 +319,17 @@ def test_central_serve_over_prometheus_diagnoses_drills_down_and_survives_outage
     # the quiet nodes raised nothing
     every = httpx.get(f"{api}/api/v1/incidents", timeout=5).json()["incidents"]
     assert {i["model"] for i in every} == {"tts"}, every
+    # the overview's tiles show every node's models, read through Prometheus
+    tiles = dash_callback(
+        api,
+        "ov-models.children...ov-gpus.children...ov-range-label.children",
+        [
+            {"id": "ov-params", "property": "data", "value": {"range": "15m"}},
+            {"id": "shell-tick", "property": "n_intervals", "value": None},
+        ],
+    )
+    assert all(m in tiles for m in ("tts", "sdxl", "chat", "embed", "ocr")), tiles[:2000]
+    assert "no spans received yet" not in tiles
 
     # drill-down: the victim's slowest requests, from node A's agent
     r = httpx.get(f"{api}/api/v1/incidents/{inc['id']}/requests", params={"limit": 5}, timeout=10)
