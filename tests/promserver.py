@@ -156,12 +156,14 @@ def start_prometheus(
     rule_files: list[Path] | None = None,
     ready_timeout_s: float = 30.0,
     blocks: Path | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[PromServer]:
     """Run Prometheus on a free loopback port, a config scraping ``targets`` every
     ``scrape_interval_s`` and a data directory under ``tmp``; yields once ``/-/ready`` answers
     200, stops it on exit. Tries a few ports in case one was taken meanwhile. ``blocks``: a
     directory of TSDB blocks (from ``promtool tsdb create-blocks-from``) copied into the data
-    directory first, so history exists at once."""
+    directory first, so history exists at once. ``extra_args``: more flags (e.g.
+    ``--enable-feature=exemplar-storage``)."""
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "prometheus.yml"
     cfg.write_text(_config(targets, scrape_interval_s, rule_files or []))
@@ -179,6 +181,7 @@ def start_prometheus(
                 f"--storage.tsdb.path={tmp / f'data-{attempt}'}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--log.level=warn",
+                *extra_args,
             ],
             stdout=logf,
             stderr=subprocess.STDOUT,

@@ -101,13 +101,16 @@ def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: P
     target = svc.endpoints.api.removeprefix("http://")
     try:
         with (
-            start_prometheus(tmp_path / "prom", [target]) as prom,
+            start_prometheus(
+                tmp_path / "prom", [target], extra_args=("--enable-feature=exemplar-storage",)
+            ) as prom,
             start_victoria(tmp_path / "vm", target) as vm,
         ):
             f = SpanFactory({"service.name": "tts", "host.name": "node-a"})
             exporter = OTLPSpanExporter(endpoint=svc.endpoints.otlp_http, timeout=10)
             rng = np.random.default_rng(1)
             t_start = time.time_ns()
+            recorded: set[str] = set()
             for k in range(24):  # 12 s: 40 req/s, slow (x8) in the last 5 s
                 slow = k >= 14
                 for _ in range(20):
@@ -120,11 +123,24 @@ def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: P
                     )
                     f.ours("tts", time.time_ns() - int(lat * MS), lat, phases,
                            attrs={"cotenant.gpu": gpu}, lock=("kv", "batcher"))  # fmt: skip
-                assert exporter.export(f.take()).name == "SUCCESS"
+                batch = f.take()
+                recorded.update(f"{sp.context.trace_id:032x}" for sp in batch)
+                assert exporter.export(batch).name == "SUCCESS"
                 time.sleep(0.5)
             exporter.shutdown()
             time.sleep(2.5)  # two more scrapes of the last counts
             window = TimeRange(t_start - t_start % 10**9, time.time_ns() - 10**9)
+            # Prometheus scraped the agent's OpenMetrics and kept its exemplars: trace ids
+            ex = httpx.get(
+                f"{prom.url}/api/v1/query_exemplars",
+                params={
+                    "query": "cotenant_request_duration_seconds_bucket",
+                    "start": t_start / 1e9 - 60,
+                    "end": time.time() + 60,
+                },
+                timeout=10,
+            ).json()["data"]
+            trace_ids = {e["labels"]["trace_id"] for s in ex for e in s["exemplars"]}
             got = {}
             for name, url in (("prometheus", prom.url), ("victoriametrics", vm)):
                 with PrometheusSource(url, scrape_interval_s=1.0) as src:
@@ -141,6 +157,7 @@ def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: P
     finally:
         svc.stop()
         runner.join(60)
+    assert trace_ids and trace_ids <= recorded, (len(trace_ids), len(recorded))
     p, v = got["prometheus"], got["victoriametrics"]
     assert p["pairs"] == v["pairs"] == [("tts", gpu)]
     assert p["spans"] is v["spans"] is True
