@@ -5,19 +5,23 @@ windows, locks, GPU counters and owning agent from both."""
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from fleet_rig import embedded_top_cause, running_fleet, top_cause
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from promserver import free_port, needs_prometheus, start_prometheus, wait_until
+from promserver import (
+    needs_prometheus,
+    needs_victoria,
+    start_prometheus,
+    start_victoria,
+    wait_until,
+)
 from spans import MS, SpanFactory
 
 from collectors.fake_nvml import FakeNvml
@@ -26,55 +30,7 @@ from cotenant.config import load_config
 from cotenant.service import Service
 from store.queries import TimeRange
 
-VM = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
-pytestmark = [
-    needs_prometheus,
-    pytest.mark.skipif(
-        not Path(VM).exists(),
-        reason="VictoriaMetrics is not installed (`make system-deps` installs Debian's "
-        "`victoria-metrics`)",
-    ),
-]
-
-
-@contextlib.contextmanager
-def start_victoria(tmp: Path, target: str) -> Iterator[str]:
-    """VictoriaMetrics scraping ``target`` every second; yields its URL once healthy."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    cfg = tmp / "scrape.yml"
-    cfg.write_text(
-        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: test\n"
-        f"    static_configs:\n      - targets: ['{target}']\n"
-    )
-    port = free_port()
-    log = (tmp / "vm.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            VM,
-            f"-storageDataPath={tmp / 'data'}",
-            f"-httpListenAddr=127.0.0.1:{port}",
-            f"-promscrape.config={cfg}",
-            "-search.latencyOffset=0s",  # answer with the newest samples, as Prometheus does
-            "-loggerLevel=ERROR",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool | None:
-        try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return None
-
-    try:
-        wait_until(healthy, "VictoriaMetrics to answer /health")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
+pytestmark = [needs_prometheus, needs_victoria]
 
 
 def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: Path) -> None:
@@ -104,7 +60,7 @@ def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: P
             start_prometheus(
                 tmp_path / "prom", [target], extra_args=("--enable-feature=exemplar-storage",)
             ) as prom,
-            start_victoria(tmp_path / "vm", target) as vm,
+            start_victoria(tmp_path / "vm", [target]) as victoria,
         ):
             f = SpanFactory({"service.name": "tts", "host.name": "node-a"})
             exporter = OTLPSpanExporter(endpoint=svc.endpoints.otlp_http, timeout=10)
@@ -142,7 +98,7 @@ def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: P
             ).json()["data"]
             trace_ids = {e["labels"]["trace_id"] for s in ex for e in s["exemplars"]}
             got = {}
-            for name, url in (("prometheus", prom.url), ("victoriametrics", vm)):
+            for name, url in (("prometheus", prom.url), ("victoriametrics", victoria.url)):
                 with PrometheusSource(url, scrape_interval_s=1.0) as src:
                     req = src.request_windows(window, 1.0, model="tts")
                     got[name] = {
@@ -173,3 +129,30 @@ def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: P
     # lock seconds over the range agree within the engines' rate extrapolations
     pw, vw = p["locks"][0]["wait_ms_sum"], v["locks"][0]["wait_ms_sum"]
     assert abs(pw - vw) / pw < 0.35, got
+
+
+def test_central_serve_over_victoriametrics_opens_the_incident_and_drills_down(
+    tmp_path: Path,
+) -> None:
+    """The three-node fleet of tests/e2e/test_fleet.py with VictoriaMetrics as the engine:
+    the same incident, the same top cause as embedded mode, the same drill-down."""
+
+    def victoria(folder: Path, targets: list[str]) -> Any:
+        return start_victoria(folder, targets, scrape_interval_s=1.0)
+
+    with running_fleet(tmp_path, victoria) as fleet:
+        api = fleet["central"].api
+        expected = embedded_top_cause(fleet["scenarios"]["a"])
+
+        def opened() -> dict[str, Any] | None:
+            rows = httpx.get(f"{api}/api/v1/incidents", params={"model": "tts"}, timeout=5)
+            return next(
+                (i for i in rows.json()["incidents"] if i["state"] == "open" and top_cause(i)),
+                None,
+            )
+
+        inc = wait_until(opened, "central serve over VictoriaMetrics to open tts's incident", 90)
+        assert top_cause(inc) == expected and inc["gpu"] == "gpu-a0", inc
+        drill = httpx.get(f"{api}/api/v1/incidents/{inc['id']}/requests", timeout=10).json()
+        assert [a["node"] for a in drill["agents"]] == ["node-a"] and drill["requests"], drill
+        assert {q["host"] for q in drill["requests"]} == {"node-a"}
