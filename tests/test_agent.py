@@ -227,3 +227,15 @@ def test_a_running_agent_exposes_what_central_diagnosis_reads_and_drills_down(
     finally:
         svc.stop()
         thread.join(60)
+
+
+@pytest.mark.parametrize(
+    "template", ["http://{host}:8050", "{node}:8050", "http://{node", "ftp://{instance}"]
+)
+def test_a_bad_agent_url_template_is_refused_naming_the_key(template: str) -> None:
+    from cotenant.fleet_drill import check_template
+    from store.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="prometheus.agent_url_template"):
+        check_template(template)
+    assert check_template("https://{node}.agents:8050/x") == "https://{node}.agents:8050/x"
