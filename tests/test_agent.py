@@ -236,6 +236,6 @@ def test_a_bad_agent_url_template_is_refused_naming_the_key(template: str) -> No
     from cotenant.fleet_drill import check_template
     from store.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="prometheus.agent_url_template"):
+    with pytest.raises(ConfigError, match=r"prometheus\.agent_url_template"):
         check_template(template)
     assert check_template("https://{node}.agents:8050/x") == "https://{node}.agents:8050/x"
