@@ -122,11 +122,18 @@ def _locks(
     ]
 
 
-def host_cpu(source: MetricSource, rng: TimeRange, step_s: float, n: int) -> dict[str, np.ndarray]:
+def host_cpu(
+    source: MetricSource,
+    rng: TimeRange,
+    step_s: float,
+    n: int,
+    hosts: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, np.ndarray]:
     """Host CPU use (cores) per process name, on the window grid of ``rng``: the processes
     sharing a name (eight ``python`` burners) are summed, each (host, pid) counted once however
-    many GPUs it has rows on."""
-    t = source.process_windows(rng, step_s)
+    many GPUs it has rows on. Only rows of ``hosts`` when given (a fleet's source holds every
+    node's processes: a CPU hog on another node cannot slow this GPU's models)."""
+    t = source.process_windows(rng, step_s, hosts=sorted(hosts) if hosts else None)
     if t.num_rows == 0:
         return {}
     since = rng.since_ns or 0
@@ -254,7 +261,11 @@ def diagnose_windows(
         return []
     # host CPU series are read once for every incident of this call (they are not per GPU)
     cpu = host_cpu(
-        source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n
+        source,
+        TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns),
+        w.step_ns / 1e9,
+        w.n,
+        w.hosts,
     )
     out = [
         _diagnose_span(source, w, model, e, abnormal, slo, p, cpu, name) for name, e, slo in found

@@ -19,13 +19,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from analysis.diagnose import Diagnosis, diagnose_windows, history_range
 from analysis.episodes import Carry
-from analysis.incidents import Incident, IncidentBook, IncidentEvent, live_of
+from analysis.incidents import Incident, IncidentBook, IncidentEvent
 from analysis.indicators import E2E, TPOT, TTFT, indicator_slos
+from analysis.pass_reads import PassReads
 from analysis.replicas import annotate_replicas
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams
 from analysis.windows import GpuWindows, WindowCache, gpus_of
-from store.errors import CotenantError
+from store.errors import CotenantError, SourceError
 from store.periodic import Periodic
 from store.queries import TimeRange
 from store.source import MetricSource
@@ -52,13 +53,17 @@ class AnalysisLoop:
         reread_s: float = AnalysisSettings.reread_s,
         params: SpikeParams | None = None,
         indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
+        batch_reads: bool = False,
     ) -> None:
         """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
         so rows that land late — up to that lag — are still seen. ``indicator_slo_ms``: the
         SLOs of the other indicators, indicator (``ttft``, ``tpot``) -> model -> ms
-        (``AnalysisSettings.indicator_slos()``)."""
+        (``AnalysisSettings.indicator_slos()``). ``batch_reads``: read each frame of a pass
+        once for the whole fleet and split it by GPU (:class:`analysis.pass_reads.PassReads`;
+        fleet mode, where a read is HTTP queries)."""
         self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
-        self._source = source
+        self._reads = PassReads(source) if batch_reads else None
+        self._source: MetricSource = self._reads if self._reads is not None else source
         self._reread_s = reread_s
         self._book = book
         self._slo = dict(slo_ms or {})
@@ -81,13 +86,25 @@ class AnalysisLoop:
         self._worker = Periodic(
             "cotenant-analysis",
             interval_s,
-            self.run_once,
+            self._pass,
             what="analysis pass",
             on_error=self._failures.inc if self._failures is not None else None,
         )
 
+    def _pass(self) -> None:
+        """A pass of the worker thread. A source that cannot be read (Prometheus down) skips
+        the pass, counted: the source has logged why (``store.source_watch``), and the next
+        pass tries again. Open incidents stay as they were."""
+        try:
+            self.run_once()
+        except SourceError:
+            if self._failures is not None:
+                self._failures.inc()
+
     def run_once(self) -> list[IncidentEvent]:
         """One pass over every model; returns what changed, in reading order."""
+        if self._reads is not None:
+            self._reads.new_pass()
         now = self._clock()
         now -= now % self._step_ns
         lo = now - self._horizon_ns
@@ -96,7 +113,13 @@ class AnalysisLoop:
         full, first = history_range(rng, self._step_s, self._params)
         read: dict[str, GpuWindows] = {}
         found: list[tuple[list[Diagnosis], str, str]] = []
-        live = self._book.live()
+        # the live incidents once per pass, newest per (model, GPU, indicator) (not per
+        # model: at fleet scale, thousands of models each asking the book was most of a pass)
+        live: dict[tuple[str, str, str], Incident] = {}
+        for inc in sorted(self._book.live(), key=lambda i: i.start_ns):
+            if inc.live:
+                live[(inc.model, inc.gpu, inc.indicator)] = inc
+        live_pairs = {(m, g) for m, g, _ in live}
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -113,7 +136,7 @@ class AnalysisLoop:
                 carries = {
                     ind: c
                     for ind in (TTFT, TPOT)
-                    if (c := self._carry(live_of(live, model, gpu, ind), since)) is not None
+                    if (c := self._carry(live.get((model, gpu, ind)), since)) is not None
                 }
                 try:
                     diags = diagnose_windows(
@@ -124,13 +147,15 @@ class AnalysisLoop:
                         slo_ms=self._slo.get(model),
                         params=self._params,
                         lag_windows=int(self._reread_s / self._step_s),
-                        carry=self._carry(live_of(live, model, gpu, E2E), since),
+                        carry=self._carry(live.get((model, gpu, E2E)), since),
                         slos=slos,
                         carries=carries,
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
                     continue
+                if not diags and (model, gpu) not in live_pairs:
+                    continue  # healthy, nothing live to resolve or dismiss: nothing changes
                 found.append((diags, model, gpu))
         incidents = [d for diags, _, _ in found for d in diags if d.incident]
         if incidents:  # replicas and their siblings: only read when something is slow

@@ -37,6 +37,9 @@ class GpuWindows:
     processes: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     process_model: dict[str, str | None] = field(default_factory=dict)
     tokens: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    hosts: set[str] = field(default_factory=set)
+    """Hosts the GPU's counter and process rows name (empty when there are none): in fleet
+    mode, host CPU is read from these hosts only."""
 
     @property
     def ts_ns(self) -> np.ndarray:
@@ -132,6 +135,9 @@ def windows_from_tables(
             w.counters[f] = arr
     if procs.num_rows:
         _pivot_processes(w, procs, since, step, n)
+    for t in (counters, procs):
+        if t.num_rows:
+            w.hosts.update(h for h in pc.unique(t.column("host")).to_pylist() if h)
     return w
 
 

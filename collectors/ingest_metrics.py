@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,13 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
     60.0,
     120.0,
 )
+
+
+class RequestObserver(Protocol):
+    """What is fed every normalized ``requests`` batch (``RequestDurationHistogram`` in
+    serve, ``collectors.fleet_histogram.FleetHistogram`` in the agent)."""
+
+    def observe_requests(self, table: pa.Table) -> None: ...
 
 
 class RequestDurationHistogram:
@@ -177,7 +185,11 @@ def _fmt(b: float) -> str:
 class IngestMetrics:
     """All ingest-side series; implements :class:`store.writer.WriteObserver`."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, durations: RequestObserver | None = None
+    ) -> None:
+        """``durations``: what request batches feed (default: serve's
+        :class:`RequestDurationHistogram`, registered here; one passed in exposes itself)."""
         self.registry = registry
         self.spans_received = Counter(
             "cotenant_otlp_spans_received",
@@ -251,8 +263,10 @@ class IngestMetrics:
             "Child spans waiting for their root span",
             registry=registry,
         )
-        self.durations = RequestDurationHistogram()
-        registry.register(self.durations)
+        if durations is None:
+            durations = RequestDurationHistogram()
+            registry.register(durations)
+        self.durations: RequestObserver = durations
         self.token_times = TokenTimeHistogram()
         registry.register(self.token_times)
 

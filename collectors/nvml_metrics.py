@@ -68,13 +68,36 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
 )
 """NVML's ``nvmlClocksEventReason*`` bits, as ``reason`` label values."""
 
+DCGM_SERIES: tuple[tuple[str, str, float, str], ...] = (
+    # (DCGM exporter field, gpu_samples column, scale to DCGM's unit, help)
+    ("DCGM_FI_DEV_GPU_UTIL", "sm_util", 1.0, "GPU utilization (%)"),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util", 1.0, "Memory utilization (%)"),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active", 1.0, "Ratio of cycles the DRAM is active"),
+    ("DCGM_FI_DEV_FB_USED", "mem_used_bytes", 1 / 1048576, "Framebuffer memory used (MiB)"),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bps", 1.0, "PCIe bytes transmitted per second"),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bps", 1.0, "PCIe bytes received per second"),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bps", 1.0, "NVLink bytes transmitted per second"),
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bps", 1.0, "NVLink bytes received per second"),
+    ("DCGM_FI_DEV_POWER_USAGE", "power_w", 1.0, "Power draw (W)"),
+    ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1.0, "GPU temperature (C)"),
+    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1.0, "SM clock frequency (MHz)"),
+    ("DCGM_FI_DEV_MAX_SM_CLOCK", "max_sm_clock_mhz", 1.0, "Maximum SM clock frequency (MHz)"),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "clock_event_reasons", 1.0,
+     "Current clock event (throttle) reasons (bitmask)"),
+)  # fmt: skip
+"""The GPU series an agent also exposes under the DCGM exporter's names and units (so the
+central ``PrometheusSource`` reads agents and DCGM exporters with one query), labelled like
+the exporter: ``gpu`` (index), ``UUID``, ``device``, ``modelName``, ``Hostname``."""
+
 Row = Sequence[Any]
 
 
 class NvmlMetrics:
     """Everything the NVML collector exposes; pass it to ``NvmlCollector(metrics=…)``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, dcgm_names: bool = False) -> None:
+        """``dcgm_names``: also expose :data:`DCGM_SERIES` (``cotenant agent`` does)."""
+        self._dcgm = dcgm_names
         self.available = Gauge(
             "cotenant_nvml_available",
             "1 while NVML is initialised and GPU counters are collected, else 0",
@@ -162,6 +185,8 @@ class NvmlMetrics:
                 if r[i] is not None:
                     fam.add_metric([r[1], r[2]], r[i] * scale)
             yield fam
+        if self._dcgm:
+            yield from _dcgm_families(devices, live)
         fam = GaugeMetricFamily(
             "cotenant_gpu_clock_event_active",
             "1 while NVML reports this clock event reason (throttling, idle, …)",
@@ -190,3 +215,28 @@ class NvmlMetrics:
                 if v is not None:
                     fam.add_metric(key, v * scale)
             yield fam
+
+
+def _dcgm_families(
+    devices: list[tuple[str, int, str, str]], rows: Sequence[Row]
+) -> Iterator[Metric]:
+    """:data:`DCGM_SERIES` of the live GPUs' latest rows, with ``DCGM_FI_DEV_FB_FREE``."""
+    info = {uuid: (str(index), name) for uuid, index, name, _ in devices}
+    labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
+    keys = []
+    for r in rows:
+        index, name = info.get(r[_GPU_COLS["gpu"]], ("", ""))
+        keys.append([index, r[_GPU_COLS["gpu"]], f"nvidia{index}", name, r[_GPU_COLS["host"]]])
+    for name, col, scale, doc in DCGM_SERIES:
+        fam = GaugeMetricFamily(name, doc, labels=labels)
+        i = _GPU_COLS[col]
+        for key, r in zip(keys, rows, strict=True):
+            if r[i] is not None:
+                fam.add_metric(key, r[i] * scale)
+        yield fam
+    fam = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (MiB)", labels=labels)
+    used, total = _GPU_COLS["mem_used_bytes"], _GPU_COLS["mem_total_bytes"]
+    for key, r in zip(keys, rows, strict=True):
+        if r[used] is not None and r[total] is not None:
+            fam.add_metric(key, (r[total] - r[used]) / 1048576)
+    yield fam

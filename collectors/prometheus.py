@@ -25,7 +25,16 @@ bytes/s: gauges despite the name); ``mem_used_bytes`` / ``mem_total_bytes`` = ``
 
 **PROCESS_WINDOWS**: DCGM series carrying ``pod``; ``process_name`` = ``namespace/pod/container``
 (the parts present), ``pid`` null, the values of the GPU the pod is on (DCGM does not split a
-shared GPU per pod), ``model`` from the vLLM / Triton / cotenant series of the same pod.
+shared GPU per pod), ``model`` from the vLLM / Triton / cotenant series of the same pod. Then
+the per-process series of cotenant agents (``cotenant_gpu_process_*`` from NVML, and host CPU
+``cotenant_process_cpu_cores``, with no GPU), keyed by their ``host, gpu, pid, process,
+model`` labels.
+
+**LOCK_WAITS** from the agents' ``cotenant_lock_waits_total`` / ``cotenant_lock_wait_seconds_total``
+(increase over the range); empty where only exporters run.
+
+**Owners** (:meth:`PrometheusSource.owners`): the ``node`` and ``instance`` labels of the agent
+series of a (model, GPU), which fleet mode turns into the agent's URL for drill-down.
 
 **REQUEST_WINDOWS**, per model from the first family that has it: cotenant's own
 ``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase), else
@@ -59,8 +68,9 @@ weighted by request rate (an approximation, as for ``StoreSource``'s rollups).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -152,10 +162,15 @@ class PrometheusSource:
         if g.n == 0:
             return GPU_WINDOWS.empty_table()
         window = promql.duration(max(g.step, self._scrape_ns))
-        blocks = self._api.blocks(
-            promql.dcgm_query(promql.GPU_FIELDS, GPU_BY, "", window), g, GPU_BY
-        )
-        reasons = self._clock_reasons(g)
+        blocks: dict[tuple[str, ...], Fields] = {}
+        sel = ""
+        for sel in promql.gpu_selectors(gpu):  # one GPU's series only, not the fleet's
+            blocks = self._api.blocks(
+                promql.dcgm_query(promql.GPU_FIELDS, GPU_BY, sel, window), g, GPU_BY
+            )
+            if blocks:
+                break
+        reasons = self._clock_reasons(g, sel) if blocks else {}
         out = []
         for ident, f in blocks.items():
             key = (promql.host_of(ident), promql.gpu_of(ident))
@@ -164,14 +179,26 @@ class PrometheusSource:
                 out.append((key, f, windows_with_data(f)))
         return table(GPU_WINDOWS, g, ("host", "gpu"), out)
 
-    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+    def process_windows(
+        self,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pa.Table:
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return PROCESS_WINDOWS.empty_table()
         window = promql.duration(max(g.step, self._scrape_ns))
         by = GPU_BY + POD_BY
-        query = promql.dcgm_query(promql.PROCESS_FIELDS, by, 'pod!=""', window)
-        blocks = self._api.blocks(query, g, by)
+        blocks = {}
+        # DCGM's pod series have no host CPU: with hosts (a node's host CPU), agents only
+        for sel in promql.gpu_selectors(gpu) if hosts is None else ():
+            matchers = ",".join(x for x in ('pod!=""', sel) if x)
+            query = promql.dcgm_query(promql.PROCESS_FIELDS, by, matchers, window)
+            blocks = self._api.blocks(query, g, by)
+            if blocks:
+                break
         models = self._pod_models(g) if blocks else {}
         out = []
         for ident, f in blocks.items():
@@ -182,6 +209,17 @@ class PrometheusSource:
             name = "/".join(p for p in (ns, pod, container) if p)
             key = (promql.host_of(ident), dev, None, name, models.get((ns, pod)))
             out.append((key, f, windows_with_data(f)))
+        sels = [f"gpu={promql.quote(gpu)}"] if gpu is not None else []
+        if hosts is not None:
+            alts = "|".join(re.escape(h) for h in hosts)
+            sels.append(f"host=~{promql.quote(alts)}")
+        agent = promql.agent_process_query(",".join(sels), window)
+        for (host, dev, pid, name, model), f in self._api.blocks(
+            agent, g, promql.AGENT_PROCESS_BY
+        ).items():
+            pid_v = int(pid) if pid.isdigit() else None
+            key2 = (host, dev or None, pid_v, name, model or None)
+            out.append((key2, f, windows_with_data(f)))  # type: ignore[arg-type]
         return table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
     def replicas(self, rng: TimeRange) -> dict[tuple[str, str], str]:
@@ -190,27 +228,51 @@ class PrometheusSource:
         return {}
 
     def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
-        """(model, gpu) pairs, from one window spanning the whole range."""
+        """(model, gpu) pairs whose request counters grew over the range (one cheap query per
+        family, evaluated at the range's end: no quantiles, however large the fleet), placed
+        on GPUs as :meth:`request_windows` places them."""
         lo, hi, _ = check_range(rng, 1.0)
-        t = self.request_windows(rng, max(1.0, (hi - lo) / 1e9))
-        pairs = zip(t.column("model").to_pylist(), t.column("gpu").to_pylist(), strict=True)
-        return sorted({(str(m), str(g or "")) for m, g in pairs})
+        step = max(1000, -(-(hi - lo) // 1_000_000)) * 1_000_000  # whole ms, >= 1 s
+        hi -= hi % 1_000_000
+        window = promql.duration(max(step, 4 * self._scrape_ns))
+        taken: set[str] = set()
+        keyed: list[tuple[tuple[str, ...], Fields]] = []
+        for fam in promql.FAMILIES:
+            idents = [
+                tuple(labels.get(b, "") if b else "" for b in fam.by)
+                for labels, _ in self.instant(fam.presence(window), hi)
+            ]
+            mine = {i[0] for i in idents if i[0]} - taken  # preferred family wins
+            keyed += [(i, {}) for i in idents if i[0] in mine]
+            taken |= mine
+        pairs = self._place(keyed, Grid(hi - step, step, 1))
+        return sorted((str(m), str(g or "")) for m, g in pairs)
 
     def request_windows(
         self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None
     ) -> pa.Table:
-        if gpu is not None:
-            t = self.request_windows(rng, step_s, model)
-            return t.filter(pc.equal(pc.fill_null(t.column("gpu"), ""), gpu))
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return REQUEST_WINDOWS.empty_table()
+        t = self._requests_on(g, step_s, model, gpu)
+        if gpu is None:
+            return t
+        # exporter families place models on GPUs after the query: filter here too
+        return t.filter(pc.equal(pc.fill_null(t.column("gpu"), ""), gpu))
+
+    def _requests_on(
+        self, g: Grid, step_s: float, model: str | None, gpu: str | None = None
+    ) -> pa.Table:
         window = promql.duration(max(g.step, 4 * self._scrape_ns))
         taken: set[str] = set()
         keyed: list[tuple[tuple[str, ...], Fields]] = []
         for fam in promql.FAMILIES:
-            m = f"{fam.model_label}={promql.quote(model)}" if model is not None else ""
-            blocks = self._api.blocks(fam.query(m, window), g, fam.by)
+            ms = [f"{fam.model_label}={promql.quote(model)}"] if model is not None else []
+            if gpu is not None and fam.by[1]:
+                # a family with its own gpu label: filter in the query (or no GPU: those are
+                # placed by pod or configuration below)
+                ms.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
+            blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
             for ident, f in blocks.items():
                 if ident[0] in mine:
@@ -273,9 +335,34 @@ class PrometheusSource:
         return table(TOKEN_WINDOWS, g, ("model", "gpu"), out)
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
-        """Exporters carry no lock detail: always empty (lock causes need spans)."""
-        check_range(rng, 1.0)
-        return LOCK_WAITS.empty_table()
+        """From cotenant agents' lock counters; exporters carry no lock detail (empty)."""
+        lo, hi, _ = check_range(rng, 1.0)
+        window = promql.duration(max(hi - lo, 4 * self._scrape_ns))
+        found: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+        for labels, v in self.instant(promql.lock_waits_query(model, window), hi):
+            key = (labels.get("lock", ""), labels.get("holder", ""))
+            found[key][labels.get(promql.FIELD, "")] = v
+        rows = [
+            (lock, holder, round(f.get("requests", 0.0)), 1e3 * f.get("seconds", 0.0))
+            for (lock, holder), f in found.items()
+            if f.get("seconds", 0.0) > 0
+        ]
+        rows.sort(key=lambda r: -r[3])
+        return (
+            pa.table([pa.array([r[i] for r in rows]) for i in range(4)], schema=LOCK_WAITS)
+            if rows
+            else LOCK_WAITS.empty_table()
+        )
+
+    def owners(self, rng: TimeRange, model: str, gpu: str | None = None) -> list[dict[str, str]]:
+        """The agents that published ``model``'s latency (on ``gpu``) in ``rng``: one
+        ``{node, instance}`` per agent, as their series label them; empty when no agent did
+        (exporter-only models)."""
+        lo, hi, _ = check_range(rng, 1.0)
+        window = promql.duration(max(hi - lo, 4 * self._scrape_ns))
+        got = self.instant(promql.owners_query(model, gpu, window), hi)
+        seen = {(lb.get("node", ""), lb.get("instance", "")) for lb, _ in got}
+        return [{"node": n, "instance": i} for n, i in sorted(seen)]
 
     def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
         g = promql.grid(rng, step_s)
@@ -294,7 +381,7 @@ class PrometheusSource:
 
     # -- joins -------------------------------------------------------------------------------
 
-    def _clock_reasons(self, g: Grid) -> dict[tuple[str, str], np.ndarray]:
+    def _clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
         """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where
         none). Raw samples, because PromQL has no bitwise OR over time."""
         bits: dict[tuple[str, str], np.ndarray] = {}
@@ -302,7 +389,7 @@ class PrometheusSource:
         for c in range(0, g.n, MAX_POINTS):
             lo, hi = g.w0 + c * g.step, g.w0 + min(g.n, c + MAX_POINTS) * g.step
             for labels, ts, vals in self._api.at(
-                promql.clock_reasons_query(promql.duration(hi - lo)), hi
+                promql.clock_reasons_query(promql.duration(hi - lo), sel), hi
             ):
                 ident = tuple(labels.get(b, "") for b in GPU_BY)
                 key = (promql.host_of(ident), promql.gpu_of(ident))

@@ -117,10 +117,11 @@ def dcgm_query(fields: Mapping[str, str], by: tuple[str, ...], sel: str, window:
     return union({f: re.sub(r"\b(DCGM_FI_\w+)", mean, e) for f, e in fields.items()})
 
 
-def clock_reasons_query(window: str) -> str:
+def clock_reasons_query(window: str, sel: str = "") -> str:
     """Raw samples (a matrix) of the clock-event reasons under both of their names."""
     names = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
-    return f'{{__name__=~"{names}"}}[{window}]'
+    more = f",{sel}" if sel else ""
+    return f'{{__name__=~"{names}"{more}}}[{window}]'
 
 
 def pod_gpus_query(window: str) -> str:
@@ -140,6 +141,59 @@ def pod_models_query(window: str) -> str:
             (f"{OWN}_count", "model"),
         )
     )
+
+
+AGENT_PROCESS_BY = ("host", "gpu", "pid", "process", "model")
+"""Labels identifying one process in an agent's per-process series."""
+
+
+def agent_process_query(sel: str, window: str) -> str:
+    """A cotenant agent's per-process series (docs/metrics.md) as PROCESS_WINDOWS fields:
+    NVML's per-process ratios as percent, memory in bytes, and host CPU in cores (those have
+    no ``gpu``: asked for only when ``sel`` does not select a GPU)."""
+    by = ", ".join(AGENT_PROCESS_BY)
+
+    def mean(metric: str, scale: str = "") -> str:
+        return f"{scale}avg by ({by}) (avg_over_time({metric}{{{sel}}}[{window}]))"
+
+    parts = {
+        "sm_util": mean("cotenant_gpu_process_sm_utilization_ratio", "100 * "),
+        "mem_util": mean("cotenant_gpu_process_memory_utilization_ratio", "100 * "),
+        "mem_used_bytes": mean("cotenant_gpu_process_memory_used_bytes"),
+    }
+    if "gpu=" not in sel:
+        parts["cpu_cores"] = mean("cotenant_process_cpu_cores")
+    return union(parts)
+
+
+def lock_waits_query(model: str, window: str) -> str:
+    """Per (lock, holder) of ``model``: requests that waited and seconds waited, over
+    ``window`` ending at the query time (agents' ``cotenant_lock_wait*`` counters)."""
+    m = f"model={quote(model)}"
+    return union(
+        {
+            "requests": f"sum by (lock, holder) (increase(cotenant_lock_waits_total{{{m}}}"
+            f"[{window}]))",
+            "seconds": f"sum by (lock, holder) (increase(cotenant_lock_wait_seconds_total"
+            f"{{{m}}}[{window}]))",
+        }
+    )
+
+
+def owners_query(model: str, gpu: str | None, window: str) -> str:
+    """Which agents (node, scrape target) published ``model``'s latency on ``gpu``."""
+    sel = [f"model={quote(model)}", 'phase="total"']
+    if gpu:
+        sel.append(f"gpu={quote(gpu)}")
+    return f"group by (node, instance) (last_over_time({OWN}_count{{{','.join(sel)}}}[{window}]))"
+
+
+def gpu_selectors(gpu: str | None) -> tuple[str, ...]:
+    """Label matchers that select one GPU's DCGM series, in the order to try them: its
+    ``UUID``, else its index in ``gpu`` (exporters without UUIDs); ``("",)`` for every GPU."""
+    if gpu is None:
+        return ("",)
+    return (f"UUID={quote(gpu)}", f"gpu={quote(gpu)}")
 
 
 def host_of(ident: tuple[str, ...]) -> str:
@@ -164,7 +218,14 @@ class Family:
     model_label: str
     by: tuple[str, str, str, str]
     query: Callable[[str, str], str]  # (model matcher, rate window) -> query
+    counter: str  # a selector of its request counter: which series served requests
     spans: bool = False  # its phases come from spans (cotenant's own series)
+
+    def presence(self, window: str) -> str:
+        """The identities of its series that served requests in the ``window`` before the
+        query time: cheap (no quantiles), for ``model_gpus``."""
+        labels = ", ".join(b for b in self.by if b)
+        return f"group by ({labels}) (increase({self.counter}[{window}]) > 0)"
 
 
 def _own_query(m: str, r: str) -> str:
@@ -224,9 +285,25 @@ def _triton_query(m: str, r: str) -> str:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("model", ("model", "gpu", "namespace", "pod"), _own_query, spans=True),
-    Family("model_name", ("model_name", "", "namespace", "pod"), _vllm_query),
-    Family("model", ("model", "", "namespace", "pod"), _triton_query),
+    Family(
+        "model",
+        ("model", "gpu", "namespace", "pod"),
+        _own_query,
+        f'{OWN}_count{{phase="total"}}',
+        spans=True,
+    ),
+    Family(
+        "model_name",
+        ("model_name", "", "namespace", "pod"),
+        _vllm_query,
+        "vllm:e2e_request_latency_seconds_count",
+    ),
+    Family(
+        "model",
+        ("model", "", "namespace", "pod"),
+        _triton_query,
+        "nv_inference_count",  # one name: increase() of two would clash once names drop
+    ),
 )
 """In order of preference: cotenant's own series, vLLM, Triton. Fields: ``rate`` (requests/s),
 ``errors`` (/s), ``sum`` (latency seconds/s), ``p50/p95/p99`` (s), ``<phase>_sum`` and

@@ -82,6 +82,14 @@ class PrometheusSettings:
         min=0.1,
         max=3600.0,
     )
+    agent_url_template: str = key(
+        "http://{instance}",
+        "URL of the cotenant agent that owns a series, for drill-down: {node} is the series' "
+        "node label, {instance} its scrape target (host:port)",
+    )
+    agent_timeout_s: float = key(
+        3.0, "timeout of one drill-down call to an agent", min=0.1, max=60.0
+    )
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    """``cotenant agent``: [agent] store and retention replace [store]'s (``--store`` wins)."""
+    cfg = _load(args)
+    ag = cfg.agent
+    store = dataclasses.replace(
+        cfg.store,
+        path=args.store or ag.store,
+        raw_retention_h=ag.raw_retention_h,
+        rollup_interval_s=cfg.store.rollup_interval_s if ag.rollups else 3600.0,
+    )
+    cfg = dataclasses.replace(cfg, store=store)
+    _configure_logging(cfg.log.level)
+    import prometheus_client
+
+    from cotenant.service import Service
+
+    # no `_created` twin of every counter: it doubles the series a node sends to Prometheus
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    Service(cfg, role="agent").run()
+    return 0
+
+
 def cmd_nvml(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _configure_logging(cfg.log.level)
@@ -200,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run collectors, store, analysis and the HTTP API")
     common(serve)
     serve.set_defaults(func=cmd_serve)
+
+    agent = sub.add_parser(
+        "agent",
+        help="run on a GPU node: collectors, a short local store, /metrics for Prometheus and "
+        "the drill-down API (docs/fleet.md)",
+    )
+    common(agent)
+    agent.set_defaults(func=cmd_agent)
 
     nvml = sub.add_parser(
         "nvml", help="list the GPUs NVML sees and print one poll of their counters"

@@ -49,6 +49,29 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+class AgentSettings:
+    """``[agent]``: ``cotenant agent``, one per GPU node (read here, in the composition root)."""
+
+    node: str = key(
+        "",
+        "node name on the agent's series and drill-down answers ('' = nvml.host, else "
+        "this machine's host name)",
+    )
+    store: str = key("./.cotenant/agent.duckdb", "the agent's local DuckDB file (raw requests)")
+    raw_retention_h: float = key(
+        2.0, "hours the agent keeps raw requests and samples for drill-down", min=0.01
+    )
+    drill_max_range_h: float = key(
+        24.0, "longest time range one drill-down query may cover", min=0.01, max=24 * 35
+    )
+    rollups: bool = key(
+        False,
+        "refresh per-minute rollups in the agent's store as serve does (central serve reads "
+        "Prometheus, so by default the agent refreshes them only hourly, saving CPU)",
+    )
+
+
+@dataclass(frozen=True)
 class LogSettings:
     """``[log]``: the level the command line configures logging with."""
 
@@ -66,6 +89,7 @@ class Config:
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
     procfs: ProcfsSettings = field(default_factory=ProcfsSettings)
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
     analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
     actuators: ActuatorSettings = field(default_factory=ActuatorSettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)

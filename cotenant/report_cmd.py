@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cotenant.remote import call_api
@@ -39,12 +40,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=cmd_report)
 
 
-def report_builder(cfg: Config, store: Store) -> ReportBuilder:
+def report_builder(
+    cfg: Config, store: Store, prepare: Callable[[int, int], object] | None = None
+) -> ReportBuilder:
     """The weekly report's builder over ``store`` (``cotenant report`` and serve's API and
     schedule): the SLOs recorded in the store (:mod:`store.slo_record`) under
     ``[analysis] slo_ms``, and ``[rules] slo_default_ms`` for the SLOs, the
     saturation thresholds the alerts use (``[rules]``), and the dashboard link
-    (``[report] dashboard_url``, else ``[server]``)."""
+    (``[report] dashboard_url``, else ``[server]``). ``prepare``: see ReportBuilder (fleet
+    mode's rollups from Prometheus)."""
     from reports.compute import ReportBuilder
     from reports.job import dashboard_base
     from reports.summary import Thresholds
@@ -63,6 +67,7 @@ def report_builder(cfg: Config, store: Store) -> ReportBuilder:
             pcie_saturated_bps=rules.pcie_saturated_bps,
             memory_full=rules.memory_pressure,
         ),
+        prepare=prepare,
     )
 
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from alerts.rule_blocks import RuleSettings
-from alerts.rules import write_rules
+from alerts.rules import prometheus_rule, write_rules
 from cotenant.config import Config, load_config
 
 
@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     rsub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND", required=True)
     render = rsub.add_parser(
         "render",
-        help="write cotenant.rules.yml and exporters.rules.yml",
+        help="write cotenant.rules.yml, exporters.rules.yml and fleet.rules.yml",
         description="Render the rule files from [analysis] slo_ms and [rules] (thresholds, "
         "for_s, runbook_base_url). With the default configuration this writes the files "
         "committed under rules/.",
@@ -32,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     render.add_argument(
         "--out", metavar="DIR", type=Path, default=Path("rules"), help="output folder (./rules)"
+    )
+    render.add_argument(
+        "--prometheus-rule",
+        metavar="FILE",
+        type=Path,
+        help="also write cotenant.rules.yml and fleet.rules.yml as one Prometheus Operator "
+        "PrometheusRule manifest (deploy/k8s/prometheusrule.yaml is this with the defaults)",
     )
     render.set_defaults(func=cmd_rules_render)
 
@@ -55,6 +62,11 @@ def settings_from(cfg: Config) -> RuleSettings:
 
 def cmd_rules_render(args: argparse.Namespace) -> int:
     cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
-    for p in write_rules(settings_from(cfg), args.out):
+    settings = settings_from(cfg)
+    for p in write_rules(settings, args.out):
         print(f"wrote {p}")
+    if args.prometheus_rule is not None:
+        args.prometheus_rule.parent.mkdir(parents=True, exist_ok=True)
+        args.prometheus_rule.write_text(prometheus_rule(settings), encoding="utf-8")
+        print(f"wrote {args.prometheus_rule}")
     return 0

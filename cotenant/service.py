@@ -21,8 +21,9 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -36,7 +37,9 @@ from analysis.analyzer import Analyzer
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop, OnIncident
 from collectors.admission import InflightBytes
+from collectors.fleet_histogram import FleetHistogram
 from collectors.gpu_resolve import GpuResolver
+from collectors.host_cpu_metrics import HostCpuGauge
 from collectors.ingest import IngestPipeline
 from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer
@@ -46,6 +49,7 @@ from collectors.nvml_metrics import NvmlMetrics
 from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver
 from collectors.procfs import ProcfsCollector, ProcfsMetrics
+from cotenant.agent_api import create_agent_api
 from cotenant.api import create_api
 from cotenant.config import Config
 from cotenant.report_cmd import report_builder
@@ -59,7 +63,7 @@ from store.http_json import SafeJSONResponse
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
 from store.slo_record import record_slos
-from store.source import StoreSource
+from store.source import MetricSource, StoreSource
 from store.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -112,8 +116,18 @@ def _url(sock: socket.socket, path: str = "") -> str:
     return f"http://{shown}:{port}{path}"
 
 
+Role = Literal["serve", "agent"]
+
+
 class Service:
-    """Everything ``cotenant serve`` runs. Construct, then :meth:`run` (blocks)."""
+    """Everything ``cotenant serve`` runs. Construct, then :meth:`run` (blocks).
+
+    ``role="agent"`` is ``cotenant agent``: the same collectors, store and receivers, with the
+    agent's series on ``/metrics`` (:mod:`collectors.fleet_histogram`, GPU counters under DCGM
+    names, host CPU per process) and its drill-down API (:mod:`cotenant.agent_api`), and no
+    analysis, actuators, alerts, reports or dashboard. With ``[prometheus] url`` set, serve
+    reads its windows through Prometheus (:mod:`cotenant.fleet`).
+    """
 
     def __init__(
         self,
@@ -124,6 +138,7 @@ class Service:
         nvml: Any | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         on_incident: OnIncident | None = None,
+        role: Role = "serve",
     ) -> None:
         """``nvml``: the NVML surface to poll (default: ``pynvml``, imported only when
         ``nvml.enabled``); tests pass a :class:`collectors.fake_nvml.FakeNvml`.
@@ -137,7 +152,16 @@ class Service:
         # readers of this file after us (report, diagnose --store) see the SLOs we ran with
         record_slos(self.store, config.analysis.slo_ms)
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        self.metrics = IngestMetrics(self.registry)
+        self.role = role
+        self.node = config.agent.node or config.nvml.host or socket.gethostname()
+        agent = role == "agent"
+        self.fleet_histogram = FleetHistogram(self.node) if agent else None
+        if self.fleet_histogram is not None:
+            self.registry.register(self.fleet_histogram)  # its lock-wait counters
+        self.metrics = IngestMetrics(self.registry, durations=self.fleet_histogram)
+        self.host_cpu = HostCpuGauge() if agent else None
+        if self.host_cpu is not None:
+            self.registry.register(self.host_cpu)
         self.maintenance = Maintenance(
             self.store,
             rollup_interval_s=sc.rollup_interval_s,
@@ -181,8 +205,41 @@ class Service:
         self.nvml = self._open_nvml(nvml) if config.nvml.enabled else None
         self.procfs = self._open_procfs() if config.procfs.enabled else None
         self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
+        self._server: _Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._grpc: OtlpGrpcServer | None = None
+        self._stopping = False
+        self._otlp_port: int | None = None
+        self.started = threading.Event()
+        self.endpoints: Endpoints | None = None
+        self.fleet: Any | None = None
+        self.analysis: AnalysisLoop | None = None
+        self.actions: ActionController | None = None
+        self.alerts: AlertReceiver | None = None
+        self.reports: ReportScheduler | None = None
+        self.dashboard: Any | None = None
+        if agent:
+            self.api = create_agent_api(
+                self.store,
+                self.registry,
+                self._not_ready_reason,
+                node=self.node,
+                max_range_s=config.agent.drill_max_range_h * 3600,
+                histogram=self.fleet_histogram,
+            )
+        else:
+            self._build_central(on_incident)
+
+    def _build_central(self, on_incident: OnIncident | None) -> None:
+        """Analysis, API, actuators, alerts, reports and dashboard (``cotenant serve``)."""
+        config, clock_ns = self.config, self.clock_ns
         ac = config.analysis
-        source = StoreSource(self.store)
+        source: MetricSource = StoreSource(self.store)
+        if config.prometheus.url:
+            from cotenant.fleet import Fleet
+
+            self.fleet = Fleet(config, self.registry, clock_ns)
+            source = self.fleet.source
         book = IncidentBook(
             self.store,
             gap_ns=int(ac.step_s * 1e9) * 10,
@@ -212,15 +269,18 @@ class Service:
                 reread_s=ac.reread_s,
                 params=ac.spike_params(),
                 indicator_slo_ms=ac.indicator_slos(),
+                batch_reads=self.fleet is not None,
             )
             if ac.enabled
             else None
         )
         self.api = create_api(self.store, self.registry, self._not_ready_reason, self.analyzer)
+        if self.fleet is not None:
+            self.fleet.add_routes(self.api, self.analyzer)
         # Routers of actuators/ and alerts/ are included here, before the dashboard's mount.
         self.actions = self._build_actions(source)
         SloMetric(ac.slo_ms, self.registry)  # cotenant_slo_seconds, read by rules/
-        self.alerts: AlertReceiver | None = None
+        self.alerts = None
         if config.alerts.enabled:
             self.alerts = AlertReceiver(
                 self.store,
@@ -233,16 +293,9 @@ class Service:
             self.api.include_router(alerts_router(self.alerts))
         self.reports = self._build_reports()
         # The dashboard's catch-all mount at "/" comes last (routes match in order).
-        self._server: _Server | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._grpc: OtlpGrpcServer | None = None
-        self._stopping = False
-        self._otlp_port: int | None = None
-        self.started = threading.Event()
-        self.endpoints: Endpoints | None = None
-        self.dashboard = self._mount_dashboard() if config.dashboard.enabled else None
+        self.dashboard = self._mount_dashboard(source) if config.dashboard.enabled else None
 
-    def _mount_dashboard(self) -> Any:
+    def _mount_dashboard(self, source: MetricSource) -> Any:
         """The Dash app (``dashboard.data.DashboardData``, Flask under WSGI) mounted at "/"
         after every other route, so the API, /metrics and the probes keep matching first."""
         from a2wsgi import WSGIMiddleware
@@ -253,6 +306,8 @@ class Service:
         dc = self.config.dashboard
         data = DashboardData(
             self.store,
+            source=source,
+            drill=self.fleet.drill if self.fleet is not None else None,
             book=self.analyzer.book,
             slo_ms=self.config.analysis.slo_ms,
             indicator_slo_ms=self.config.analysis.indicator_slos(),
@@ -272,7 +327,9 @@ class Service:
         """``/api/v1/reports/{week}/summary``, and the weekly scheduler when
         ``[report] schedule`` is set (None otherwise)."""
         config = self.config
-        builder = report_builder(config, self.store)
+        # fleet mode: the report's rollups come from Prometheus' recording rules
+        prepare = None if self.fleet is None else partial(self.fleet.import_rollups, self.store)
+        builder = report_builder(config, self.store, prepare)
         self.api.include_router(reports_router(builder))
         at = parse_schedule(config.report.schedule)
         if at is None:
@@ -281,7 +338,7 @@ class Service:
         job = ReportJob(builder, config.report.dir, formats)
         return ReportScheduler(at, job.run, clock_ns=self.clock_ns)
 
-    def _build_actions(self, source: StoreSource) -> ActionController | None:
+    def _build_actions(self, source: MetricSource) -> ActionController | None:
         """The actuators' control loop and its ``/api/v1/actions`` routes (None when
         ``actuators.mode = "off"``); it reads the incidents the analysis loop writes."""
         ac = self.config.analysis
@@ -302,7 +359,7 @@ class Service:
     def _open_nvml(self, api: Any | None) -> NvmlCollector | None:
         """The NVML collector, opened; None (after one warning) where NVML is unavailable."""
         nc = self.config.nvml
-        metrics = NvmlMetrics(self.registry)
+        metrics = NvmlMetrics(self.registry, dcgm_names=self.role == "agent")
         try:
             collector = NvmlCollector(
                 api if api is not None else load_pynvml(),
@@ -338,8 +395,9 @@ class Service:
                 pc.root,
             )
             return None
+        gauge = self.host_cpu  # the agent exposes the rows it writes as a gauge
         return ProcfsCollector(
-            sink=self.writer.submit,
+            sink=self.writer.submit if gauge is None else gauge.tee(self.writer.submit),
             resolver=self.resolver,
             host=self.config.nvml.host or socket.gethostname(),
             proc=pc.root,
@@ -449,10 +507,19 @@ class Service:
     def _print_banner(self, out: TextIO) -> None:
         ep = self.endpoints
         assert ep is not None  # set just before
-        lines = [
-            f"cotenant serve: store {self.store.path}",
-            f"  HTTP API   {ep.api}/api/v1 (OpenAPI {ep.api}/docs, metrics {ep.api}/metrics)",
-        ]
+        if self.role == "agent":
+            lines = [
+                f"cotenant agent: node {self.node}, store {self.store.path}",
+                f"  metrics    {ep.api}/metrics (drill-down {ep.api}/api/v1/slowest)",
+            ]
+        else:
+            lines = [
+                f"cotenant serve: store {self.store.path}",
+                f"  HTTP API   {ep.api}/api/v1 (OpenAPI {ep.api}/docs, metrics {ep.api}/metrics)",
+            ]
+        if self.fleet is not None:
+            url = self.fleet.prometheus.url
+            lines.append(f"  Prometheus {url} (fleet mode: windows read through PromQL)")
         if ep.otlp_http:
             lines.append(f"  OTLP/HTTP  {ep.otlp_http}")
         if ep.otlp_grpc:
@@ -503,6 +570,8 @@ class Service:
         self._stop_collectors()  # its last rows go to the writer before it closes
         if self.alerts is not None:
             self.alerts.close()  # alerts still queued stay pending: diagnosed at next start
+        if self.fleet is not None:
+            self.fleet.close()
         self._shutdown_store()
         log.info("cotenant stopped in %.1f s", time.monotonic() - t0)
 

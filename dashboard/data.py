@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -21,6 +21,7 @@ from analysis.incidents import Incident, IncidentBook
 from dashboard.theme import Colours
 from dashboard.timerange import Range
 from store.dashboard_queries import (
+    GPU_TILE_KEYS,
     gpu_tiles_raw,
     gpu_tiles_rollup,
     has_gpu_samples,
@@ -33,7 +34,7 @@ from store.dashboard_queries import (
 from store.db import Store
 from store.incident_rows import incidents_version, open_incident_counts
 from store.queries import TimeRange
-from store.source import StoreSource
+from store.source import MetricSource, StoreSource
 
 NOW_WINDOW_NS = 60_000_000_000
 """"Now" on the tiles is the last minute of the range."""
@@ -54,6 +55,14 @@ def _aligned(rng: Range, step_s: int, since_ns: int | None = None) -> TimeRange:
     step = step_s * 1_000_000_000
     lo = rng.since_ns if since_ns is None else max(rng.since_ns, since_ns)
     return TimeRange(lo - lo % step, rng.until_ns)
+
+
+def _last_whole(lo: int, hi: int) -> TimeRange:
+    """The last whole window of ``hi - lo`` ending at or before ``hi``, on that window's grid
+    (a grid window ending after ``hi`` would ask a PromQL engine about the future)."""
+    step = hi - lo
+    end = hi - hi % step
+    return TimeRange(end - step, end)
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,17 @@ class Cols:
         return Cols({k: [v[i] for i in keep] for k, v in self.data.items()})
 
 
+class RequestDrill(Protocol):
+    """The slowest requests of a (model, GPU) in a range, from wherever they are kept (fleet
+    mode: the agent that owns the GPU; ``cotenant.fleet_drill.AgentDrill``). The answer has
+    ``requests`` (dicts of the ``requests`` columns plus ``node``), ``agents`` and ``note``
+    (why some are missing, e.g. a node unreachable; None when nothing is)."""
+
+    def slowest(
+        self, model: str, gpu: str | None, since_ns: int, until_ns: int, limit: int = 20
+    ) -> dict[str, Any]: ...
+
+
 class DashboardData:
     """Typed reads for the pages. Thread-safe: each call takes its own cursor."""
 
@@ -84,18 +104,23 @@ class DashboardData:
         self,
         store: Store,
         *,
+        source: MetricSource | None = None,
+        drill: RequestDrill | None = None,
         book: IncidentBook | None = None,
         slo_ms: Mapping[str, float] | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         otlp_hint: str = "http://127.0.0.1:4318/v1/traces",
         indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
-        """``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
+        """``source``: where windows are read (default the store; fleet mode: Prometheus);
+        ``drill``: where an incident's slowest requests come from (fleet mode);
+        ``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
         OTLP endpoint named by the empty states; ``indicator_slo_ms``: TTFT / TPOT SLOs,
         ``ttft`` / ``tpot`` -> model -> ms."""
         self.indicator_slo_ms = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self.store = store
-        self.source = StoreSource(store)
+        self.source: MetricSource = source or StoreSource(store)
+        self.drill = drill
         self.book = book or IncidentBook(store)
         self.slo_ms = dict(slo_ms or {})
         self.clock_ns = clock_ns
@@ -103,31 +128,52 @@ class DashboardData:
         self.colours = Colours()
         self._colours_learned = False
 
+    @property
+    def fleet(self) -> bool:
+        """Windows come from a source other than the store (fleet mode: Prometheus), so what
+        exists and the tiles are read from it too."""
+        return not isinstance(self.source, StoreSource)
+
+    def _recent(self, seconds: float) -> TimeRange:
+        now = self.clock_ns()
+        return TimeRange(now - int(seconds * 1e9), now)
+
     def learn_colours(self) -> None:
         """Number every model the store knows once, so colours agree across pages."""
         if not self._colours_learned:
-            names = known_models(self.store)
+            if self.fleet:
+                names = sorted({m for m, _ in self.source.model_gpus(self._recent(3600))})
+            else:
+                names = known_models(self.store)
             self.colours.learn(names)
             self._colours_learned = bool(names)
 
     # ---- what exists -------------------------------------------------------------------
     def has_requests(self) -> bool:
+        if self.fleet:
+            return bool(self.source.model_gpus(self._recent(3600)))
         return has_requests(self.store)
 
     def has_gpu_samples(self) -> bool:
+        if self.fleet:
+            return bool(self.source.gpu_windows(self._recent(300), 60.0).num_rows > 0)
         return has_gpu_samples(self.store)
 
     def latest_ns(self) -> int | None:
         """Newest request completion in the store (to say where the data is)."""
-        return latest_request_ns(self.store)
+        return self.clock_ns() if self.fleet else latest_request_ns(self.store)
 
     # ---- Overview ----------------------------------------------------------------------
     def model_tiles(self, rng: Range) -> list[dict[str, Any]]:
         """Per model seen in the range: p99 and requests/s over the range's last minute,
         its SLO, and its open incidents."""
         lo, hi = rng.until_ns - NOW_WINDOW_NS, rng.until_ns
-        now = recent_latency(self.store, lo, hi)
-        seen = rollup_models(self.store, rng.since_ns - rng.since_ns % 60_000_000_000, hi)
+        if self.fleet:
+            now = self._fleet_latency(lo, hi)
+            seen = {m for m, _ in self.source.model_gpus(TimeRange(rng.since_ns, hi))}
+        else:
+            now = recent_latency(self.store, lo, hi)
+            seen = rollup_models(self.store, rng.since_ns - rng.since_ns % 60_000_000_000, hi)
         open_by = open_incident_counts(self.store)
         out = []
         for m in sorted(seen | set(now)):
@@ -148,7 +194,38 @@ class DashboardData:
         newest minute when raw samples have expired); keys
         :data:`store.dashboard_queries.GPU_TILE_KEYS`."""
         lo, hi = rng.until_ns - NOW_WINDOW_NS, rng.until_ns
+        if self.fleet:
+            return self._fleet_gpu_tiles(lo, hi)
         return gpu_tiles_raw(self.store, lo, hi) or gpu_tiles_rollup(self.store, rng.since_ns, hi)
+
+    def _fleet_latency(self, lo: int, hi: int) -> dict[str, tuple[int, float | None]]:
+        """Per model over ``[lo, hi)`` from the source's windows: (requests, the highest p99
+        of its GPUs' windows: histogram quantiles do not add up across series)."""
+        t = self.source.request_windows(_last_whole(lo, hi), (hi - lo) / 1e9)
+        out: dict[str, tuple[int, float | None]] = {}
+        for m, n, p99 in zip(
+            t.column("model").to_pylist(),
+            t.column("count").to_pylist(),
+            t.column("p99_ms").to_pylist(),
+            strict=True,
+        ):
+            c, p = out.get(m, (0, None))
+            worst = p if p99 is None else p99 if p is None else max(p, p99)
+            out[m] = (c + round(n or 0), worst)
+        return out
+
+    def _fleet_gpu_tiles(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """:data:`store.dashboard_queries.GPU_TILE_KEYS` per GPU from the source's newest
+        window of ``[lo, hi)``."""
+        t = self.source.gpu_windows(_last_whole(lo, hi), (hi - lo) / 1e9)
+        tiles: dict[str, dict[str, Any]] = {}
+        for r in t.to_pylist():  # one row per GPU and window: the newest wins
+            tx, rx = r.get("pcie_tx_bps"), r.get("pcie_rx_bps")
+            tiles[r["gpu"]] = {
+                **{k: r.get(k) for k in GPU_TILE_KEYS},
+                "pcie_bps": None if tx is None and rx is None else (tx or 0.0) + (rx or 0.0),
+            }
+        return [tiles[g] for g in sorted(tiles)]
 
     def latency(
         self,

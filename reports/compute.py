@@ -66,11 +66,15 @@ class ReportBuilder:
         thresholds: Thresholds | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
+        prepare: Callable[[int, int], object] | None = None,
     ) -> None:
         """``indicator_slo_ms``: TTFT / TPOT SLOs of generative models, ``ttft`` / ``tpot``
-        -> model -> ms (``AnalysisSettings.indicator_slos()``)."""
+        -> model -> ms (``AnalysisSettings.indicator_slos()``). ``prepare(lo_ns, hi_ns)`` is
+        called before each build with the span the build reads (the week before and the
+        week): fleet mode fills the rollups there from Prometheus' recording rules."""
         self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self._store = store
+        self._prepare = prepare
         self._slo = dict(slo_ms or {})
         self._default_slo = default_slo_ms
         self._base = dashboard_url.rstrip("/")
@@ -82,6 +86,8 @@ class ReportBuilder:
         q = ReportQueries(self._store)
         lo, hi = week.start_ns, week.end_ns
         prev = week.previous()
+        if self._prepare is not None:
+            self._prepare(prev.start_ns, hi)
         models = self._models(q, lo, hi)
         before = self._models(q, prev.start_ns, prev.end_ns)
         totals, last = _totals(models), _totals(before)

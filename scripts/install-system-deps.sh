@@ -5,6 +5,7 @@
 #   chromium, chromium-driver -> headless browser tests of the dashboard and report
 #   nginx             -> the reference proxy the gateway benchmark compares against
 #   haproxy           -> the load balancer the HAProxy actuator backend drives (its tests start one)
+#   victoria-metrics  -> the second PromQL engine the fleet tests read through (tests/e2e)
 set -euo pipefail
 
 need=()
@@ -14,6 +15,7 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

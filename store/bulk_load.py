@@ -34,3 +34,36 @@ def append_tables(store: Store, tables: Mapping[str, pa.Table]) -> None:
                 cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _cotenant_bulk")
             finally:
                 cur.unregister("_cotenant_bulk")
+
+
+ROLLUP_TABLES = ("request_rollup_1m", "gpu_rollup_1m", "process_rollup_1m")
+
+
+def replace_rollups(store: Store, tables: Mapping[str, pa.Table], lo_ns: int, hi_ns: int) -> int:
+    """Replace the rows of each rollup table whose minute starts in ``[lo_ns, hi_ns)`` by
+    ``tables[name]`` (fleet mode: rollups read from Prometheus), one transaction per table;
+    returns the rows inserted. UsageError for a table that is not a rollup."""
+    unknown = [name for name in tables if name not in ROLLUP_TABLES]
+    if unknown:
+        raise UsageError(f"not rollup tables: {', '.join(unknown)}")
+    n = 0
+    with store.cursor() as cur:
+        for name, table in tables.items():
+            cur.execute("BEGIN")
+            try:
+                cur.execute(
+                    f"DELETE FROM {name} WHERE minute_ns >= $lo AND minute_ns < $hi",
+                    {"lo": lo_ns, "hi": hi_ns},
+                )
+                if table.num_rows:
+                    cur.register("_cotenant_rollups", table)
+                    try:
+                        cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _cotenant_rollups")
+                    finally:
+                        cur.unregister("_cotenant_rollups")
+                cur.execute("COMMIT")
+            except Exception:
+                cur.execute("ROLLBACK")
+                raise
+            n += table.num_rows
+    return n

@@ -93,6 +93,39 @@ def requests_rows(
     return rows
 
 
+MAX_SLOWEST = 1000
+
+
+def slowest_requests(
+    store: Store, rng: TimeRange, model: str, *, gpu: str | None = None, limit: int = 20
+) -> list[dict[str, Any]]:
+    """The ``limit`` slowest requests of ``model`` (on ``gpu`` when given) completed in
+    ``rng`` (both ends required), slowest first, as JSON-ready dicts (non-finite floats as
+    None). The agent's drill-down. QueryError for an open range or a limit outside
+    1..MAX_SLOWEST."""
+    if rng.since_ns is None or rng.until_ns is None:
+        raise QueryError("since and until are both required")
+    if not 1 <= limit <= MAX_SLOWEST:
+        raise QueryError(f"limit {limit} must be between 1 and {MAX_SLOWEST}")
+    params: dict[str, Any] = {"limit": limit}
+    where = _where([], params, rng, "ts_end_ns", model, gpu)
+    with store.cursor() as cur:
+        rows: list[dict[str, Any]] = (
+            cur.sql(
+                f"SELECT * FROM requests {where} ORDER BY latency_ms DESC, ts_end_ns DESC "
+                "LIMIT $limit",
+                params=params,
+            )
+            .to_arrow_table()
+            .to_pylist()
+        )
+    for r in rows:
+        for k, v in r.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                r[k] = None
+    return rows
+
+
 def request_count(store: Store, rng: TimeRange | None = None, *, model: str | None = None) -> int:
     params: dict[str, Any] = {}
     where = _where([], params, rng or TimeRange(), "ts_end_ns", model)

@@ -8,6 +8,7 @@ VictoriaMetrics — exporter series, possibly without spans). Both return the fr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -51,8 +52,14 @@ class MetricSource(Protocol):
     def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table: ...
 
     def process_windows(
-        self, rng: TimeRange, step_s: float, gpu: str | None = None
-    ) -> pa.Table: ...
+        self,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """``hosts``: only rows of these hosts (a fleet's host CPU of one node)."""
+        ...
 
     def serving_windows(
         self, rng: TimeRange, step_s: float, model: str | None = None
@@ -216,13 +223,22 @@ class StoreSource:
                 GROUP BY ALL ORDER BY ts_ns, host, gpu"""
         return self._query(sql, p, GPU_WINDOWS)
 
-    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+    def process_windows(
+        self,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pa.Table:
         lo, hi, step = check_range(rng, step_s)
         p: dict[str, Any] = {"lo": lo, "hi": hi, "step": step}
         gf = ""
         if gpu is not None:
             gf = "AND gpu = $gpu"
             p["gpu"] = gpu
+        if hosts is not None:
+            gf += " AND list_contains($hosts, host)"
+            p["hosts"] = list(hosts)
         if step % MINUTE_NS == 0:
             sql = f"""
                 SELECT (minute_ns // $step) * $step AS ts_ns, host, gpu, pid,

@@ -156,12 +156,14 @@ def start_prometheus(
     rule_files: list[Path] | None = None,
     ready_timeout_s: float = 30.0,
     blocks: Path | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[PromServer]:
     """Run Prometheus on a free loopback port, a config scraping ``targets`` every
     ``scrape_interval_s`` and a data directory under ``tmp``; yields once ``/-/ready`` answers
     200, stops it on exit. Tries a few ports in case one was taken meanwhile. ``blocks``: a
     directory of TSDB blocks (from ``promtool tsdb create-blocks-from``) copied into the data
-    directory first, so history exists at once."""
+    directory first, so history exists at once. ``extra_args``: more flags (e.g.
+    ``--enable-feature=exemplar-storage``)."""
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "prometheus.yml"
     cfg.write_text(_config(targets, scrape_interval_s, rule_files or []))
@@ -179,6 +181,7 @@ def start_prometheus(
                 f"--storage.tsdb.path={tmp / f'data-{attempt}'}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--log.level=warn",
+                *extra_args,
             ],
             stdout=logf,
             stderr=subprocess.STDOUT,
@@ -205,3 +208,62 @@ def start_prometheus(
         yield server
     finally:
         server.stop()
+
+
+VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
+needs_victoria = pytest.mark.skipif(
+    not Path(VICTORIA).exists(),
+    reason="VictoriaMetrics is not installed (`make system-deps` installs Debian's "
+    "`victoria-metrics`)",
+)
+
+
+@dataclass
+class VictoriaServer:
+    """A running VictoriaMetrics; ``url`` is its Prometheus-compatible API root."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+
+
+@contextlib.contextmanager
+def start_victoria(
+    tmp: Path, targets: list[str], *, scrape_interval_s: float = 1.0
+) -> Iterator[VictoriaServer]:
+    """VictoriaMetrics scraping ``targets`` every ``scrape_interval_s``, data under ``tmp``;
+    yields once ``/health`` answers. ``-search.latencyOffset=0s``: queries see the newest
+    samples, as Prometheus' do (its default hides the last 30 s)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = tmp / "scrape.yml"
+    cfg.write_text(_config(targets, scrape_interval_s, []))
+    port = free_port()
+    with (tmp / "vm.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                VICTORIA,
+                f"-storageDataPath={tmp / 'data'}",
+                f"-httpListenAddr=127.0.0.1:{port}",
+                f"-promscrape.config={cfg}",
+                "-promscrape.config.strictParse=false",  # the shared config's rule keys
+                "-search.latencyOffset=0s",
+                "-loggerLevel=ERROR",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        server = VictoriaServer(proc, f"http://127.0.0.1:{port}")
+
+        def healthy() -> bool | None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"VictoriaMetrics exited: {(tmp / 'vm.log').read_text()}")
+            try:
+                return httpx.get(f"{server.url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return None
+
+        try:
+            wait_until(healthy, "VictoriaMetrics to answer /health")
+            yield server
+        finally:
+            proc.terminate()
+            proc.wait(30)

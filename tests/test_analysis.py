@@ -24,6 +24,7 @@ from evaluation.accuracy import load_outputs
 from simulator.output import run
 from simulator.scenario_load import find_scenario, load_scenario
 from store.db import Store
+from store.errors import SourceError
 from store.queries import TimeRange
 from store.source import StoreSource
 
@@ -281,6 +282,90 @@ def test_loop_publishes_incident_metrics(demo_store: Store, fresh_book: Incident
         'indicator="e2e",severity="breach",victim="tts"} 1.0' in text
     )
     assert ("tts", "opened") in seen
+
+
+class _Counting:
+    """A StoreSource that counts its window reads."""
+
+    def __init__(self, inner: StoreSource) -> None:
+        self._inner = inner
+        self.reads = 0
+        self.has_spans = True
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._inner, name)
+
+        def counted(*args: Any, **kw: Any) -> Any:
+            if name.endswith("_windows"):
+                self.reads += 1
+            return fn(*args, **kw)
+
+        return counted
+
+
+def test_batched_reads_give_the_loop_the_same_incidents_with_one_read_per_frame(
+    demo_store: Store,
+) -> None:
+    got = {}
+    for batch in (False, True):
+        with demo_store.cursor() as cur:
+            cur.execute("DELETE FROM incidents")
+        src = _Counting(StoreSource(demo_store))
+        clock = [300 * 10**9]
+        loop = AnalysisLoop(
+            src,  # type: ignore[arg-type]
+            IncidentBook(demo_store),
+            slo_ms={"tts": 100},
+            horizon_s=120,
+            clock_ns=lambda c=clock: c[0],  # type: ignore[misc]
+            batch_reads=batch,
+        )
+        events = []
+        for now_s in (300, 330, 360, 400):
+            clock[0] = now_s * 10**9
+            events += [
+                (e.kind, e.incident.model, e.incident.gpu, (e.incident.top or {}).get("culprit"))
+                for e in loop.run_once()
+            ]
+        got[batch] = (events, src.reads)
+    assert got[True][0] == got[False][0] and ("opened", "tts", "gpu0", "sdxl") in got[True][0]
+    # the demo has two GPUs: per-GPU reads are 3 frames x 2 GPUs a pass, batched 3
+    assert got[True][1] < got[False][1]
+
+
+class _Limited(_Counting):
+    """Refuses fleet-wide window reads as a PromQL engine over its sample limit does."""
+
+    def __getattr__(self, name: str) -> Any:
+        fn = super().__getattr__(name)
+
+        def limited(*args: Any, **kw: Any) -> Any:
+            gpu = kw.get("gpu")  # PassReads and the windows pass the GPU by keyword
+            fleet_wide = gpu is None and kw.get("hosts") is None and kw.get("model") is None
+            if name in ("request_windows", "gpu_windows", "process_windows") and fleet_wide:
+                raise SourceError("query processing would load too many samples into memory")
+            return fn(*args, **kw)
+
+        return limited
+
+
+def test_batched_reads_fall_back_to_one_gpu_at_a_time_past_the_engines_limit(
+    demo_store: Store,
+) -> None:
+    with demo_store.cursor() as cur:
+        cur.execute("DELETE FROM incidents")
+    loop = AnalysisLoop(
+        _Limited(StoreSource(demo_store)),  # type: ignore[arg-type]
+        IncidentBook(demo_store),
+        slo_ms={"tts": 100},
+        horizon_s=120,
+        clock_ns=lambda: 330 * 10**9,
+        batch_reads=True,
+    )
+    kinds = {
+        (e.kind, e.incident.model, (e.incident.top or {}).get("culprit")) for e in loop.run_once()
+    }
+    assert ("opened", "tts", "sdxl") in kinds
 
 
 class _Lagging:

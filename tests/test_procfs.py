@@ -251,6 +251,42 @@ def test_the_rows_are_what_diagnosis_reads_as_host_cpu(proc: FakeProc, tmp_path:
     np.testing.assert_allclose(cpu["python3 burn.py"][1:], 0.5)
 
 
+def test_a_fleet_reads_host_cpu_of_the_gpus_own_node_only(tmp_path: Path) -> None:
+    """Two nodes' host rows in one source (as Prometheus holds a cluster's): node-b's CPU hog
+    must not reach the windows of node-a's GPU."""
+    from analysis.windows import gpu_windows
+    from store.bulk_load import append_tables
+    from store.schema import arrow_schema
+
+    def rows(table: str, n: int, **cols: list[object]) -> pa.Table:
+        schema = arrow_schema(table)
+        return pa.table(
+            [pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type)
+             for f in schema], schema=schema,
+        )  # fmt: skip
+
+    ts = [T0 + k * 1_000_000_000 for k in range(6)]
+    store = Store(tmp_path / "s.duckdb")
+    append_tables(
+        store,
+        {
+            "gpu_samples": rows("gpu_samples", 6, ts_ns=ts, host=["node-a"] * 6, gpu=["G"] * 6,
+                                sm_util=[50.0] * 6),
+            "process_samples": rows(
+                "process_samples", 12, ts_ns=ts + ts, host=["node-a"] * 6 + ["node-b"] * 6,
+                pid=[1] * 6 + [2] * 6, process_name=["etl-a"] * 6 + ["hog-b"] * 6,
+                cpu_cores=[0.2] * 6 + [3.0] * 6,
+            ),
+        },
+    )  # fmt: skip
+    src, rng = StoreSource(store), TimeRange(T0, T0 + 6 * 1_000_000_000)
+    w = gpu_windows(src, "G", rng, 1.0)
+    assert w.hosts == {"node-a"}
+    assert list(host_cpu(src, rng, 1.0, 6, w.hosts)) == ["etl-a"]
+    assert sorted(host_cpu(src, rng, 1.0, 6)) == ["etl-a", "hog-b"]  # unfiltered: both
+    store.close()
+
+
 def test_serve_records_host_cpu_from_the_configured_procfs(proc: FakeProc, tmp_path: Path) -> None:
     (proc.root / "self" / "stat").write_text("1 (cotenant) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 0\n")
     proc.process(90, "java", 0.0, cmdline="java -jar etl.jar")
@@ -304,7 +340,13 @@ class _Windows:
                 cols[k].append(v)
         self._t = pa.table(cols, schema=PROCESS_WINDOWS)
 
-    def process_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+    def process_windows(
+        self,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str | None = None,
+        hosts: list[str] | None = None,
+    ) -> pa.Table:
         return self._t
 
 

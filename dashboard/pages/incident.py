@@ -1,6 +1,8 @@
 """Incident (``/incident?id=…``): the victim's latency with the spike shaded, its latency by
-phase, the ranked causes, the evidence for the top causes against the victim's excess, and the
-actions proposed or taken for it. Without ``id``: the incidents of the range to pick from."""
+phase, the ranked causes, the evidence for the top causes against the victim's excess, the
+actions proposed or taken for it and, in fleet mode, the victim's slowest requests fetched from
+the agent of its node (or why they could not be). Without ``id``: the incidents of the range to
+pick from."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def layout(id: str | None = None, range: str | None = None, **_: Any) -> html.Di
             *[html.Div(id=f"{g}-box") for g in _GRAPHS],
             html.H3("Actions for this incident"),
             html.Div(id="inc-actions"),
+            html.Div(id="inc-drill"),
         ]
     )
 
@@ -55,6 +58,7 @@ def register(app: Dash, pc: PageContext) -> None:
         Output("inc-summary", "children"),
         *[Output(f"{g}-box", "children") for g in _GRAPHS],
         Output("inc-actions", "children"),
+        Output("inc-drill", "children"),
         Input("inc-params", "data"),
     )
     def render(params: dict[str, Any]) -> tuple[Any, ...]:
@@ -62,7 +66,7 @@ def register(app: Dash, pc: PageContext) -> None:
         try:
             page_rng = pc.range(params.get("range"))
         except QueryError as exc:
-            return (error(str(exc)), *nothing, None)
+            return (error(str(exc)), *nothing, None, None)
         iid = params.get("id")
         if not iid:
             found = data.incidents(page_rng)
@@ -71,12 +75,13 @@ def register(app: Dash, pc: PageContext) -> None:
                 if found
                 else empty(f"no incidents between {page_rng.label()} — pick a longer range")
             )
-            return (html.Div([html.P("Pick an incident:"), pick]), *nothing, None)
+            return (html.Div([html.P("Pick an incident:"), pick]), *nothing, None, None)
         inc = data.incident(str(iid))
         if inc is None:
             return (
                 error(f"no incident {iid!r} in the store (expired, or a typo in the link?)"),
                 *nothing,
+                None,
                 None,
             )
         rng = (
@@ -85,8 +90,13 @@ def register(app: Dash, pc: PageContext) -> None:
             else incident_range(inc.start_ns, inc.end_ns)
         )
         data.learn_colours()
-        w = data.latency(rng, model=inc.model, gpu=inc.gpu or None)
-        tok = data.tokens(rng, model=inc.model, gpu=inc.gpu or None)
+        unread = None
+        try:
+            w = data.latency(rng, model=inc.model, gpu=inc.gpu or None)
+            tok = data.tokens(rng, model=inc.model, gpu=inc.gpu or None)
+        except CotenantError as exc:  # fleet mode: Prometheus down; the diagnosis stands
+            w, tok = Cols({}), Cols({})
+            unread = error(f"the victim's series cannot be read now: {exc}")
         figs = (
             _latency(inc, w, data.colours(inc.model)),
             _tokens(inc, tok, pc),
@@ -100,7 +110,8 @@ def register(app: Dash, pc: PageContext) -> None:
             else [html.H3(t), dcc.Graph(id=g, figure=f, config={"displaylogo": False})]
             for g, t, f in zip(_GRAPHS, _TITLES, figs, strict=True)
         ]
-        return (_summary(inc), *boxes, _actions(pc, inc))
+        summary = _summary(inc) if unread is None else html.Div([_summary(inc), unread])
+        return (summary, *boxes, _actions(pc, inc), _drill(pc, inc))
 
 
 _INDICATOR_NAMES = {"e2e": "latency", "ttft": "time to first token", "tpot": "time per token"}
@@ -176,8 +187,10 @@ def _indicator_windows(inc: Incident, w: Cols, tok: Cols) -> Cols:
 
 
 def _phases(w: Cols) -> Fig | None:
+    if not len(w):
+        return None
     cols = [c for c in PHASE_COLUMNS if any(v for v in w[c] if v is not None)]
-    if not len(w) or not cols:
+    if not cols:
         return None
     x = times(w["ts_ns"])
     traces = [
@@ -187,6 +200,36 @@ def _phases(w: Cols) -> Fig | None:
         for c in cols
     ]
     return figures.figure(traces, y_titles=["mean time per request (ms)"])
+
+
+def _drill(pc: PageContext, inc: Incident) -> Any:
+    """Fleet mode: the victim's slowest requests during the incident, from its node's agent."""
+    drill = pc.data.drill
+    if drill is None:
+        return None
+    end = inc.end_ns if inc.state == "resolved" else pc.data.clock_ns()
+    got = drill.slowest(inc.model, inc.gpu or None, inc.start_ns, max(end, inc.start_ns + 1))
+    agents = ", ".join(f"{a['node'] or a['url']} ({a['url']})" for a in got.get("agents", []))
+    parts: list[Any] = [html.H3("Slowest requests" + (f" — from {agents}" if agents else ""))]
+    if got.get("note"):
+        parts.append(html.P(got["note"], className="note", id="inc-drill-note"))
+    rows = [
+        [
+            format_ns(int(r["ts_end_ns"])),
+            fmt(r.get("latency_ms"), "ms"),
+            r.get("node") or r.get("host") or "",
+            r.get("trace_id") or "",
+            *[fmt(r.get(c), "ms") for c in ("queue_ms", "lock_wait_ms", "compute_ms")],
+        ]
+        for r in got.get("requests", [])
+    ]
+    if rows:
+        parts.append(
+            table(("ended", "latency", "node", "trace id", "queue", "lock wait", "compute"), rows)
+        )
+    elif not got.get("note"):
+        parts.append(empty("the agent kept no request of this incident (retention?)"))
+    return html.Div(parts, id="inc-drill-box")
 
 
 def _label(rank: int, c: dict[str, Any]) -> str:

@@ -103,7 +103,8 @@ def test_an_empty_store_says_what_is_missing(tmp_path: Path) -> None:
             c,
             "inc-summary.children...inc-latency-box.children...inc-tokens-box.children"
             "...inc-phases-box.children"
-            "...inc-causes-box.children...inc-evidence-box.children...inc-actions.children",
+            "...inc-causes-box.children...inc-evidence-box.children...inc-actions.children"
+            "...inc-drill.children",
             [{"id": "inc-params", "property": "data", "value": {"id": "inc-nope"}}],
         )
         assert "no incident 'inc-nope'" in str(missing["inc-summary"])

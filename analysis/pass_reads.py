@@ -1,0 +1,142 @@
+"""``PassReads``: one read of the whole fleet per pass, shared by every GPU's windows.
+
+The continuous loop reads each GPU's windows (:class:`analysis.windows.WindowCache`) over the
+same range in one pass. Over PromQL each such read is a few HTTP queries, so a fleet of 512
+GPUs made ~2,000 queries a pass, whose per-query cost (parsing, planning, encoding, HTTP)
+dominated. Wrapping the source in :class:`PassReads` turns the per-GPU requests of a pass into
+one fleet-wide request per frame and range, split by GPU in memory (Arrow, vectorised).
+Requests it does not batch (a model filter, other frames) go straight through.
+
+A fleet-wide read the engine refuses as too large (Prometheus' ``--query.max-samples``, e.g.
+the first pass over a long horizon on a large fleet) is made GPU by GPU instead, for that pass.
+
+Call :meth:`PassReads.new_pass` at the start of each pass: cached frames are for one pass only
+(the next one must see new rows). Thread-compatible, not thread-safe: one loop uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store.errors import SourceError
+from store.queries import TimeRange
+from store.source import MetricSource
+
+_Key = tuple[str, int | None, int | None, float]
+
+
+class PassReads:
+    """A :class:`store.source.MetricSource` over ``source`` that reads each (frame, range,
+    step) of a pass once for every GPU (see the module docstring)."""
+
+    def __init__(self, source: MetricSource) -> None:
+        self.source = source
+        self._frames: dict[_Key, dict[str, pa.Table]] = {}
+        self._empty: dict[str, pa.Table] = {}
+        self._too_big: set[_Key] = set()
+        self.reads = 0  # fleet-wide reads made (for tests and benchmarks)
+
+    def new_pass(self) -> None:
+        self._frames.clear()
+        self._too_big.clear()
+
+    def _split(
+        self,
+        kind: str,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str,
+        read: Callable[[], pa.Table],
+        one: Callable[[], pa.Table],
+    ) -> pa.Table:
+        """``gpu``'s part of the fleet-wide ``read()`` of this pass; ``one()`` reads the GPU
+        alone when the fleet-wide read is more than the engine takes in one query."""
+        key = (kind, rng.since_ns, rng.until_ns, step_s)
+        if key in self._too_big:
+            return one()
+        parts = self._frames.get(key)
+        if parts is None:
+            try:
+                t = read()
+            except SourceError as exc:
+                if "too many samples" not in str(exc):
+                    raise
+                # the engine's per-query sample limit (Prometheus --query.max-samples): this
+                # frame and range are read GPU by GPU for the rest of the pass
+                self._too_big.add(key)
+                return one()
+            self.reads += 1
+            self._empty[kind] = t.schema.empty_table()
+            gpus = pc.fill_null(t.column("gpu"), "")
+            parts = {str(g): t.filter(pc.equal(gpus, g)) for g in pc.unique(gpus).to_pylist()}
+            self._frames[key] = parts
+        return parts.get(gpu, self._empty[kind])
+
+    @property
+    def has_spans(self) -> bool:
+        return self.source.has_spans
+
+    def request_windows(
+        self, rng: TimeRange, step_s: float, model: str | None = None, gpu: str | None = None
+    ) -> pa.Table:
+        if model is not None or gpu is None:
+            return self.source.request_windows(rng, step_s, model=model, gpu=gpu)
+        return self._split(
+            "requests",
+            rng,
+            step_s,
+            gpu,
+            lambda: self.source.request_windows(rng, step_s),
+            lambda: self.source.request_windows(rng, step_s, gpu=gpu),
+        )
+
+    def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
+        return self.source.model_gpus(rng)
+
+    def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
+        if gpu is None:
+            return self.source.gpu_windows(rng, step_s)
+        return self._split(
+            "gpus",
+            rng,
+            step_s,
+            gpu,
+            lambda: self.source.gpu_windows(rng, step_s),
+            lambda: self.source.gpu_windows(rng, step_s, gpu=gpu),
+        )
+
+    def process_windows(
+        self,
+        rng: TimeRange,
+        step_s: float,
+        gpu: str | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pa.Table:
+        if gpu is None or hosts is not None:
+            return self.source.process_windows(rng, step_s, gpu=gpu, hosts=hosts)
+        return self._split(
+            "processes",
+            rng,
+            step_s,
+            gpu,
+            lambda: self.source.process_windows(rng, step_s),
+            lambda: self.source.process_windows(rng, step_s, gpu=gpu),
+        )
+
+    def serving_windows(self, rng: TimeRange, step_s: float, model: str | None = None) -> pa.Table:
+        return self.source.serving_windows(rng, step_s, model)
+
+    def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
+        return self.source.lock_waits(rng, model)
+
+    def replicas(self, rng: TimeRange) -> dict[tuple[str, str], str]:
+        return self.source.replicas(rng)
+
+    def token_windows(
+        self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
+    ) -> pa.Table:
+        # read per GPU, as the detector asks for it: only generative models have rows
+        return self.source.token_windows(rng, step_s, gpu, lengths=lengths)

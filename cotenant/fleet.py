@@ -1,0 +1,114 @@
+"""Central ``cotenant serve`` over Prometheus (``[prometheus] url`` set): the fleet's wiring.
+
+* ``source``: :class:`collectors.prometheus.PrometheusSource` behind
+  :class:`store.source_watch.WatchedSource`, which the analysis loop, on-demand diagnoses,
+  alerts, actuators and the dashboard all read. When Prometheus is down, each reader fails
+  its call (the loop skips the pass); serve keeps running, logs the outage once and its end
+  once, and ``/api/v1/status`` and ``cotenant_prometheus_up`` say so.
+* ``drill``: :class:`cotenant.fleet_drill.AgentDrill`, the slowest requests of an incident's
+  victim from the agent that owns its GPU: ``GET /api/v1/incidents/{id}/requests`` and the
+  dashboard's incident page.
+* ``import_rollups``: the weekly report's per-minute rollups, read from the recording rules
+  (``rules/fleet.rules.yml``) into central's store before each report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fastapi import FastAPI, Query
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from analysis.analyzer import Analyzer
+from collectors.prometheus import PrometheusSource
+from collectors.prometheus_rollups import fleet_rollups
+from cotenant.config import Config
+from cotenant.fleet_drill import AgentDrill
+from store.bulk_load import replace_rollups
+from store.db import Store
+from store.errors import QueryError
+from store.http_json import SafeJSONResponse
+from store.source_watch import WatchedSource
+
+DRILL_MAX_LIMIT = 200
+
+
+class Fleet:
+    """What central serve adds when it reads Prometheus (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: CollectorRegistry,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        pc = config.prometheus
+        self.prometheus = PrometheusSource(
+            pc.url,
+            pc.timeout_s,
+            scrape_interval_s=pc.scrape_interval_s,
+            model_gpu=config.gpu.model_gpu,
+            default_gpu=config.gpu.default_gpu,
+        )
+        self.source = WatchedSource(
+            self.prometheus, name=f"Prometheus at {self.prometheus.url}", url=self.prometheus.url
+        )
+        self.drill = AgentDrill(
+            self.prometheus, pc.agent_url_template, timeout_s=pc.agent_timeout_s
+        )
+        self._clock = clock_ns
+        registry.register(self)
+
+    def close(self) -> None:
+        self.drill.close()
+        self.prometheus.close()
+
+    def status(self) -> dict[str, Any]:
+        return {"mode": "fleet", "prometheus": self.source.status()}
+
+    def import_rollups(self, store: Store, lo_ns: int, hi_ns: int) -> int:
+        """Replace ``store``'s rollups of ``[lo_ns, min(hi_ns, now))`` by those Prometheus'
+        recording rules hold (``collectors.prometheus_rollups``); the weekly report calls it
+        before reading them. Returns the rows written; SourceError when Prometheus is down
+        (the report then fails, saying so)."""
+        hi = min(hi_ns, self._clock())
+        if hi <= lo_ns:
+            return 0
+        return replace_rollups(store, fleet_rollups(self.prometheus, lo_ns, hi), lo_ns, hi)
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "cotenant_prometheus_up",
+            "1 while the last PromQL call of central serve succeeded, else 0",
+            value=1.0 if self.source.up else 0.0,
+        )
+
+    def incident_requests(
+        self, analyzer: Analyzer, incident_id: str, limit: int = 20
+    ) -> dict[str, Any]:
+        """The slowest requests of an incident's victim on its GPU during the incident (until
+        now while it is open), from the owning agent; NotFoundError for an unknown id."""
+        inc = analyzer.incident(incident_id)
+        end = inc.get("end_ns") or self._clock()
+        out = self.drill.slowest(inc["model"], inc.get("gpu") or None, inc["start_ns"], end, limit)
+        out["incident_id"] = incident_id
+        return out
+
+    def add_routes(self, app: FastAPI, analyzer: Analyzer) -> None:
+        @app.get("/api/v1/status", summary="Where serve reads from, and whether it answers")
+        def status() -> SafeJSONResponse:
+            return SafeJSONResponse(self.status())
+
+        @app.get(
+            "/api/v1/incidents/{incident_id}/requests",
+            summary="The victim's slowest requests during an incident, from the owning agent",
+        )
+        def incident_requests(
+            incident_id: str, limit: int = Query(20, description=f"1..{DRILL_MAX_LIMIT}")
+        ) -> SafeJSONResponse:
+            if not 1 <= limit <= DRILL_MAX_LIMIT:
+                raise QueryError(f"limit: {limit} must be between 1 and {DRILL_MAX_LIMIT}")
+            return SafeJSONResponse(self.incident_requests(analyzer, incident_id, limit))

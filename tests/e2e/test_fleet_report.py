@@ -1,0 +1,134 @@
+"""The weekly report in fleet mode: its rollups come from the recording rules of
+``rules/fleet.rules.yml`` in a real Prometheus, and must agree with embedded mode's.
+
+A scenario's agent series (``evaluation.agent_series``) are backfilled into Prometheus with
+promtool; ``promtool tsdb create-blocks-from rules`` evaluates the shipped recording rules over
+them (as a running Prometheus would have, once a minute); central serve's
+``Fleet.import_rollups`` reads them back into its store, and the report built on them is
+compared with the report embedded mode builds from the same simulation's raw rows.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from promserver import PROMETHEUS, needs_prometheus, start_prometheus
+
+from cotenant.config import load_config
+from cotenant.fleet import Fleet
+from cotenant.report_cmd import report_builder
+from evaluation.agent_series import agent_openmetrics, write_openmetrics
+from reports.isoweek import week_of
+from simulator import output
+from simulator.scenario_load import find_scenario, load_scenario
+from store.bulk_load import append_tables
+from store.db import Store
+from store.maintenance import Maintenance
+
+pytestmark = needs_prometheus
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMTOOL = str(Path(PROMETHEUS).with_name("promtool"))
+S = 1_000_000_000
+
+
+def _promtool(*args: str) -> None:
+    r = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_the_weekly_report_from_recording_rules_matches_embedded_mode(tmp_path: Path) -> None:
+    s = load_scenario(find_scenario("cotenant-burst-sdxl-slows-tts-timeslice"))
+    now = time.time_ns()
+    start = (now // (60 * S) - 120) * 60 * S  # two hours ago, on a minute
+    sim = output.run(s, start_ns=start)
+    end = start + int(s.duration_s * S)
+    cfg = load_config(
+        env={
+            "COTENANT_ANALYSIS_SLO_MS": "tts=100",
+            "COTENANT_PROMETHEUS_SCRAPE_INTERVAL_S": "15",
+        }
+    )
+    week = week_of(start)
+
+    # embedded: rollups from the raw rows
+    embedded = Store(tmp_path / "embedded.duckdb")
+    append_tables(
+        embedded,
+        {
+            "requests": sim.requests,
+            "gpu_samples": sim.gpu_samples,
+            "process_samples": sim.process_samples,
+        },
+    )
+    Maintenance(embedded).refresh_rollups()
+    want = report_builder(cfg, embedded).build(week)
+    embedded.close()
+
+    # fleet: agent series -> Prometheus -> recording rules -> central store -> report
+    om = tmp_path / "agent.om"
+    write_openmetrics(
+        str(om),
+        [
+            agent_openmetrics(
+                sim.requests, sim.gpu_samples, sim.process_samples,
+                node=s.host, t0_ns=start, t1_ns=end + 15 * S, scrape_s=15.0,
+            )
+        ],
+    )  # fmt: skip
+    blocks = tmp_path / "blocks"
+    _promtool("tsdb", "create-blocks-from", "openmetrics", str(om), str(blocks))
+    rules = [str(ROOT / "rules" / n) for n in ("cotenant.rules.yml", "fleet.rules.yml")]
+    with start_prometheus(tmp_path / "raw", [], blocks=blocks) as raw:
+        _promtool(
+            "tsdb", "create-blocks-from", "rules", f"--start={start // S}",
+            f"--end={end // S + 120}", f"--url={raw.url}",
+            f"--output-dir={tmp_path / 'rule-blocks'}", *rules,
+        )  # fmt: skip
+    for b in (tmp_path / "rule-blocks").iterdir():
+        shutil.copytree(b, blocks / b.name)
+    central = Store(tmp_path / "central.duckdb")
+    try:
+        with start_prometheus(tmp_path / "served", [], blocks=blocks) as prom:
+            fleet_cfg = load_config(
+                env={
+                    "COTENANT_ANALYSIS_SLO_MS": "tts=100",
+                    "COTENANT_PROMETHEUS_URL": prom.url,
+                    "COTENANT_PROMETHEUS_SCRAPE_INTERVAL_S": "15",
+                }
+            )
+            fleet = Fleet(fleet_cfg, CollectorRegistry())
+            try:
+                builder = report_builder(fleet_cfg, central, partial(fleet.import_rollups, central))
+                t0 = time.perf_counter()
+                got = builder.build(week)
+                report_s = time.perf_counter() - t0
+            finally:
+                fleet.close()
+    finally:
+        central.close()
+
+    models = {m.model: m for m in got.models}
+    assert set(models) == {m.model for m in want.models} == {"tts", "sdxl"}
+    for m in want.models:
+        g = models[m.model]
+        # counts: increase() over 1-minute windows extrapolates at the edges of each minute
+        assert g.requests == pytest.approx(m.requests, rel=0.05), (m, g)
+        assert abs(g.minutes - m.minutes) <= 2, (m, g)
+    tts_want, tts_got = next(m for m in want.models if m.model == "tts"), models["tts"]
+    # minutes within the SLO: the per-minute p99 from the histogram, against the exact one
+    assert tts_got.slo_attainment is not None and tts_want.slo_attainment is not None
+    assert abs(tts_got.slo_attainment - tts_want.slo_attainment) <= 0.05, (tts_want, tts_got)
+    gpu_got = {g.gpu: g for g in got.gpus}
+    gpu_want = {g.gpu: g for g in want.gpus}
+    assert set(gpu_got) == set(gpu_want)
+    for gpu, w in gpu_want.items():
+        assert gpu_got[gpu].hours_sampled == pytest.approx(w.hours_sampled, abs=3 / 60)
+        assert gpu_got[gpu].models == w.models
+    assert report_s < 60
