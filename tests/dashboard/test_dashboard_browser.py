@@ -228,10 +228,10 @@ def test_overview_lists_the_victims_incident(running: Running, browser: WebDrive
         "the p99 chart",
     )
     rows = _rows(browser, "#ov-incident-table")
-    assert VICTIM in [r[3] for r in rows], rows
-    chat = next(r for r in rows if r[3] == VICTIM)
-    assert chat[1] == "open" and chat[2] == "breach", chat
-    assert chat[8] == "cotenant" and chat[9] == CULPRIT, chat
+    assert VICTIM in [r[4] for r in rows], rows
+    chat = next(r for r in rows if r[4] == VICTIM)
+    assert chat[1] == "open" and chat[2] == "breach" and chat[3] == "e2e", chat
+    assert chat[9] == "cotenant" and chat[10] == CULPRIT, chat
     tiles = _text(browser, "#ov-models")
     assert "chat" in tiles and "embed" in tiles and "SLO" in tiles
     assert "gpu0" in _text(browser, "#ov-gpus")
@@ -244,7 +244,7 @@ def test_overview_lists_the_victims_incident(running: Running, browser: WebDrive
 def test_overview_filters_incidents_by_severity(running: Running, browser: WebDriver) -> None:
     _open(browser, running.url + "/", "#ov-incident-table", VICTIM)
     every = _rows(browser, "#ov-incident-table")
-    breach = next(r[0] for r in every if r[3] == VICTIM and r[2] == "breach")
+    breach = next(r[0] for r in every if r[4] == VICTIM and r[2] == "breach")
 
     def choose(value: str) -> None:
         radio = browser.find_element(By.CSS_SELECTOR, f"#ov-severity input[value='{value}']")
@@ -261,7 +261,7 @@ def test_overview_filters_incidents_by_severity(running: Running, browser: WebDr
         "degradations only",
     )
     assert {r[2] for r in listed(browser)} == {"degradation"}
-    assert "embed" in [r[3] for r in listed(browser)]
+    assert "embed" in [r[4] for r in listed(browser)]
     choose("breach")
     _wait(browser, lambda d: breach in [r[0] for r in listed(d)], "breaches only")
     assert {r[2] for r in listed(browser)} == {"breach"}
@@ -271,7 +271,7 @@ def test_incident_shows_the_culprit_first_in_the_causes_chart(
     running: Running, browser: WebDriver
 ) -> None:
     _open(browser, running.url + "/", "#ov-incident-table", VICTIM)
-    iid = next(r[0] for r in _rows(browser, "#ov-incident-table") if r[3] == VICTIM)
+    iid = next(r[0] for r in _rows(browser, "#ov-incident-table") if r[4] == VICTIM)
     _wait(browser, lambda d: d.find_element(By.LINK_TEXT, iid).click() or True, "the link")
     _wait(
         browser,
