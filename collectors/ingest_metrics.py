@@ -82,13 +82,7 @@ class RequestDurationHistogram:
             counts[:, p, :] = np.bincount(codes * nb + idx, minlength=ng * nb).reshape(ng, nb)
             sums[:, p] = np.bincount(codes, weights=v, minlength=ng)
         with self._lock:
-            for g, (model, gpu) in enumerate(groups):
-                cur = self._state.get((model, gpu))
-                if cur is None:
-                    self._state[(model, gpu)] = (counts[g].copy(), sums[g].copy())
-                else:
-                    cur[0][...] += counts[g]
-                    cur[1][...] += sums[g]
+            _accumulate(self._state, groups, counts, sums)
 
     def collect(self) -> Iterator[Metric]:
         fam = HistogramMetricFamily(
@@ -152,13 +146,7 @@ class TokenTimeHistogram:
             counts[:, k, :] = np.bincount(c * nb + idx, minlength=ng * nb).reshape(ng, nb)
             sums[:, k] = np.bincount(c, weights=v[ok], minlength=ng)
         with self._lock:
-            for g, (model, gpu) in enumerate(groups):
-                cur = self._state.get((model, gpu))
-                if cur is None:
-                    self._state[(model, gpu)] = (counts[g].copy(), sums[g].copy())
-                else:
-                    cur[0][...] += counts[g]
-                    cur[1][...] += sums[g]
+            _accumulate(self._state, groups, counts, sums)
 
     def collect(self) -> Iterator[Metric]:
         fams = [HistogramMetricFamily(n, h, labels=["model", "gpu"]) for n, h in TOKEN_SERIES]
@@ -289,3 +277,20 @@ class IngestMetrics:
 
     def write_failed(self, table: str, rows: int) -> None:
         self.write_failures.labels(table).inc(rows)
+
+
+def _accumulate(
+    state: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]],
+    groups: list[list[str]],
+    counts: np.ndarray,
+    sums: np.ndarray,
+) -> None:
+    """Add one batch's per-(model, gpu) bucket counts and sums (first axis: ``groups``) to a
+    histogram's running ``state``; the caller holds the histogram's lock."""
+    for g, (model, gpu) in enumerate(groups):
+        cur = state.get((model, gpu))
+        if cur is None:
+            state[(model, gpu)] = (counts[g].copy(), sums[g].copy())
+        else:
+            cur[0][...] += counts[g]
+            cur[1][...] += sums[g]
