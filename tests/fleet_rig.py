@@ -176,9 +176,9 @@ def embedded_top_cause(scenario: Path) -> tuple[str, str]:
 
 
 INCIDENT_PAGE = (
-    "inc-summary.children...inc-latency-box.children...inc-phases-box.children"
-    "...inc-causes-box.children...inc-evidence-box.children...inc-actions.children"
-    "...inc-drill.children"
+    "inc-summary.children...inc-latency-box.children...inc-tokens-box.children"
+    "...inc-phases-box.children...inc-causes-box.children...inc-evidence-box.children"
+    "...inc-actions.children...inc-drill.children"
 )
 
 

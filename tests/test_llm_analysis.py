@@ -244,10 +244,10 @@ def test_the_dashboard_shows_ttft_and_tpot_for_the_llm_incident_and_overview(run
     graphs = ("latency", "tokens", "phases", "causes", "evidence")
     out = "inc-summary.children..." + "...".join(f"inc-{g}-box.children" for g in graphs)
     body = {
-        "output": f"..{out}...inc-actions.children..",
+        "output": f"..{out}...inc-actions.children...inc-drill.children..",
         "outputs": [
             dict(zip(("id", "property"), o.rsplit(".", 1), strict=True))
-            for o in [*out.split("..."), "inc-actions.children"]
+            for o in [*out.split("..."), "inc-actions.children", "inc-drill.children"]
         ],
         "inputs": [{"id": "inc-params", "property": "data", "value": {"id": inc.id}}],
         "changedPropIds": ["inc-params.data"],
