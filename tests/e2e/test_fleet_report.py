@@ -118,8 +118,9 @@ def test_the_weekly_report_from_recording_rules_matches_embedded_mode(tmp_path: 
     assert set(models) == {m.model for m in want.models} == {"tts", "sdxl"}
     for m in want.models:
         g = models[m.model]
-        # counts: increase() over 1-minute windows extrapolates at the edges of each minute
-        assert g.requests == pytest.approx(m.requests, rel=0.05), (m, g)
+        # counts: increase() over 1-minute windows extrapolates at the edges of each minute,
+        # by up to about a request per minute for a sparse model (sdxl: 96 in 10 minutes)
+        assert g.requests == pytest.approx(m.requests, rel=0.05, abs=m.minutes), (m, g)
         assert abs(g.minutes - m.minutes) <= 2, (m, g)
     tts_want, tts_got = next(m for m in want.models if m.model == "tts"), models["tts"]
     # minutes within the SLO: the per-minute p99 from the histogram, against the exact one
