@@ -148,6 +148,11 @@ class PrometheusSource:
         each series' ``ts_ns`` are window starts. Long ranges go in chunks of 10,000 points."""
         return self._api.range(query, rng, step_s)
 
+    def on_grid(self, query: str, g: promql.Grid) -> list[Series]:
+        """``query`` evaluated at the end of each window of ``g`` (which may start off the
+        step's multiples: an offset read); each series' ``ts_ns`` are window starts."""
+        return self._api.on_grid(query, g)
+
     # -- MetricSource ------------------------------------------------------------------------
 
     @property

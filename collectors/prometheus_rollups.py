@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from collectors import promql
 from collectors.prometheus import PrometheusSource
 from store.queries import TimeRange
 from store.schema import PHASES, arrow_schema
@@ -71,14 +72,24 @@ def _read(
 ) -> dict[tuple[Any, ...], dict[str, float]]:
     """(minute_ns, *key labels) -> column -> value, for every series' query."""
     rows: dict[tuple[Any, ...], dict[str, float]] = defaultdict(dict)
+    # Prometheus evaluates a rule group at an offset within its interval (a hash of the
+    # group: 23 s after the minute in one checkout, near its end in another), so a recorded
+    # 1-minute value covers [t_e - 60 s, t_e] for an unknown t_e. Read each minute half a
+    # minute late: the sample found then covers more of that minute than of any other (it is
+    # off by at most 30 s, where reading at the minute's end put whole values a minute late).
+    g = promql.grid(rng, MINUTE_S)
+    shifted = promql.Grid(g.w0 + HALF_MINUTE_NS, g.step, g.n)
     for col, (name, scale) in series.items():
         # summed by the key labels: adds up nodes (requests); one series per key otherwise
-        for labels, ts, vals in source.range(minute_query(name, keys), rng, MINUTE_S):
+        for labels, ts, vals in source.on_grid(minute_query(name, keys), shifted):
             key = tuple(labels.get(k, "") for k in keys)
             for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
                 if np.isfinite(v):
-                    rows[(int(t), *key)][col] = v * scale
+                    rows[(int(t) - HALF_MINUTE_NS, *key)][col] = v * scale
     return rows
+
+
+HALF_MINUTE_NS = 30_000_000_000
 
 
 def _table(name: str, rows: Iterable[dict[str, Any]]) -> pa.Table:

@@ -46,11 +46,11 @@ def _promtool(*args: str) -> None:
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "known bug (issue 16): the recording rules are evaluated at an offset within the "
-        "minute that depends on the rule file's path (the group's hash), and the importer "
-        "files each 1-minute increase under the minute of the query step, so the imported "
-        "rollups can be shifted by up to a minute against embedded mode (seen: passes in one "
-        "checkout, tts attainment 0.36 vs 0.20 in another)"
+        "known gap (issue 16): Prometheus (and promtool's backfill) evaluates a rule group at "
+        "an offset within the minute set by a hash of the group (23.2 s in one checkout), so "
+        "a recorded 1-minute p99 covers a window straddling two minutes; the importer files it "
+        "under the minute it mostly covers, but per-minute SLO attainment still differs from "
+        "embedded mode's aligned minutes by more than 0.05 at some offsets (0.36 vs 0.20 here)"
     ),
 )
 def test_the_weekly_report_from_recording_rules_matches_embedded_mode(tmp_path: Path) -> None:
@@ -128,8 +128,10 @@ def test_the_weekly_report_from_recording_rules_matches_embedded_mode(tmp_path: 
     assert set(models) == {m.model for m in want.models} == {"tts", "sdxl"}
     for m in want.models:
         g = models[m.model]
-        # counts: increase() over 1-minute windows extrapolates at the edges of each minute
-        assert g.requests == pytest.approx(m.requests, rel=0.05), (m, g)
+        # counts: increase() over 1-minute windows extrapolates at the edges of each minute,
+        # by up to about a request per minute for a sparse model (sdxl: 96 in 10 minutes; 89
+        # or 92 depending on where in the minute the rules were evaluated)
+        assert g.requests == pytest.approx(m.requests, rel=0.05, abs=m.minutes), (m, g)
         assert abs(g.minutes - m.minutes) <= 2, (m, g)
     tts_want, tts_got = next(m for m in want.models if m.model == "tts"), models["tts"]
     # minutes within the SLO: the per-minute p99 from the histogram, against the exact one
