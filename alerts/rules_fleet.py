@@ -6,19 +6,25 @@ PromQL queries over ~10,080 points per series instead of a scan of every scrape.
 the columns of the embedded store's rollups (``request_rollup_1m``, ``gpu_rollup_1m``,
 ``process_rollup_1m``; docs/architecture.md), with ``node`` kept where the agents set it:
 
-* ``cotenant:requests:increase_1m {node,model,gpu}`` — requests completed in the minute;
-* ``cotenant:request_latency_seconds:sum_1m {node,model,gpu}`` — their summed latency (mean =
-  sum / count); ``cotenant:request_errors:increase_1m {node,model,gpu}`` — those that failed;
-* ``cotenant:request_latency_seconds:p90_1m|p95_1m {model,gpu}`` (p50 and p99 are in
-  ``cotenant.rules.yml``);
-* ``cotenant:request_phase_seconds:sum_1m {node,model,gpu,phase}`` — time per phase;
-* ``cotenant:lock_wait_seconds:increase_1m {model,gpu,lock,holder}``;
-* ``cotenant:gpu_memory_used_bytes:max_1m``, ``cotenant:gpu_memory_total_bytes:max_1m``,
-  ``cotenant:gpu_power_watts:avg_1m``, ``cotenant:gpu_sm_clock_ratio:min_1m`` (SM clock over
-  its maximum) and ``cotenant:gpu_throttled:max_1m`` (1 when a thermal or power clock-event
-  reason was active) ``{host,gpu}``;
-* ``cotenant:process_sm_utilization:avg_1m``, ``cotenant:process_memory_used_bytes:max_1m``
-  ``{host,gpu,pid,process,model}`` and ``cotenant:process_cpu_cores:avg_1m
+Every series is the value over one clock minute ``[M, M + 60 s)``, recorded once a minute at
+some moment of the following minute (:func:`minute_of`; hence ``_minute``, not ``_1m``, which
+names a trailing minute in ``cotenant.rules.yml``):
+
+* ``cotenant:requests:increase_minute {node,model,gpu}`` — requests completed in the minute;
+* ``cotenant:request_latency_seconds:sum_minute {node,model,gpu}`` — their summed latency
+  (mean = sum / count); ``cotenant:request_errors:increase_minute {node,model,gpu}`` — those
+  that failed;
+* ``cotenant:request_latency_seconds:p50_minute|p90_minute|p95_minute|p99_minute {model,gpu}``;
+* ``cotenant:request_phase_seconds:sum_minute {node,model,gpu,phase}`` — time per phase;
+* ``cotenant:lock_wait_seconds:increase_minute {model,gpu,lock,holder}``;
+* ``cotenant:gpu_sm_utilization:avg_minute``, ``cotenant:gpu_memory_bandwidth_utilization:
+  avg_minute``, ``cotenant:gpu_pcie_bytes_per_second:avg_minute`` (TX + RX),
+  ``cotenant:gpu_memory_used_bytes:max_minute``, ``cotenant:gpu_memory_total_bytes:max_minute``,
+  ``cotenant:gpu_power_watts:avg_minute``, ``cotenant:gpu_sm_clock_ratio:min_minute`` (SM clock
+  over its maximum) and ``cotenant:gpu_throttled:max_minute`` (1 when a thermal or power
+  clock-event reason was active) ``{host,gpu}``;
+* ``cotenant:process_sm_utilization:avg_minute``, ``cotenant:process_memory_used_bytes:
+  max_minute`` ``{host,gpu,pid,process,model}`` and ``cotenant:process_cpu_cores:avg_minute
   {host,pid,process,model}``.
 
 The group is evaluated every minute (``interval: 1m``) whatever the global interval.
@@ -36,79 +42,100 @@ THROTTLE = "|".join(THROTTLE_REASONS)
 PROC = "host, gpu, pid, process, model"
 
 
+def minute_of(expr: str) -> str:
+    """``expr`` (a value over the trailing ``[1m]``) at the last whole minute before the
+    evaluation: a subquery's steps sit on multiples of its resolution, so whatever the offset
+    Prometheus gives the group within its interval, the sample recorded at ``t`` is the value
+    over the clock minute ``[M - 60 s, M]`` with ``M = floor(t / 60 s) x 60 s``."""
+    return f"last_over_time(({expr})[1m:1m])"
+
+
+def _quantile(q: float) -> str:
+    return (
+        f"histogram_quantile({q}, sum by (model, gpu, le) "
+        f'(rate({HIST}_bucket{{phase="total"}}[1m])))'
+    )
+
+
 def _records() -> list[Record]:
-    out = [
-        Record(
-            "cotenant:requests:increase_1m",
+    raw = [
+        (
+            "cotenant:requests:increase_minute",
             f'sum by (node, model, gpu) (increase({HIST}_count{{phase="total"}}[1m]))',
         ),
-        Record(
-            "cotenant:request_latency_seconds:sum_1m",
+        (
+            "cotenant:request_latency_seconds:sum_minute",
             f'sum by (node, model, gpu) (increase({HIST}_sum{{phase="total"}}[1m]))',
         ),
-    ]
-    out.append(
-        Record(
-            "cotenant:request_errors:increase_1m",
+        (
+            "cotenant:request_errors:increase_minute",
             "sum by (node, model, gpu) (increase(cotenant_request_errors_total[1m]))",
-        )
-    )
-    for q, name in ((0.9, "p90"), (0.95, "p95")):
-        out.append(
-            Record(
-                f"cotenant:request_latency_seconds:{name}_1m",
-                f"histogram_quantile({q}, sum by (model, gpu, le) "
-                f'(rate({HIST}_bucket{{phase="total"}}[1m])))',
-            )
-        )
-    out += [
-        Record(
-            "cotenant:request_phase_seconds:sum_1m",
+        ),
+        *(
+            (f"cotenant:request_latency_seconds:{name}_minute", _quantile(q))
+            for q, name in ((0.5, "p50"), (0.9, "p90"), (0.95, "p95"), (0.99, "p99"))
+        ),
+        (
+            "cotenant:request_phase_seconds:sum_minute",
             f'sum by (node, model, gpu, phase) (increase({HIST}_sum{{phase!="total"}}[1m]))',
         ),
-        Record(
-            "cotenant:lock_wait_seconds:increase_1m",
+        (
+            "cotenant:lock_wait_seconds:increase_minute",
             "sum by (model, gpu, lock, holder) (increase(cotenant_lock_wait_seconds_total[1m]))",
         ),
-        Record(
-            "cotenant:gpu_memory_used_bytes:max_1m",
+        (
+            "cotenant:gpu_sm_utilization:avg_minute",
+            "avg by (host, gpu) (avg_over_time(cotenant_gpu_sm_utilization_ratio[1m]))",
+        ),
+        (
+            "cotenant:gpu_memory_bandwidth_utilization:avg_minute",
+            "avg by (host, gpu) (avg_over_time(cotenant_gpu_memory_utilization_ratio[1m]))",
+        ),
+        (
+            "cotenant:gpu_pcie_bytes_per_second:avg_minute",
+            "avg by (host, gpu) (avg_over_time(cotenant_gpu_pcie_transmit_bytes_per_second[1m]))"
+            "\n+\n"
+            "avg by (host, gpu) (avg_over_time(cotenant_gpu_pcie_receive_bytes_per_second[1m]))",
+        ),
+        (
+            "cotenant:gpu_memory_used_bytes:max_minute",
             "max by (host, gpu) (max_over_time(cotenant_gpu_memory_used_bytes[1m]))",
         ),
-        Record(
-            "cotenant:gpu_memory_total_bytes:max_1m",
+        (
+            "cotenant:gpu_memory_total_bytes:max_minute",
             "max by (host, gpu) (max_over_time(cotenant_gpu_memory_total_bytes[1m]))",
         ),
-        Record(
-            "cotenant:gpu_throttled:max_1m",
+        (
+            "cotenant:gpu_throttled:max_minute",
             "max by (host, gpu) (max_over_time(cotenant_gpu_clock_event_active"
             f'{{reason=~"{THROTTLE}"}}[1m]))',
         ),
-        Record(
-            "cotenant:gpu_power_watts:avg_1m",
+        (
+            "cotenant:gpu_power_watts:avg_minute",
             "avg by (host, gpu) (avg_over_time(cotenant_gpu_power_watts[1m]))",
         ),
-        Record(
-            "cotenant:gpu_sm_clock_ratio:min_1m",
+        (
+            "cotenant:gpu_sm_clock_ratio:min_minute",
             # the maximum clock is a constant of the GPU: the lowest clock over it is the
-            # lowest ratio, without a subquery (whose step would be the evaluation interval)
+            # lowest ratio
             "min by (host, gpu) (min_over_time(cotenant_gpu_sm_clock_hertz[1m]))\n"
             "/ on (host, gpu)\n"
             "max by (host, gpu) (max_over_time(cotenant_gpu_sm_clock_max_hertz[1m]))",
         ),
-        Record(
-            "cotenant:process_sm_utilization:avg_1m",
+        (
+            "cotenant:process_sm_utilization:avg_minute",
             f"avg by ({PROC}) (avg_over_time(cotenant_gpu_process_sm_utilization_ratio[1m]))",
         ),
-        Record(
-            "cotenant:process_memory_used_bytes:max_1m",
+        (
+            "cotenant:process_memory_used_bytes:max_minute",
             f"max by ({PROC}) (max_over_time(cotenant_gpu_process_memory_used_bytes[1m]))",
         ),
-        Record(
-            "cotenant:process_cpu_cores:avg_1m",
+        (
+            "cotenant:process_cpu_cores:avg_minute",
             "avg by (host, pid, process, model) (avg_over_time(cotenant_process_cpu_cores[1m]))",
         ),
     ]
-    return out
+    return [Record(name, minute_of(expr)) for name, expr in raw]
 
 
 def fleet_groups(s: RuleSettings) -> list[dict[str, Any]]:

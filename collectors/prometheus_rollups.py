@@ -6,8 +6,10 @@ tables for the weeks it reports from the per-minute series that ``rules/fleet.ru
 ``rules/cotenant.rules.yml`` record (:mod:`alerts.rules_fleet`): one range query per series at
 a 60 s step, whatever the number of nodes — a week over a whole cluster is a dozen queries.
 
-Each minute ``[m, m + 60 s)`` takes the rule's sample at ``m + 60 s`` (the latest evaluation of
-the rule over the preceding minute). Columns with no recording rule are null (``latency_max_ms``,
+Each recorded sample is the value over the clock minute before the minute it was recorded in
+(:func:`alerts.rules_fleet.minute_of`); minute ``[m, m + 60 s)`` is read at ``m + 120 s - 1 ms``
+(the latest sample of the minute after it, whatever the group's offset within its interval).
+Columns with no recording rule are null (``latency_max_ms``,
 ``batch_size_mean``, tokens, per-minute maxima other than memory); ``clock_event_reasons`` is
 ``0x40`` (a thermal slowdown bit) in minutes where any thermal or power reason was active, 0
 otherwise: which reason is not kept. Utilisations come back in percent, as the store holds them.
@@ -32,28 +34,28 @@ THROTTLED_BIT = 0x40
 
 REQUEST_SERIES: dict[str, tuple[str, float]] = {
     # column -> (recorded series, scale to the store's unit)
-    "count": ("cotenant:requests:increase_1m", 1.0),
-    "errors": ("cotenant:request_errors:increase_1m", 1.0),
-    "latency_sum_ms": ("cotenant:request_latency_seconds:sum_1m", 1e3),
-    "p50_ms": ("cotenant:request_latency_seconds:p50_1m", 1e3),
-    "p90_ms": ("cotenant:request_latency_seconds:p90_1m", 1e3),
-    "p95_ms": ("cotenant:request_latency_seconds:p95_1m", 1e3),
-    "p99_ms": ("cotenant:request_latency_seconds:p99_1m", 1e3),
+    "count": ("cotenant:requests:increase_minute", 1.0),
+    "errors": ("cotenant:request_errors:increase_minute", 1.0),
+    "latency_sum_ms": ("cotenant:request_latency_seconds:sum_minute", 1e3),
+    "p50_ms": ("cotenant:request_latency_seconds:p50_minute", 1e3),
+    "p90_ms": ("cotenant:request_latency_seconds:p90_minute", 1e3),
+    "p95_ms": ("cotenant:request_latency_seconds:p95_minute", 1e3),
+    "p99_ms": ("cotenant:request_latency_seconds:p99_minute", 1e3),
 }
-PHASE_SERIES = "cotenant:request_phase_seconds:sum_1m"
+PHASE_SERIES = "cotenant:request_phase_seconds:sum_minute"
 GPU_SERIES: dict[str, tuple[str, float]] = {
-    "sm_util": ("cotenant:gpu_sm_utilization:avg_1m", 100.0),
-    "mem_util": ("cotenant:gpu_memory_bandwidth_utilization:avg_1m", 100.0),
-    "pcie_tx_bps": ("cotenant:gpu_pcie_bytes_per_second:avg_1m", 1.0),  # TX + RX
-    "mem_used_bytes_max": ("cotenant:gpu_memory_used_bytes:max_1m", 1.0),
-    "mem_total_bytes": ("cotenant:gpu_memory_total_bytes:max_1m", 1.0),
-    "power_w": ("cotenant:gpu_power_watts:avg_1m", 1.0),
-    "clock_event_reasons": ("cotenant:gpu_throttled:max_1m", THROTTLED_BIT),
+    "sm_util": ("cotenant:gpu_sm_utilization:avg_minute", 100.0),
+    "mem_util": ("cotenant:gpu_memory_bandwidth_utilization:avg_minute", 100.0),
+    "pcie_tx_bps": ("cotenant:gpu_pcie_bytes_per_second:avg_minute", 1.0),  # TX + RX
+    "mem_used_bytes_max": ("cotenant:gpu_memory_used_bytes:max_minute", 1.0),
+    "mem_total_bytes": ("cotenant:gpu_memory_total_bytes:max_minute", 1.0),
+    "power_w": ("cotenant:gpu_power_watts:avg_minute", 1.0),
+    "clock_event_reasons": ("cotenant:gpu_throttled:max_minute", THROTTLED_BIT),
 }
 PROCESS_SERIES: dict[str, tuple[str, float]] = {
-    "sm_util": ("cotenant:process_sm_utilization:avg_1m", 100.0),
-    "mem_used_bytes_max": ("cotenant:process_memory_used_bytes:max_1m", 1.0),
-    "cpu_cores": ("cotenant:process_cpu_cores:avg_1m", 1.0),
+    "sm_util": ("cotenant:process_sm_utilization:avg_minute", 100.0),
+    "mem_used_bytes_max": ("cotenant:process_memory_used_bytes:max_minute", 1.0),
+    "cpu_cores": ("cotenant:process_cpu_cores:avg_minute", 1.0),
 }
 
 
@@ -72,24 +74,25 @@ def _read(
 ) -> dict[tuple[Any, ...], dict[str, float]]:
     """(minute_ns, *key labels) -> column -> value, for every series' query."""
     rows: dict[tuple[Any, ...], dict[str, float]] = defaultdict(dict)
-    # Prometheus evaluates a rule group at an offset within its interval (a hash of the
-    # group: 23 s after the minute in one checkout, near its end in another), so a recorded
-    # 1-minute value covers [t_e - 60 s, t_e] for an unknown t_e. Read each minute half a
-    # minute late: the sample found then covers more of that minute than of any other (it is
-    # off by at most 30 s, where reading at the minute's end put whole values a minute late).
+    # The rule group is evaluated at an offset within its minute (a hash of the group), and
+    # the sample recorded at t holds the clock minute before floor(t / 60 s): minute m is the
+    # latest sample in [m + 60 s - 1 ms, m + 120 s - 1 ms] (any offset in [0, 60 s) lands
+    # there, and an earlier evaluation at m + 60 s - 1 ms is older than it).
     g = promql.grid(rng, MINUTE_S)
-    shifted = promql.Grid(g.w0 + HALF_MINUTE_NS, g.step, g.n)
+    shifted = promql.Grid(g.w0 + READ_LAG_NS, g.step, g.n)
     for col, (name, scale) in series.items():
         # summed by the key labels: adds up nodes (requests); one series per key otherwise
         for labels, ts, vals in source.on_grid(minute_query(name, keys), shifted):
             key = tuple(labels.get(k, "") for k in keys)
             for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
                 if np.isfinite(v):
-                    rows[(int(t) - HALF_MINUTE_NS, *key)][col] = v * scale
+                    rows[(int(t) - READ_LAG_NS, *key)][col] = v * scale
     return rows
 
 
-HALF_MINUTE_NS = 30_000_000_000
+# on_grid evaluates at each window's end: windows start 60 s - 1 ms after the minute's, so
+# minute m is read at m + 120 s - 1 ms
+READ_LAG_NS = 60_000_000_000 - 1_000_000
 
 
 def _table(name: str, rows: Iterable[dict[str, Any]]) -> pa.Table:
