@@ -15,6 +15,8 @@ names a trailing minute in ``cotenant.rules.yml``):
   (mean = sum / count); ``cotenant:request_errors:increase_minute {node,model,gpu}`` — those
   that failed;
 * ``cotenant:request_latency_seconds:p50_minute|p90_minute|p95_minute|p99_minute {model,gpu}``;
+* ``cotenant:time_to_first_token_seconds:p99_minute`` and
+  ``cotenant:time_per_output_token_seconds:p99_minute {model,gpu}`` (generative models);
 * ``cotenant:request_phase_seconds:sum_minute {node,model,gpu,phase}`` — time per phase;
 * ``cotenant:lock_wait_seconds:increase_minute {model,gpu,lock,holder}``;
 * ``cotenant:gpu_sm_utilization:avg_minute``, ``cotenant:gpu_memory_bandwidth_utilization:
@@ -50,11 +52,8 @@ def minute_of(expr: str) -> str:
     return f"last_over_time(({expr})[1m:1m])"
 
 
-def _quantile(q: float) -> str:
-    return (
-        f"histogram_quantile({q}, sum by (model, gpu, le) "
-        f'(rate({HIST}_bucket{{phase="total"}}[1m])))'
-    )
+def _quantile(q: float, buckets: str = f'{HIST}_bucket{{phase="total"}}') -> str:
+    return f"histogram_quantile({q}, sum by (model, gpu, le) (rate({buckets}[1m])))"
 
 
 def _records() -> list[Record]:
@@ -74,6 +73,10 @@ def _records() -> list[Record]:
         *(
             (f"cotenant:request_latency_seconds:{name}_minute", _quantile(q))
             for q, name in ((0.5, "p50"), (0.9, "p90"), (0.95, "p95"), (0.99, "p99"))
+        ),
+        *(
+            (f"cotenant:{name}:p99_minute", _quantile(0.99, f"cotenant_{name}_bucket"))
+            for name in ("time_to_first_token_seconds", "time_per_output_token_seconds")
         ),
         (
             "cotenant:request_phase_seconds:sum_minute",

@@ -10,7 +10,7 @@ Each recorded sample is the value over the clock minute before the minute it was
 (:func:`alerts.rules_fleet.minute_of`); minute ``[m, m + 60 s)`` is read at ``m + 120 s - 1 ms``
 (the latest sample of the minute after it, whatever the group's offset within its interval).
 Columns with no recording rule are null (``latency_max_ms``,
-``batch_size_mean``, tokens, per-minute maxima other than memory); ``clock_event_reasons`` is
+``batch_size_mean``, token sums, per-minute maxima other than memory); ``clock_event_reasons`` is
 ``0x40`` (a thermal slowdown bit) in minutes where any thermal or power reason was active, 0
 otherwise: which reason is not kept. Utilisations come back in percent, as the store holds them.
 """
@@ -41,6 +41,8 @@ REQUEST_SERIES: dict[str, tuple[str, float]] = {
     "p90_ms": ("cotenant:request_latency_seconds:p90_minute", 1e3),
     "p95_ms": ("cotenant:request_latency_seconds:p95_minute", 1e3),
     "p99_ms": ("cotenant:request_latency_seconds:p99_minute", 1e3),
+    "ttft_p99_ms": ("cotenant:time_to_first_token_seconds:p99_minute", 1e3),
+    "tpot_p99_ms": ("cotenant:time_per_output_token_seconds:p99_minute", 1e3),
 }
 PHASE_SERIES = "cotenant:request_phase_seconds:sum_minute"
 GPU_SERIES: dict[str, tuple[str, float]] = {

@@ -15,7 +15,9 @@ seconds, for ``promtool tsdb create-blocks-from openmetrics``:
   (:data:`collectors.nvml_metrics.GPU_SERIES`, ``cotenant_gpu_clock_event_active``),
   per-process GPU ratios and memory, and host CPU per program: the newest sample at or
   before each scrape, as the agent's gauges show the latest poll;
-* ``cotenant_request_errors_total{node,model,gpu}``.
+* ``cotenant_request_errors_total{node,model,gpu}``;
+* for generative models, ``cotenant_time_to_first_token_seconds{model,gpu}`` and
+  ``cotenant_time_per_output_token_seconds{model,gpu}`` (the agent's token histograms).
 
 Vectorised per (model, GPU) and per series; one scenario of ten minutes is ~10^4 lines.
 """
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S
+from collectors.ingest_metrics import TOKEN_SERIES, token_times_s
 from collectors.nvml_metrics import CLOCK_EVENT_REASONS, DCGM_SERIES, GPU_SERIES
 from store.schema import PHASE_COLUMNS, PHASES
 
@@ -50,8 +53,8 @@ def _series(name: str, labels: str, ts_s: np.ndarray, values: np.ndarray) -> Ite
 
 
 def _histogram(
-    base: dict[str, str],
-    phase: str,
+    name: str,
+    labels: dict[str, str],
     les: list[str],
     cum: np.ndarray,
     count: np.ndarray,
@@ -60,16 +63,28 @@ def _histogram(
 ) -> list[str]:
     """One histogram's samples, a whole point (buckets, count, sum) per timestamp, as
     OpenMetrics requires. ``cum``: cumulative bucket counts, shape (scrapes, buckets)."""
-    pre = [f"{NAME}_bucket{_lb(**base, phase=phase, le=le)} " for le in les]
-    lb = _lb(**base, phase=phase)
+    pre = [f"{name}_bucket{_lb(**labels, le=le)} " for le in les]
+    lb = _lb(**labels)
     out: list[str] = []
     rows = cum.tolist()
     for i, (t, c, s) in enumerate(zip(ts_s.tolist(), count.tolist(), sums.tolist(), strict=True)):
         stamp = f" {t:.3f}"
         out += [f"{p}{v}{stamp}" for p, v in zip(pre, rows[i], strict=True)]
-        out.append(f"{NAME}_count{lb} {c!r}{stamp}")
-        out.append(f"{NAME}_sum{lb} {s!r}{stamp}")
+        out.append(f"{name}_count{lb} {c!r}{stamp}")
+        out.append(f"{name}_sum{lb} {s!r}{stamp}")
     return out
+
+
+def _cumulative(k: np.ndarray, v: np.ndarray, bounds: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """Cumulative bucket counts (scrapes x buckets + 1), counts and sums per scrape of values
+    ``v`` first seen at scrape ``k`` (``k < n``)."""
+    b = np.searchsorted(bounds, v, side="left")
+    counts = np.zeros((n, len(bounds) + 1), np.int64)
+    np.add.at(counts, (k, b), 1)
+    cum = counts.cumsum(axis=0).cumsum(axis=1)
+    s = np.zeros(n)
+    np.add.at(s, k, v)
+    return cum, cum[:, -1].astype(np.float64), s.cumsum()
 
 
 def _np(t: pa.Table, col: str) -> np.ndarray:
@@ -90,6 +105,7 @@ def request_families(
     bounds = np.asarray(TOTAL_BUCKETS_S)
     les = [*(repr(float(b)) for b in TOTAL_BUCKETS_S), "+Inf"]
     hist: list[str] = []
+    tokens: dict[str, list[str]] = {}
     waits: list[str] = []
     secs: list[str] = []
     errors: list[str] = []
@@ -107,21 +123,27 @@ def request_families(
         ok = k < n
         t = requests.filter(pa.array(sel))
         lat = np.nan_to_num(_np(t, "latency_ms")) / 1e3
-        b = np.searchsorted(bounds, lat, side="left")
-        counts = np.zeros((n, len(les)), np.int64)
-        np.add.at(counts, (k[ok], b[ok]), 1)
-        cum = counts.cumsum(axis=0).cumsum(axis=1)
+        cum, total, _ = _cumulative(k[ok], lat[ok], bounds, n)
         base = {"node": node, "model": model, "gpu": gpu}
-        total = cum[:, -1].astype(np.float64)
         for phase, col in (("total", "latency_ms"), *zip(PHASES, PHASE_COLUMNS, strict=True)):
             v = np.nan_to_num(_np(t, col)) / 1e3
             if phase != "total" and not (v > 0).any():
                 continue
             s = np.zeros(n)
             np.add.at(s, k[ok], v[ok])
-            hist += _histogram(base, phase, les if phase == "total" else ["+Inf"],
+            hist += _histogram(NAME, {**base, "phase": phase},
+                               les if phase == "total" else ["+Inf"],
                                cum if phase == "total" else total[:, None], total,
                                s.cumsum(), ts_s)  # fmt: skip
+        # TTFT / TPOT of generative models, as the agent's TokenTimeHistogram: {model, gpu}
+        for (name, _, tb), v in zip(TOKEN_SERIES, token_times_s(t), strict=True):
+            has = ok & np.isfinite(v)
+            if has.any():
+                c, cnt, sm = _cumulative(k[has], v[has], np.asarray(tb), n)
+                les_t = [*(repr(float(b)) for b in tb), "+Inf"]
+                tokens.setdefault(name, []).extend(
+                    _histogram(name, {"model": model, "gpu": gpu}, les_t, c, cnt, sm, ts_s)
+                )
         failed = pc.fill_null(pc.equal(t["status"], "error"), False).to_numpy(zero_copy_only=False)
         e = np.zeros(n)
         np.add.at(e, k[ok & failed], 1)
@@ -141,6 +163,8 @@ def request_families(
                 waits += _series("cotenant_lock_waits_total", labels, ts_s, c.cumsum())
                 secs += _series("cotenant_lock_wait_seconds_total", labels, ts_s, w_.cumsum())
     yield NAME, "histogram", hist
+    for name, _, _ in TOKEN_SERIES:
+        yield name, "histogram", tokens.get(name, [])
     yield "cotenant_request_errors", "counter", errors
     yield "cotenant_lock_waits", "counter", waits
     yield "cotenant_lock_wait_seconds", "counter", secs
