@@ -22,6 +22,8 @@ from __future__ import annotations
 import random
 import struct
 
+from actuators.gateway.finished import FinishedRequest
+
 _Q = struct.Struct("<Q").pack
 _D = struct.Struct("<d").pack
 _SMALL = [bytes((i,)) for i in range(128)]
@@ -99,22 +101,9 @@ class SpanEncoder:
             b = self._ints[k] = int_attr(key, value)
         return b
 
-    def encode(
-        self,
-        *,
-        model: str,
-        replica: str,
-        tenant: str,
-        priority: int,
-        method: str,
-        path: str,
-        status: int,
-        start_ns: int,
-        admit_ns: int,
-        end_ns: int,
-        ttft_ns: int | None,
-    ) -> bytes:
-        """The two spans as ``ScopeSpans.spans`` fields (times: Unix ns)."""
+    def encode(self, req: FinishedRequest) -> bytes:
+        """The two spans as ``ScopeSpans.spans`` fields."""
+        start_ns, status = req.start_ns, req.status
         bits = self._bits
         trace = b"\x0a\x10" + (bits(128) | 1).to_bytes(16, "little")
         root_id = (bits(64) | 1).to_bytes(8, "little")
@@ -128,18 +117,18 @@ class SpanEncoder:
             _ROOT_NAME,
             start,
             b"\x41",
-            _Q(end_ns),
-            s("cotenant.model", model),
-            s("cotenant.replica", replica),
-            s("cotenant.tenant", tenant),
-            self._i("cotenant.priority", priority),
-            s("http.request.method", method),
-            s("url.path", path),
+            _Q(req.end_ns),
+            s("cotenant.model", req.model),
+            s("cotenant.replica", req.replica),
+            s("cotenant.tenant", req.tenant),
+            self._i("cotenant.priority", req.priority),
+            s("http.request.method", req.method),
+            s("url.path", req.path),
             self._i("http.response.status_code", status),
         ]
-        if ttft_ns is not None:
+        if req.ttft_ns is not None:
             parts.append(
-                double_attr("gen_ai.latency.time_to_first_token", (ttft_ns - start_ns) / 1e9)
+                double_attr("gen_ai.latency.time_to_first_token", (req.ttft_ns - start_ns) / 1e9)
             )
         if status >= 500:
             parts.append(_len(0x7A, _len(0x12, b"HTTP %d" % status) + b"\x18\x02"))
@@ -154,7 +143,7 @@ class SpanEncoder:
                 _QUEUE_NAME,
                 start,
                 b"\x41",
-                _Q(admit_ns),
+                _Q(req.admit_ns),
             )
         )
         return b"\x12" + varint(len(root)) + root + b"\x12" + varint(len(queue)) + queue

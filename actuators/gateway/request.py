@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from actuators.gateway.admission import Admission, Rejected, Ticket
 from actuators.gateway.conn_caps import ConnectionCaps
+from actuators.gateway.finished import FinishedRequest
 from actuators.gateway.http1 import HOP_BY_HOP, ChunkedReader, Head
 from actuators.gateway.identify import (
     UNKNOWN,
@@ -383,17 +384,19 @@ class ProxiedRequest:
         if core.spans is not None:
             method, target, _ = self.head.start
             core.spans.emit(
-                model=self.model,
-                replica=self.replica_name,
-                tenant=self.tenant,
-                priority=self.priority,
-                method=method.decode("latin-1"),
-                path=target.split(b"?", 1)[0].decode("latin-1")[:512],
-                status=self.status,
-                start_ns=self.start_ns,
-                admit_ns=self.admit_ns,
-                end_ns=end_ns,
-                ttft_ns=self.first_byte_ns if self.sse else None,
+                FinishedRequest(
+                    model=self.model,
+                    replica=self.replica_name,
+                    tenant=self.tenant,
+                    priority=self.priority,
+                    method=method.decode("latin-1"),
+                    path=target.split(b"?", 1)[0].decode("latin-1")[:512],
+                    status=self.status,
+                    start_ns=self.start_ns,
+                    admit_ns=self.admit_ns,
+                    end_ns=end_ns,
+                    ttft_ns=self.first_byte_ns if self.sse else None,
+                )
             )
 
     # -- helpers -------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from actuators.gateway.finished import FinishedRequest
 from actuators.gateway.otlp_spans import SpanEncoder, export_request, resource_prefix
 from store.errors import UsageError
 
@@ -97,21 +98,7 @@ class OtlpSpanExporter:
 
     # -- the event loop's side -------------------------------------------------------------
 
-    def emit(
-        self,
-        *,
-        model: str,
-        replica: str,
-        tenant: str,
-        priority: int,
-        method: str,
-        path: str,
-        status: int,
-        start_ns: int,
-        admit_ns: int,
-        end_ns: int,
-        ttft_ns: int | None,
-    ) -> None:
+    def emit(self, req: FinishedRequest) -> None:
         """Queue one request's spans (see the module docstring)."""
         if self.sample_ratio < 1.0 and self._random() >= self.sample_ratio:
             return
@@ -119,21 +106,7 @@ class OtlpSpanExporter:
         if len(queue) >= self.max_queue:
             self.dropped_queue_full += SPANS_PER_REQUEST
             return
-        queue.append(
-            self._encoder.encode(
-                model=model,
-                replica=replica,
-                tenant=tenant,
-                priority=priority,
-                method=method,
-                path=path,
-                status=status,
-                start_ns=start_ns,
-                admit_ns=admit_ns,
-                end_ns=end_ns,
-                ttft_ns=ttft_ns,
-            )
-        )
+        queue.append(self._encoder.encode(req))
         if len(queue) == self.max_batch:
             self._wake.set()
 

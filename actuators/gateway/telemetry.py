@@ -15,6 +15,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_i
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from actuators.gateway.finished import FinishedRequest
+
 if TYPE_CHECKING:
     from actuators.gateway.routing import Router
 
@@ -151,24 +153,9 @@ class ReplicaCollector:
 class SpanSink(Protocol):
     """Receives one finished request (on the event loop thread; must be quick and must not
     block): :class:`SpanEmitter` (the OTel SDK) or
-    :class:`actuators.gateway.span_export.OtlpSpanExporter` (pre-encoded OTLP). Times are Unix
-    nanoseconds; ``ttft_ns`` is the first byte of an event stream, else None."""
+    :class:`actuators.gateway.span_export.OtlpSpanExporter` (pre-encoded OTLP)."""
 
-    def emit(
-        self,
-        *,
-        model: str,
-        replica: str,
-        tenant: str,
-        priority: int,
-        method: str,
-        path: str,
-        status: int,
-        start_ns: int,
-        admit_ns: int,
-        end_ns: int,
-        ttft_ns: int | None,
-    ) -> None: ...
+    def emit(self, req: FinishedRequest) -> None: ...
 
 
 class SpanEmitter:
@@ -178,37 +165,24 @@ class SpanEmitter:
     def __init__(self, tracer: Tracer) -> None:
         self._tracer = tracer
 
-    def emit(
-        self,
-        *,
-        model: str,
-        replica: str,
-        tenant: str,
-        priority: int,
-        method: str,
-        path: str,
-        status: int,
-        start_ns: int,
-        admit_ns: int,
-        end_ns: int,
-        ttft_ns: int | None,
-    ) -> None:
+    def emit(self, req: FinishedRequest) -> None:
         attrs: dict[str, Any] = {
-            "cotenant.model": model,
-            "cotenant.replica": replica,
-            "cotenant.tenant": tenant,
-            "cotenant.priority": priority,
-            "http.request.method": method,
-            "url.path": path,
-            "http.response.status_code": status,
+            "cotenant.model": req.model,
+            "cotenant.replica": req.replica,
+            "cotenant.tenant": req.tenant,
+            "cotenant.priority": req.priority,
+            "http.request.method": req.method,
+            "url.path": req.path,
+            "http.response.status_code": req.status,
         }
-        if ttft_ns is not None:
-            attrs["gen_ai.latency.time_to_first_token"] = (ttft_ns - start_ns) / 1e9
+        start_ns = req.start_ns
+        if req.ttft_ns is not None:
+            attrs["gen_ai.latency.time_to_first_token"] = (req.ttft_ns - start_ns) / 1e9
         root = self._tracer.start_span(
             "gateway.request", kind=SpanKind.SERVER, attributes=attrs, start_time=start_ns
         )
-        if status >= 500:
-            root.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        if req.status >= 500:
+            root.set_status(Status(StatusCode.ERROR, f"HTTP {req.status}"))
         q = self._tracer.start_span("queue", context=set_span_in_context(root), start_time=start_ns)
-        q.end(end_time=admit_ns)
-        root.end(end_time=end_ns)
+        q.end(end_time=req.admit_ns)
+        root.end(end_time=req.end_ns)

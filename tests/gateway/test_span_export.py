@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client import CollectorRegistry, generate_latest
 
+from actuators.gateway.finished import FinishedRequest
 from actuators.gateway.otlp_spans import SpanEncoder, export_request, resource_prefix, varint
 from actuators.gateway.span_export import OtlpSpanExporter, SpanExportCollector
 
@@ -65,7 +66,9 @@ def test_encoded_spans_are_otlp_in_cotenants_conventions(extra: dict[str, Any]) 
     req = {**REQ, **extra}
     resource, scope = resource_prefix("gw-test")
     enc = SpanEncoder(random.Random(3))
-    body = export_request(resource, scope, [enc.encode(**req), enc.encode(**req)])
+    body = export_request(
+        resource, scope, [enc.encode(FinishedRequest(**req)), enc.encode(FinishedRequest(**req))]
+    )
     spans = _decode(body)
     assert [s.name for s in spans] == ["gateway.request", "queue"] * 2
     root, queue, root2, _ = spans
@@ -157,7 +160,7 @@ def _exporter(url: str, **kw: Any) -> OtlpSpanExporter:
 def test_exporter_sends_batches_to_v1_traces(collector: _Collector) -> None:
     exp = _exporter(collector.url, max_batch=4)
     for _ in range(10):
-        exp.emit(**REQ)
+        exp.emit(FinishedRequest(**REQ))
     assert exp.queued == 10
     exp.flush()
     assert [len(_decode(b)) for b in collector.bodies] == [8, 8, 4]  # at most 4 requests each
@@ -175,7 +178,7 @@ def _registry(exp: OtlpSpanExporter) -> CollectorRegistry:
 def test_a_full_queue_drops_and_counts(collector: _Collector) -> None:
     exp = _exporter(collector.url, max_queue=3)
     for _ in range(5):
-        exp.emit(**REQ)
+        exp.emit(FinishedRequest(**REQ))
     assert exp.queued == 3 and exp.dropped_queue_full == 4
     exp.flush()
     assert len(collector.spans()) == 6
@@ -192,7 +195,7 @@ def test_a_down_collector_drops_counts_and_logs_once(caplog: pytest.LogCaptureFi
     exp = _exporter(url, retries=1)
     with caplog.at_level(logging.WARNING, logger="actuators.gateway.span_export"):
         for _ in range(2):
-            exp.emit(**REQ)
+            exp.emit(FinishedRequest(**REQ))
             exp.flush()
     assert exp.dropped_failed == 4 and exp.exported == 0
     assert len(caplog.records) == 1 and "ConnectionRefusedError" in caplog.text
@@ -201,11 +204,11 @@ def test_a_down_collector_drops_counts_and_logs_once(caplog: pytest.LogCaptureFi
 def test_busy_collector_is_retried_then_refusal_drops(collector: _Collector) -> None:
     exp = _exporter(collector.url, retries=2)
     collector.statuses = [503, 429]
-    exp.emit(**REQ)
+    exp.emit(FinishedRequest(**REQ))
     exp.flush()
     assert exp.exported == 2 and len(collector.bodies) == 1
     collector.statuses = [400]  # a refusal is not retried
-    exp.emit(**REQ)
+    exp.emit(FinishedRequest(**REQ))
     exp.flush()
     assert exp.dropped_failed == 2 and len(collector.bodies) == 1
 
@@ -213,7 +216,7 @@ def test_busy_collector_is_retried_then_refusal_drops(collector: _Collector) -> 
 def test_sampling_keeps_a_requests_spans_together(collector: _Collector) -> None:
     exp = _exporter(collector.url, sample_ratio=0.25)
     for _ in range(400):
-        exp.emit(**REQ)
+        exp.emit(FinishedRequest(**REQ))
     assert 60 <= exp.queued <= 140
     exp.flush()
     spans = collector.spans()
@@ -226,7 +229,7 @@ def test_shutdown_sends_what_is_queued(collector: _Collector) -> None:
     exp = _exporter(collector.url, interval_s=3600)
     exp.start()
     for _ in range(7):
-        exp.emit(**REQ)
+        exp.emit(FinishedRequest(**REQ))
     exp.shutdown(timeout_s=10)
     assert len(collector.spans()) == 14
 
