@@ -12,30 +12,20 @@ save child spans still waiting for their root, and close the store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from actuators.api import actions_router
-from actuators.build import build_controller
-from actuators.controller import ActionController
-from alerts.slo_metric import SloMetric
-from alerts.webhook import AlertReceiver, alerts_router
-from analysis.analyzer import Analyzer
-from analysis.incidents import IncidentBook
-from analysis.loop import AnalysisLoop, OnIncident
+from analysis.loop import OnIncident
 from collectors.admission import InflightBytes
 from collectors.fleet_histogram import FleetHistogram
 from collectors.gpu_resolve import GpuResolver
@@ -50,20 +40,15 @@ from collectors.otlp_grpc import OtlpGrpcServer
 from collectors.otlp_http import OtlpHttpReceiver
 from collectors.procfs import ProcfsCollector, ProcfsMetrics
 from cotenant.agent_api import create_agent_api
-from cotenant.api import create_api
+from cotenant.central import Central, build_central
 from cotenant.config import Config
-from cotenant.report_cmd import report_builder
-from reports.api import reports_router
-from reports.job import ReportJob
-from reports.schedule import ReportScheduler, parse_schedule
-from reports.writer import parse_formats
+from cotenant.listen import Endpoints, Server, bind, url
 from store.db import Store
 from store.errors import NvmlUnavailable
 from store.http_json import SafeJSONResponse
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
 from store.slo_record import record_slos
-from store.source import MetricSource, StoreSource
 from store.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -72,48 +57,6 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[
     [Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
 ]
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """Where the running service listens (ports resolved when 0 was configured)."""
-
-    api: str
-    otlp_http: str | None
-    otlp_grpc: str | None
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture: the service installs its handlers."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto given explicitly: asyncio sets TCP_NODELAY on accepted sockets only when proto is
-    # IPPROTO_TCP, and without it every keep-alive response waits ~40 ms for a delayed ACK
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(
-            f"cannot listen on {host}:{port}: {exc.strerror} (is another "
-            f"cotenant running? change the port in the config)"
-        ) from exc
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def _url(sock: socket.socket, path: str = "") -> str:
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}{path}"
 
 
 Role = Literal["serve", "agent"]
@@ -205,19 +148,14 @@ class Service:
         self.nvml = self._open_nvml(nvml) if config.nvml.enabled else None
         self.procfs = self._open_procfs() if config.procfs.enabled else None
         self.otlp_http = OtlpHttpReceiver(self.pipeline, max_body_bytes=config.otlp.max_body_bytes)
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grpc: OtlpGrpcServer | None = None
         self._stopping = False
         self._otlp_port: int | None = None
         self.started = threading.Event()
         self.endpoints: Endpoints | None = None
-        self.fleet: Any | None = None
-        self.analysis: AnalysisLoop | None = None
-        self.actions: ActionController | None = None
-        self.alerts: AlertReceiver | None = None
-        self.reports: ReportScheduler | None = None
-        self.dashboard: Any | None = None
+        self.central: Central | None = None
         if agent:
             self.api = create_agent_api(
                 self.store,
@@ -228,133 +166,15 @@ class Service:
                 histogram=self.fleet_histogram,
             )
         else:
-            self._build_central(on_incident)
-
-    def _build_central(self, on_incident: OnIncident | None) -> None:
-        """Analysis, API, actuators, alerts, reports and dashboard (``cotenant serve``)."""
-        config, clock_ns = self.config, self.clock_ns
-        ac = config.analysis
-        source: MetricSource = StoreSource(self.store)
-        if config.prometheus.url:
-            from cotenant.fleet import Fleet
-
-            self.fleet = Fleet(config, self.registry, clock_ns)
-            source = self.fleet.source
-        book = IncidentBook(
-            self.store,
-            gap_ns=int(ac.step_s * 1e9) * 10,
-            cooldown_ns=int(ac.cooldown_s * 1e9),
-        )
-        self.analyzer = Analyzer(
-            source,
-            book,
-            slo_ms=ac.slo_ms,
-            step_s=ac.step_s,
-            max_range_s=ac.max_range_h * 3600,
-            season_s=ac.season_s,
-            params=ac.spike_params(),
-            indicator_slo_ms=ac.indicator_slos(),
-        )
-        self.analysis = (
-            AnalysisLoop(
-                source,
-                book,
-                slo_ms=ac.slo_ms,
-                interval_s=ac.interval_s,
-                horizon_s=ac.horizon_s,
-                step_s=ac.step_s,
-                registry=self.registry,
-                clock_ns=clock_ns,
-                on_incident=on_incident,
-                reread_s=ac.reread_s,
-                params=ac.spike_params(),
-                indicator_slo_ms=ac.indicator_slos(),
-                batch_reads=self.fleet is not None,
-            )
-            if ac.enabled
-            else None
-        )
-        self.api = create_api(self.store, self.registry, self._not_ready_reason, self.analyzer)
-        if self.fleet is not None:
-            self.fleet.add_routes(self.api, self.analyzer)
-        # Routers of actuators/ and alerts/ are included here, before the dashboard's mount.
-        self.actions = self._build_actions(source)
-        SloMetric(ac.slo_ms, self.registry)  # cotenant_slo_seconds, read by rules/
-        self.alerts = None
-        if config.alerts.enabled:
-            self.alerts = AlertReceiver(
+            self.central = build_central(
+                config,
                 self.store,
-                self.analyzer,
-                lookback_s=config.alerts.lookback_s,
-                lookahead_s=config.alerts.lookahead_s,
+                self.registry,
                 clock_ns=clock_ns,
-                registry=self.registry,
+                not_ready=self._not_ready_reason,
+                on_incident=on_incident,
             )
-            self.api.include_router(alerts_router(self.alerts))
-        self.reports = self._build_reports()
-        # The dashboard's catch-all mount at "/" comes last (routes match in order).
-        self.dashboard = self._mount_dashboard(source) if config.dashboard.enabled else None
-
-    def _mount_dashboard(self, source: MetricSource) -> Any:
-        """The Dash app (``dashboard.data.DashboardData``, Flask under WSGI) mounted at "/"
-        after every other route, so the API, /metrics and the probes keep matching first."""
-        from a2wsgi import WSGIMiddleware
-
-        from dashboard.app import create_app
-        from dashboard.data import DashboardData
-
-        dc = self.config.dashboard
-        data = DashboardData(
-            self.store,
-            source=source,
-            drill=self.fleet.drill if self.fleet is not None else None,
-            book=self.analyzer.book,
-            slo_ms=self.config.analysis.slo_ms,
-            indicator_slo_ms=self.config.analysis.indicator_slos(),
-            clock_ns=self.clock_ns,
-        )
-        app = create_app(
-            data,
-            actions_control=self.actions,
-            report_dir=self.config.report.dir,
-            refresh_s=dc.refresh_s,
-            default_range=dc.default_range,
-        )
-        self.api.mount("/", WSGIMiddleware(app.server))  # type: ignore[arg-type]
-        return data
-
-    def _build_reports(self) -> ReportScheduler | None:
-        """``/api/v1/reports/{week}/summary``, and the weekly scheduler when
-        ``[report] schedule`` is set (None otherwise)."""
-        config = self.config
-        # fleet mode: the report's rollups come from Prometheus' recording rules
-        prepare = None if self.fleet is None else partial(self.fleet.import_rollups, self.store)
-        builder = report_builder(config, self.store, prepare)
-        self.api.include_router(reports_router(builder))
-        at = parse_schedule(config.report.schedule)
-        if at is None:
-            return None
-        formats = parse_formats(config.report.formats, "report.formats")
-        job = ReportJob(builder, config.report.dir, formats)
-        return ReportScheduler(at, job.run, clock_ns=self.clock_ns)
-
-    def _build_actions(self, source: MetricSource) -> ActionController | None:
-        """The actuators' control loop and its ``/api/v1/actions`` routes (None when
-        ``actuators.mode = "off"``); it reads the incidents the analysis loop writes."""
-        ac = self.config.analysis
-        control = build_controller(
-            self.config.actuators,
-            store=self.store,
-            incidents=self.analyzer.book,
-            source=source,
-            registry=self.registry,
-            clock_ns=self.clock_ns,
-            slo_ms=ac.slo_ms,
-            step_s=ac.step_s,
-        )
-        if control is not None:
-            self.api.include_router(actions_router(control, control))
-        return control
+            self.api = self.central.api
 
     def _open_nvml(self, api: Any | None) -> NvmlCollector | None:
         """The NVML collector, opened; None (after one warning) where NVML is unavailable."""
@@ -441,10 +261,10 @@ class Service:
 
     async def _serve(self, banner: TextIO | None) -> None:
         cfg = self.config
-        socks = [_bind(cfg.server.host, cfg.server.port)]
+        socks = [bind(cfg.server.host, cfg.server.port)]
         try:
             if cfg.otlp.http_enabled:
-                socks.append(_bind(cfg.otlp.host, cfg.otlp.http_port))
+                socks.append(bind(cfg.otlp.host, cfg.otlp.http_port))
                 self._otlp_port = socks[1].getsockname()[1]
             if cfg.otlp.grpc_enabled:
                 self._grpc = OtlpGrpcServer(
@@ -470,27 +290,24 @@ class Service:
             timeout_graceful_shutdown=10,
             log_level=cfg.log.level,
         )
-        self._server = _Server(ucfg)
+        self._server = Server(ucfg)
         self._loop = asyncio.get_running_loop()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self.stop)
         grpc_addr = None if self._grpc is None else f"{cfg.otlp.host}:{self._grpc.port}"
         self.endpoints = Endpoints(
-            _url(socks[0]), _url(socks[1], "/v1/traces") if len(socks) > 1 else None, grpc_addr
+            url(socks[0]), url(socks[1], "/v1/traces") if len(socks) > 1 else None, grpc_addr
         )
-        if self.dashboard is not None and self.endpoints.otlp_http:
-            self.dashboard.otlp_hint = self.endpoints.otlp_http
+        central = self.central
+        if central is not None and central.dashboard is not None and self.endpoints.otlp_http:
+            central.dashboard.otlp_hint = self.endpoints.otlp_http
         if self.nvml is not None:
             self.nvml.start()
         if self.procfs is not None:
             self.procfs.start()
-        if self.analysis is not None:
-            self.analysis.start()
-        if self.reports is not None:
-            self.reports.start()
-        if self.actions is not None:
-            self.actions.start()
+        if central is not None:
+            central.start()
         if banner is not None:
             self._print_banner(banner)
         self.started.set()
@@ -517,14 +334,15 @@ class Service:
                 f"cotenant serve: store {self.store.path}",
                 f"  HTTP API   {ep.api}/api/v1 (OpenAPI {ep.api}/docs, metrics {ep.api}/metrics)",
             ]
-        if self.fleet is not None:
-            url = self.fleet.prometheus.url
+        central = self.central
+        if central is not None and central.fleet is not None:
+            url = central.fleet.prometheus.url
             lines.append(f"  Prometheus {url} (fleet mode: windows read through PromQL)")
         if ep.otlp_http:
             lines.append(f"  OTLP/HTTP  {ep.otlp_http}")
         if ep.otlp_grpc:
             lines.append(f"  OTLP/gRPC  {ep.otlp_grpc}")
-        if self.dashboard is not None:
+        if central is not None and central.dashboard is not None:
             lines.append(f"  Dashboard  {ep.api}/")
         if self.nvml is not None:
             n = len(self.nvml.devices())
@@ -538,7 +356,7 @@ class Service:
                 f"  procfs     host CPU of the top {p.top_n} processes and every span-emitting "
                 f"process, every {p.interval_s:g} s"
             )
-        if self.actions is not None:
+        if central is not None and central.actions is not None:
             ac = self.config.actuators
             where = ac.backend_url or "no backend_url: proposals only"
             lines.append(f"  Actuators  mode {ac.mode}, backend {ac.backend} ({where})")
@@ -561,17 +379,11 @@ class Service:
         t0 = time.monotonic()
         if self._grpc is not None:
             self._grpc.stop(grace_s=5.0).wait(10.0)
-        if self.analysis is not None:
-            self.analysis.stop()
-        if self.reports is not None:
-            self.reports.stop()
-        if self.actions is not None:
-            self.actions.stop()
+        if self.central is not None:
+            self.central.stop()
         self._stop_collectors()  # its last rows go to the writer before it closes
-        if self.alerts is not None:
-            self.alerts.close()  # alerts still queued stay pending: diagnosed at next start
-        if self.fleet is not None:
-            self.fleet.close()
+        if self.central is not None:
+            self.central.close()
         self._shutdown_store()
         log.info("cotenant stopped in %.1f s", time.monotonic() - t0)
 

@@ -343,7 +343,7 @@ def test_gpus_page_shows_the_non_model_process(running: Running, browser: WebDri
 
 
 def _proposed(running: Running, deadline_s: float = 30) -> dict[str, Any]:
-    control = running.service.actions
+    control = running.service.central.actions
     assert control is not None
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
@@ -366,9 +366,9 @@ def test_approving_a_proposed_action_applies_it(running: Running, browser: WebDr
     browser.find_element(By.ID, "act-token").send_keys("not-the-token")
     browser.find_element(By.XPATH, button).click()
     _wait(browser, lambda d: "not the configured one" in _text(d, "#act-message"), "the refusal")
-    assert running.service.actions is not None
+    assert running.service.central.actions is not None
     assert (
-        next(a for a in running.service.actions.list_actions() if a["id"] == aid)["state"]
+        next(a for a in running.service.central.actions.list_actions() if a["id"] == aid)["state"]
         == "proposed"
     )
     assert browser.find_element(By.ID, "act-token").get_attribute("value") == ""
@@ -380,7 +380,7 @@ def test_approving_a_proposed_action_applies_it(running: Running, browser: WebDr
         lambda d: any(r[0] == aid and r[6] == "applied" for r in _rows(d, "#act-log")),
         "the new state in the log",
     )
-    after = next(a for a in running.service.actions.list_actions() if a["id"] == aid)
+    after = next(a for a in running.service.central.actions.list_actions() if a["id"] == aid)
     assert after["state"] == "applied"
     assert any(
         p.get("event") == "apply" and p.get("target") == action["target"]

@@ -1,0 +1,210 @@
+"""What ``cotenant serve`` runs beyond the agent's collectors and store: the analysis (loop and
+on demand), the HTTP API, actuators, the alerts webhook, weekly reports and the dashboard.
+
+They read windows from the store, or with ``[prometheus] url`` through Prometheus
+(:mod:`cotenant.fleet`). :func:`build_central` wires them; :class:`Central` starts and stops
+their threads in the order the service needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from actuators.api import actions_router
+from actuators.build import build_controller
+from actuators.controller import ActionController
+from alerts.slo_metric import SloMetric
+from alerts.webhook import AlertReceiver, alerts_router
+from analysis.analyzer import Analyzer
+from analysis.incidents import IncidentBook
+from analysis.loop import AnalysisLoop, OnIncident
+from cotenant.api import create_api
+from cotenant.config import Config
+from cotenant.report_cmd import report_builder
+from reports.api import reports_router
+from reports.job import ReportJob
+from reports.schedule import ReportScheduler, parse_schedule
+from reports.writer import parse_formats
+from store.db import Store
+from store.source import MetricSource, StoreSource
+
+
+@dataclass
+class Central:
+    """The parts of ``cotenant serve`` that the agent does not run; None where disabled."""
+
+    api: FastAPI  # with every route mounted
+    analyzer: Analyzer
+    analysis: AnalysisLoop | None
+    actions: ActionController | None
+    alerts: AlertReceiver | None
+    reports: ReportScheduler | None
+    dashboard: Any | None  # dashboard.data.DashboardData
+    fleet: Any | None  # cotenant.fleet.Fleet
+
+    def start(self) -> None:
+        """Start the analysis loop, the report schedule and the actuators' loop."""
+        for part in (self.analysis, self.reports, self.actions):
+            if part is not None:
+                part.start()
+
+    def stop(self) -> None:
+        """Stop those threads (before the collectors and the store close)."""
+        for part in (self.analysis, self.reports, self.actions):
+            if part is not None:
+                part.stop()
+
+    def close(self) -> None:
+        """Release the alert queue (alerts still queued stay pending: diagnosed at the next
+        start) and the fleet's Prometheus client."""
+        if self.alerts is not None:
+            self.alerts.close()
+        if self.fleet is not None:
+            self.fleet.close()
+
+
+def build_central(
+    config: Config,
+    store: Store,
+    registry: CollectorRegistry,
+    *,
+    clock_ns: Callable[[], int],
+    not_ready: Callable[[], str | None],
+    on_incident: OnIncident | None,
+) -> Central:
+    """Analysis, API, actuators, alerts, reports and dashboard over ``store`` (or Prometheus).
+    ``not_ready`` answers the readiness probe; ``on_incident`` hears the loop's incidents."""
+    ac = config.analysis
+    source: MetricSource = StoreSource(store)
+    fleet = None
+    if config.prometheus.url:
+        from cotenant.fleet import Fleet
+
+        fleet = Fleet(config, registry, clock_ns)
+        source = fleet.source
+    book = IncidentBook(
+        store,
+        gap_ns=int(ac.step_s * 1e9) * 10,
+        cooldown_ns=int(ac.cooldown_s * 1e9),
+    )
+    analyzer = Analyzer(
+        source,
+        book,
+        slo_ms=ac.slo_ms,
+        step_s=ac.step_s,
+        max_range_s=ac.max_range_h * 3600,
+        season_s=ac.season_s,
+        params=ac.spike_params(),
+        indicator_slo_ms=ac.indicator_slos(),
+    )
+    analysis = (
+        AnalysisLoop(
+            source,
+            book,
+            slo_ms=ac.slo_ms,
+            interval_s=ac.interval_s,
+            horizon_s=ac.horizon_s,
+            step_s=ac.step_s,
+            registry=registry,
+            clock_ns=clock_ns,
+            on_incident=on_incident,
+            reread_s=ac.reread_s,
+            params=ac.spike_params(),
+            indicator_slo_ms=ac.indicator_slos(),
+            batch_reads=fleet is not None,
+        )
+        if ac.enabled
+        else None
+    )
+    api = create_api(store, registry, not_ready, analyzer)
+    if fleet is not None:
+        fleet.add_routes(api, analyzer)
+    # Routers of actuators/ and alerts/ are included here, before the dashboard's mount.
+    actions = build_controller(
+        config.actuators,
+        store=store,
+        incidents=book,
+        source=source,
+        registry=registry,
+        clock_ns=clock_ns,
+        slo_ms=ac.slo_ms,
+        step_s=ac.step_s,
+    )
+    if actions is not None:
+        api.include_router(actions_router(actions, actions))
+    SloMetric(ac.slo_ms, registry)  # cotenant_slo_seconds, read by rules/
+    alerts = None
+    if config.alerts.enabled:
+        alerts = AlertReceiver(
+            store,
+            analyzer,
+            lookback_s=config.alerts.lookback_s,
+            lookahead_s=config.alerts.lookahead_s,
+            clock_ns=clock_ns,
+            registry=registry,
+        )
+        api.include_router(alerts_router(alerts))
+    reports = _reports(config, store, api, fleet, clock_ns)
+    central = Central(api, analyzer, analysis, actions, alerts, reports, None, fleet)
+    # The dashboard's catch-all mount at "/" comes last (routes match in order).
+    if config.dashboard.enabled:
+        central.dashboard = _mount_dashboard(config, store, source, central, clock_ns)
+    return central
+
+
+def _reports(
+    config: Config, store: Store, api: FastAPI, fleet: Any | None, clock_ns: Callable[[], int]
+) -> ReportScheduler | None:
+    """``/api/v1/reports/{week}/summary``, and the weekly scheduler when ``[report] schedule``
+    is set (None otherwise)."""
+    # fleet mode: the report's rollups come from Prometheus' recording rules
+    prepare = None if fleet is None else partial(fleet.import_rollups, store)
+    builder = report_builder(config, store, prepare)
+    api.include_router(reports_router(builder))
+    at = parse_schedule(config.report.schedule)
+    if at is None:
+        return None
+    formats = parse_formats(config.report.formats, "report.formats")
+    job = ReportJob(builder, config.report.dir, formats)
+    return ReportScheduler(at, job.run, clock_ns=clock_ns)
+
+
+def _mount_dashboard(
+    config: Config,
+    store: Store,
+    source: MetricSource,
+    central: Central,
+    clock_ns: Callable[[], int],
+) -> Any:
+    """The Dash app (``dashboard.data.DashboardData``, Flask under WSGI) mounted at "/" after
+    every other route, so the API, /metrics and the probes keep matching first."""
+    from a2wsgi import WSGIMiddleware
+
+    from dashboard.app import create_app
+    from dashboard.data import DashboardData
+
+    dc = config.dashboard
+    data = DashboardData(
+        store,
+        source=source,
+        drill=central.fleet.drill if central.fleet is not None else None,
+        book=central.analyzer.book,
+        slo_ms=config.analysis.slo_ms,
+        indicator_slo_ms=config.analysis.indicator_slos(),
+        clock_ns=clock_ns,
+    )
+    app = create_app(
+        data,
+        actions_control=central.actions,
+        report_dir=config.report.dir,
+        refresh_s=dc.refresh_s,
+        default_range=dc.default_range,
+    )
+    central.api.mount("/", WSGIMiddleware(app.server))  # type: ignore[arg-type]
+    return data
