@@ -176,12 +176,23 @@ class PrometheusSource:
             if blocks:
                 break
         reasons = self._clock_reasons(g, sel) if blocks else {}
+        # One GPU can be exposed twice (a node running both an agent and the DCGM exporter:
+        # their series differ in instance, and perhaps Hostname): a UUID names one GPU, so its
+        # series are averaged into one row, under the first of its hosts in sort order.
+        same: dict[tuple[str, ...], list[tuple[str, str, Fields]]] = defaultdict(list)
+        for ident, f in sorted(blocks.items()):
+            host, dev = promql.host_of(ident), promql.gpu_of(ident)
+            if gpu is None or dev == gpu:
+                same[(dev,) if ident[0] else (host, dev)].append((host, dev, f))
         out = []
-        for ident, f in blocks.items():
-            key = (promql.host_of(ident), promql.gpu_of(ident))
-            if gpu is None or key[1] == gpu:
-                f["clock_event_reasons"] = reasons.get(key, np.full(g.n, np.nan))
-                out.append((key, f, windows_with_data(f)))
+        for group in same.values():
+            host, dev, _ = group[0]
+            f = merge([fi for _, _, fi in group], means=tuple(GPU_WINDOWS.names))
+            f["clock_event_reasons"] = next(
+                (reasons[(h, d)] for h, d, _ in group if (h, d) in reasons),
+                np.full(g.n, np.nan),
+            )
+            out.append(((host, dev), f, windows_with_data(f)))
         return table(GPU_WINDOWS, g, ("host", "gpu"), out)
 
     def process_windows(

@@ -81,6 +81,20 @@ GPUS: list[dict[str, Any]] = [
         "fb_free": 10000.0,
         "reasons": ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", (0x1, 0x1)),
     },
+    {  # also served by a second target (DCGM_TWIN): one GPU, whoever exposes it
+        "labels": {"gpu": "3", "UUID": "GPU-cccc", "Hostname": "node-c"},
+        "util": 40.0,
+        "sm_active": None,
+        "copy": 10.0,
+        "dram": 0.1,
+        "tx": 1.0e6,
+        "rx": 1.0e6,
+        "power": 100.0,
+        "clock": 1500.0,
+        "fb_used": 2000.0,
+        "fb_free": 78000.0,
+        "reasons": ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", (0x0, 0x0)),
+    },
     {  # no UUID, lower-case hostname, profiling SM activity but no GPU_UTIL
         "labels": {"gpu": "2", "hostname": "node-b"},
         "util": None,
@@ -243,6 +257,18 @@ class FleetExporter:
         return "\n".join(out) + "\n"
 
 
+def dcgm_twin() -> str:
+    """A second exporter of GPU-cccc (a node running both an agent and the DCGM exporter: the
+    same GPU under another ``instance``), with utilisation 20 against the first's 40."""
+    ts = int(time.time() * 1000)
+    lb = _labels({"gpu": "3", "UUID": "GPU-cccc", "Hostname": "node-c"})
+    return (
+        f"DCGM_FI_DEV_GPU_UTIL{{{lb}}} 20.0 {ts}\n"
+        f"DCGM_FI_DEV_FB_USED{{{lb}}} 2000.0 {ts}\n"
+        f"DCGM_FI_DEV_FB_FREE{{{lb}}} 78000.0 {ts}\n"
+    )
+
+
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     """Prometheus' histogram_quantile: linear interpolation inside the first bucket whose
     cumulative share reaches ``q`` (the lowest bucket starts at 0)."""
@@ -269,7 +295,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     exporter = FleetExporter()
     with (
         TextExporter(exporter.render) as exp,
-        start_prometheus(tmp_path_factory.mktemp("prom"), [exp.target]) as prom,
+        TextExporter(dcgm_twin) as twin,
+        start_prometheus(tmp_path_factory.mktemp("prom"), [exp.target, twin.target]) as prom,
     ):
         # enough history for a 4 s rate window behind two 2 s windows
         wait_until(
@@ -311,7 +338,12 @@ def test_gpu_windows_carry_the_served_dcgm_values_in_store_units(fleet: Fleet) -
         ("node-a", "GPU-aaaa"),
         ("node-a", "GPU-bbbb"),
         ("node-b", "2"),  # no UUID: the index; lower-case hostname label
+        ("node-c", "GPU-cccc"),  # once, though two targets expose it
     }
+    for r in rows(t, gpu="GPU-cccc"):
+        assert r["sm_util"] == pytest.approx(30.0)  # the two exporters' mean
+        assert r["mem_used_bytes"] == pytest.approx(2000 * MIB)
+        assert r["mem_util"] == pytest.approx(10.0)  # from the one that exports it
     for r in rows(t, gpu="GPU-aaaa"):
         assert r["sm_util"] == pytest.approx(73.0)
         assert r["mem_util"] == pytest.approx(22.0)
