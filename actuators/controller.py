@@ -42,7 +42,7 @@ from actuators.records import IN_EFFECT, OPEN_STATES, ActionLog, ActionRecord, m
 from actuators.reroute_steps import CONTROLLER, RerouteSteps
 from actuators.settings import ActuatorSettings
 from actuators.verify import verify
-from analysis.incidents import Incident
+from analysis.incident_record import Incident
 from analysis.settings import AnalysisSettings
 from store.db import Store
 from store.errors import ActionError, BackendError, CotenantError, Forbidden, Unauthorized

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from actuators.policy import Policy
-from analysis.incidents import Incident
+from analysis.incident_record import Incident
 from store.queries import TimeRange
 from store.source import MetricSource
 

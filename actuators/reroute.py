@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from actuators.policy import RerouteRule, VerifyRule
-from analysis.incidents import Incident
+from analysis.incident_record import Incident
 from store.queries import TimeRange
 from store.source import MetricSource
 

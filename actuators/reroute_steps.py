@@ -17,7 +17,7 @@ from actuators.policy import Policy
 from actuators.proposals import Proposal
 from actuators.records import ActionLog, ActionRecord, moved
 from actuators.reroute import Plan, judge_step, propose_reroute
-from analysis.incidents import Incident
+from analysis.incident_record import Incident
 from store.errors import BackendError
 from store.source import MetricSource
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from analysis.diagnose import diagnose
 from analysis.episodes import SEVERITIES
-from analysis.incidents import STATES, IncidentBook
+from analysis.incident_record import STATES
+from analysis.incidents import IncidentBook
 from analysis.indicators import INDICATORS, indicator_slos
 from analysis.settings import AnalysisSettings
 from analysis.spikes import SpikeParams

@@ -19,7 +19,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from analysis.diagnose import Diagnosis, diagnose_windows, history_range
 from analysis.episodes import Carry
-from analysis.incidents import Incident, IncidentBook, IncidentEvent
+from analysis.incident_record import Incident, IncidentEvent
+from analysis.incidents import IncidentBook
 from analysis.indicators import E2E, TPOT, TTFT, indicator_slos
 from analysis.pass_reads import PassReads
 from analysis.replicas import annotate_replicas

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from analysis.incidents import Incident, IncidentEvent
+from analysis.incident_record import Incident, IncidentEvent
 from cotenant.argtypes import seconds
 from store.errors import CotenantError, UsageError
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from dash import dcc, html
 
-from analysis.incidents import Incident
+from analysis.incident_record import Incident
 from analysis.indicators import UNITS
 from dashboard.timerange import incident_range
 from store.timespec import format_ns

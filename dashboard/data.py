@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from analysis.incidents import Incident, IncidentBook
+from analysis.incident_record import Incident
+from analysis.incidents import IncidentBook
 from dashboard.theme import Colours
 from dashboard.timerange import Range
 from store.dashboard_queries import (

@@ -26,7 +26,8 @@ import pyarrow as pa
 from actuators.controller import ActionController
 from actuators.policy import Policy, load_policy
 from actuators.settings import ActuatorSettings
-from analysis.incidents import IncidentBook, IncidentEvent
+from analysis.incident_record import IncidentEvent
+from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop
 from evaluation.sim_backend import BackendEvent, SimulatorBackend
 from simulator.engine import Simulation

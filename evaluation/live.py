@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from analysis.incidents import IncidentBook, IncidentEvent
+from analysis.incident_record import IncidentEvent
+from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop
 from analysis.settings import AnalysisSettings
 from analysis.windows import gpu_windows

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from analysis.diagnose import diagnose_windows, history_range
-from analysis.incidents import Incident, IncidentBook
+from analysis.incident_record import Incident
+from analysis.incidents import IncidentBook
 from analysis.spikes import SpikeParams
 from analysis.windows import gpu_windows
 from store.db import Store

@@ -2,7 +2,7 @@
 
 One row per incident, rewritten in place (``INSERT OR REPLACE`` on ``id``) each time the
 analysis loop or a backfill merges a new diagnosis into it. ``detail`` is the incident's whole
-diagnosis as JSON (``analysis.incidents.Incident.to_dict()``); ``top_*`` copy its first known
+diagnosis as JSON (``analysis.incident_record.Incident.to_dict()``); ``top_*`` copy its first known
 cause so SQL (the weekly report, retention) can read it without parsing JSON. Merging
 diagnoses into incidents is :class:`analysis.incidents.IncidentBook`'s job; this module only
 moves rows.

@@ -10,7 +10,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, dcc, html
 
-from analysis.incidents import Incident
+from analysis.incident_record import Incident
 from analysis.indicators import E2E, UNITS
 from dashboard import figures, theme
 from dashboard.components import at, empty, error, fmt, incident_table, table, times
