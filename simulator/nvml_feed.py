@@ -295,12 +295,15 @@ def feed_rows(
 
 
 class FeedWriter:
-    """Writes a feed file: the header now, then :meth:`write` per tick (flushed, so a reader
-    following the file sees whole lines as the stream runs). OSError names the path."""
+    """Writes a feed file (replacing any file at ``path``): the header now, then :meth:`write`
+    per tick (flushed, so a reader following the file sees whole lines as the stream runs).
+    FeedError names the path when it cannot be written."""
 
     def __init__(self, path: Path, header: FeedHeader) -> None:
         self.path = path
         try:
+            # a new file, not the old one truncated: a reader tells a restart by the inode
+            path.unlink(missing_ok=True)
             self._f: IO[str] = path.open("w", encoding="utf-8")
         except OSError as exc:
             raise FeedError(f"{path}: cannot write the NVML feed ({exc.strerror})") from exc

@@ -1,0 +1,209 @@
+"""The simulated GPU across processes: ``cotenant simulate --nvml-feed`` writes the simulator's
+counter samples as JSON lines, :class:`simulator.nvml_feed_tail.FeedTail` (``cotenant agent
+--fake-nvml``) follows them into the FakeNvml that the real NVML collector polls; bad input is
+named by file and line and never stops the feed. Time is virtual (one manual wall clock)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from collectors.gpu_resolve import GpuResolver
+from collectors.nvml import NvmlCollector
+from cotenant.cli import main
+from simulator.engine import Simulation
+from simulator.nvml_feed import FeedWriter, header_for
+from simulator.nvml_feed_tail import FeedClock, FeedTail
+from simulator.scenario import Scenario
+from simulator.scenario_load import find_scenario, load_scenario
+from store.errors import UsageError
+
+T0 = 1_764_000_000_000_000_000
+S = 1_000_000_000
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.ns = T0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+
+    def __call__(self, table: str, batch: pa.Table) -> None:
+        self.rows.setdefault(table, []).extend(batch.to_pylist())
+
+
+@pytest.fixture
+def scenario() -> Scenario:
+    return load_scenario(find_scenario("demo"))
+
+
+def _tail(path: Path, wall: Wall, **kw: Any) -> FeedTail:
+    return FeedTail(path, clock=FeedClock(wall_ns=wall), **kw)
+
+
+def test_the_feed_drives_the_real_nvml_collector_sample_by_sample(
+    tmp_path: Path, scenario: Scenario
+) -> None:
+    path, wall = tmp_path / "feed.jsonl", Wall()
+    tail = _tail(path, wall)
+    sink = Sink()
+    collector = NvmlCollector(
+        tail.fake,
+        sink=sink,
+        resolver=GpuResolver(),
+        host="sim-node",
+        clock=tail.clock,
+        batch_interval_s=0.0,
+        process_interval_s=0.0,
+    )
+    tail.on_gpus = collector.rediscover_soon
+    tail.step()  # no file yet: waits
+    collector.open()
+    assert collector.devices() == []  # no GPU until the feed's header
+    # the stream started 2 s ago on the wall clock, at virtual time T0
+    sim = Simulation(scenario, start_ns=T0)
+    writer = FeedWriter(path, header_for(scenario, start_ns=T0, wall_start_ns=T0, speed=1.0))
+    sim.run_until(5.0)
+    gpu_rows, proc_rows = sim.take_samples()
+    writer.write(gpu_rows, proc_rows)
+    wall.ns = T0 + int(2.5 * S)
+    tail.step()
+    assert tail.bad_lines == 0 and tail.header is not None
+    collector.poll_once()
+    want = {f"GPU-{g.id}" for g in scenario.gpus}
+    assert {d.uuid for d in collector.devices()} == want
+    by_ts = {(r[0], r[2]): r for r in gpu_rows}
+    # the 2 s sample is set, the 3 s one waits for its time
+    got = {r["gpu"]: r for r in sink.rows["gpu_samples"]}
+    for g in scenario.gpus:
+        row = by_ts[(T0 + 2 * S, g.id)]
+        assert got[f"GPU-{g.id}"]["sm_util"] == round(row[3])
+        assert got[f"GPU-{g.id}"]["mem_used_bytes"] == row[10]
+    wall.ns = T0 + int(5.5 * S)
+    tail.step()
+    sink.rows.clear()
+    collector.poll_once()
+    got = {r["gpu"]: r for r in sink.rows["gpu_samples"]}
+    for g in scenario.gpus:
+        assert got[f"GPU-{g.id}"]["sm_util"] == round(by_ts[(T0 + 5 * S, g.id)][3])
+    # per-process SM: the mean of the samples of each busy process up to now
+    procs = sink.rows["process_samples"]
+    busy = {r[3] for r in proc_rows if r[2] is not None and r[6]}
+    assert busy and busy <= {r["pid"] for r in procs if r["sm_util"]}
+    for r in procs:
+        mine = [round(x[6]) for x in proc_rows if x[3] == r["pid"] and x[2] is not None]
+        if r["sm_util"] is not None and mine:
+            assert min(mine) <= r["sm_util"] <= max(mine)
+    assert tail.applied == sum(1 for r in proc_rows if r[2] is not None) + len(gpu_rows)
+    writer.close()
+    collector.stop()
+    tail.stop()
+
+
+def _header(tmp_path: Path, scenario: Scenario) -> tuple[Path, str]:
+    path = tmp_path / "feed.jsonl"
+    w = FeedWriter(path, header_for(scenario, start_ns=T0, wall_start_ns=T0, speed=1.0))
+    w.close()
+    return path, scenario.gpus[0].id
+
+
+def test_bad_lines_are_named_by_file_and_line_and_the_feed_goes_on(
+    tmp_path: Path, scenario: Scenario, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, gpu = _header(tmp_path, scenario)
+    good = {"kind": "gpu", "ts_ns": T0, "gpu": gpu, "sm_util": 77.0, "power_w": 300.0}
+    stranger = {"kind": "process", "ts_ns": T0, "pid": 424242, "sm_util": 5.0, "mem_util": 1.0}
+    lines = [
+        "this is not JSON",
+        json.dumps({**good, "gpu": "gpu-nowhere"}),
+        json.dumps({**good, "sm_util": "high"}),
+        json.dumps({**stranger, "used_memory_bytes": 1}),
+        json.dumps({"kind": "temperature", "ts_ns": T0}),
+        "[1, 2]",
+        json.dumps(good),
+    ]
+    with path.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+    wall = Wall()
+    tail = _tail(path, wall)
+    with caplog.at_level(logging.ERROR, "simulator.nvml_feed_tail"):
+        tail.step()
+    assert tail.bad_lines == 6
+    msgs = [r.getMessage() for r in caplog.records]
+    for n, what in (
+        (2, "not a JSON line"),
+        (3, "gpu 'gpu-nowhere': not one of the header's gpus"),
+        (4, "sm_util 'high': expected a finite number"),
+        (5, "pid 424242: not one of the header's processes"),
+        (6, "kind 'temperature'"),
+        (7, "expected a JSON object"),
+    ):
+        assert any(f"{path}:{n}: {what}" in m for m in msgs), (n, msgs)
+    # the good record after them still arrives
+    tail.fake.nvmlInit()
+    h = tail.fake.nvmlDeviceGetHandleByIndex(0)
+    assert tail.fake.nvmlDeviceGetUtilizationRates(h).gpu == 77
+    assert tail.fake.nvmlDeviceGetPowerUsage(h) == 300_000
+    tail.stop()
+
+
+def test_a_partial_line_waits_for_its_end_and_a_restarted_feed_is_followed(
+    tmp_path: Path, scenario: Scenario, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "feed.jsonl"
+    wall = Wall()
+    tail = _tail(path, wall)
+    path.write_text('{"kind": "header", "version": 1, "scenario": ')  # the writer is mid-line
+    with caplog.at_level(logging.ERROR, "simulator.nvml_feed_tail"):
+        tail.step()
+        assert tail.header is None and tail.bad_lines == 0
+        path.unlink()  # replaced (as FeedWriter does)
+        path.write_text('{"kind": "header", "version": 7}\n{"kind": "gpu"}\n')
+        tail.step()
+    assert tail.header is None and tail.bad_lines == 1  # the rest of that file is ignored
+    assert f"{path}:1: version 7: this cotenant reads 1" in caplog.text
+    # the stream restarts: a new file with a valid header is followed from its start
+    path.unlink()
+    _header(tmp_path, scenario)
+    tail.step()
+    assert tail.header is not None and tail.header.scenario == scenario.name
+    tail.fake.nvmlInit()
+    assert tail.fake.nvmlDeviceGetCount() == len(scenario.gpus)
+    tail.stop()
+
+
+def test_the_clock_follows_the_streams_virtual_time(tmp_path: Path, scenario: Scenario) -> None:
+    wall = Wall()
+    clock = FeedClock(wall_ns=wall)
+    assert clock() == T0  # the wall clock until a header maps it
+    h = header_for(scenario, start_ns=5 * S, wall_start_ns=T0, speed=10.0)
+    clock.follow(h)
+    wall.ns = T0 + 2 * S
+    assert clock() == 25 * S
+
+
+def test_usage_errors_name_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        FeedTail(tmp_path / "no-such-dir" / "feed.jsonl")
+    with pytest.raises(UsageError, match="a directory"):
+        FeedTail(tmp_path)
+    for argv, what in (
+        (["--out", str(tmp_path), "--nvml-feed", str(tmp_path / "f")], "goes with --otlp"),
+        (["--otlp", "http://127.0.0.1:9", "--speed", "max", "--nvml-feed", "f"], "--speed"),
+        (["--otlp", "http://127.0.0.1:9", "--nvml-feed", str(tmp_path / "x" / "f")],
+         "does not exist"),
+    ):  # fmt: skip
+        assert main(["simulate", "demo", *argv]) == 2
+        err = capsys.readouterr().err
+        assert "--nvml-feed" in err and what in err, err
