@@ -56,6 +56,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
         rollup_interval_s=cfg.store.rollup_interval_s if ag.rollups else 3600.0,
     )
     cfg = dataclasses.replace(cfg, store=store)
+    tail = None
+    if args.fake_nvml is not None:  # checked before anything starts
+        from simulator.nvml_feed_tail import FeedTail
+
+        tail = FeedTail(Path(args.fake_nvml))
     _configure_logging(cfg.log.level)
     import prometheus_client
 
@@ -63,13 +68,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     # no `_created` twin of every counter: it doubles the series a node sends to Prometheus
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    if args.fake_nvml is None:
+    if tail is None:
         Service(cfg, role="agent").run()
         return 0
-    from simulator.nvml_feed_tail import FeedTail
-
     # a simulated GPU instead of the driver: NVML on, samples named after the agent's node
-    tail = FeedTail(Path(args.fake_nvml))
     nvml = dataclasses.replace(cfg.nvml, enabled=True, host=cfg.nvml.host or ag.node)
     service = Service(
         dataclasses.replace(cfg, nvml=nvml), role="agent", nvml=tail.fake, clock_ns=tail.clock

@@ -153,7 +153,12 @@ class FeedTail:
             f = self.path.open("rb")
         except FileNotFoundError:
             if not self._waiting_logged:
-                log.info("fake NVML feed %s: waiting for the file", self.path)
+                log.warning(
+                    "fake NVML feed %s: no such file yet; no simulated GPU until "
+                    "`cotenant simulate … --nvml-feed %s` writes it",
+                    self.path,
+                    self.path,
+                )
                 self._waiting_logged = True
             return False
         except OSError as exc:

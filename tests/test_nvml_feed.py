@@ -198,6 +198,8 @@ def test_usage_errors_name_the_option(tmp_path: Path, capsys: pytest.CaptureFixt
         FeedTail(tmp_path / "no-such-dir" / "feed.jsonl")
     with pytest.raises(UsageError, match="a directory"):
         FeedTail(tmp_path)
+    assert main(["agent", "--fake-nvml", str(tmp_path / "no-such-dir" / "feed.jsonl")]) == 2
+    assert "no-such-dir does not exist" in capsys.readouterr().err
     for argv, what in (
         (["--out", str(tmp_path), "--nvml-feed", str(tmp_path / "f")], "goes with --otlp"),
         (["--otlp", "http://127.0.0.1:9", "--speed", "max", "--nvml-feed", "f"], "--speed"),
