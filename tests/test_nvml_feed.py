@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow as pa
 import pytest
+from fleet_rig import spawn, started
+from prometheus_client.parser import text_string_to_metric_families
+from promserver import wait_until
 
 from collectors.gpu_resolve import GpuResolver
 from collectors.nvml import NvmlCollector
 from cotenant.cli import main
 from simulator.engine import Simulation
-from simulator.nvml_feed import FeedWriter, header_for
+from simulator.nvml_feed import FeedWriter, header_for, sample_records
 from simulator.nvml_feed_tail import FeedClock, FeedTail
 from simulator.scenario import Scenario
 from simulator.scenario_load import find_scenario, load_scenario
@@ -209,3 +214,52 @@ def test_usage_errors_name_the_option(tmp_path: Path, capsys: pytest.CaptureFixt
         assert main(["simulate", "demo", *argv]) == 2
         err = capsys.readouterr().err
         assert "--nvml-feed" in err and what in err, err
+
+
+def test_an_agent_with_fake_nvml_publishes_the_simulated_gpu(
+    tmp_path: Path, scenario: Scenario
+) -> None:
+    """``cotenant agent --fake-nvml`` (started before the file exists): its /metrics carries
+    the feed's GPU counters under DCGM names and its processes' SM, named after the node; a bad
+    line is logged by file and line and the agent goes on."""
+    feed = tmp_path / "nvml.jsonl"
+    cmd = ["agent", "--store", str(tmp_path / "a.duckdb"), "--fake-nvml", str(feed)]
+    agent = started(spawn(cmd, tmp_path, "agent", {"COTENANT_AGENT_NODE": "node-x"}), tmp_path,
+                    "agent")  # fmt: skip
+    try:
+        now = time.time_ns()
+        writer = FeedWriter(feed, header_for(scenario, start_ns=now, wall_start_ns=now, speed=1))
+        sim = Simulation(scenario, start_ns=now)
+        sim.run_until(2.0)
+        gpu_rows, proc_rows = sim.take_samples()
+        writer.write(gpu_rows, proc_rows)
+        writer.close()
+        bad_at = 2 + len(sample_records(gpu_rows, proc_rows))
+        late = {"kind": "gpu", "ts_ns": now + int(2.5 * S), "gpu": "gpu0", "sm_util": 55.0}
+        with feed.open("a") as f:
+            f.write("{oops\n" + json.dumps(late) + "\n")
+        want = {f"GPU-{r[2]}": round(r[3]) for r in gpu_rows if r[0] == now + 2 * S}
+        want["GPU-gpu0"] = 55
+        busy = {str(r[3]) for r in proc_rows if r[2] is not None and r[6]}
+        seen: set[str] = (
+            set()
+        )  # processes the agent published busy (each read finds new samples once)
+
+        def published() -> dict[str, Any] | None:
+            text = httpx.get(f"{agent.api}/metrics", timeout=5).text
+            got: dict[str, Any] = {"gpu": {}, "pids": set()}
+            for fam in text_string_to_metric_families(text):
+                for smp in fam.samples:
+                    if smp.name == "DCGM_FI_DEV_GPU_UTIL":
+                        assert smp.labels["Hostname"] == "node-x", smp
+                        got["gpu"][smp.labels["UUID"]] = smp.value
+                    if smp.name == "cotenant_gpu_process_sm_utilization_ratio" and smp.value:
+                        got["pids"].add(smp.labels["pid"])
+            seen.update(got["pids"])
+            return got if got["gpu"] == want and busy <= seen else None
+
+        wait_until(published, "the agent to publish the feed's GPU counters", 30)
+        assert f"{feed}:{bad_at}: not a JSON line" in agent.log.read_text()
+        assert agent.proc.poll() is None
+    finally:
+        agent.stop()
