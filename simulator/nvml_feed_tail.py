@@ -35,6 +35,7 @@ from store.errors import FeedError, UsageError
 log = logging.getLogger(__name__)
 
 MAX_LOGGED = 10  # bad lines logged in full; the rest are only counted
+READ_BYTES = 1 << 22  # read at most this much per pass: a long feed is caught up in steps
 
 
 class FeedClock:
@@ -64,9 +65,11 @@ class FeedTail:
         clock: FeedClock | None = None,
         poll_s: float = 0.05,
         on_gpus: Callable[[], None] | None = None,
+        max_pending: int = 10_000,
     ) -> None:
         """UsageError when ``path`` is a directory or its directory does not exist (the
-        file itself may appear later)."""
+        file itself may appear later). At most ``max_pending`` GPU records wait for their
+        time (a header whose clock never reaches them): beyond, the oldest is applied early."""
         if path.is_dir():
             raise UsageError(f"--fake-nvml {path}: a directory, not a feed file")
         if not path.parent.is_dir():
@@ -76,10 +79,12 @@ class FeedTail:
         self.fake = FakeNvml(clock=self.clock)
         self.on_gpus = on_gpus
         self.poll_s = poll_s
+        self.max_pending = max_pending
         self.header: FeedHeader | None = None
         self.lines = 0  # lines read from the current file
         self.applied = 0  # records applied, all files
         self.bad_lines = 0
+        self.applied_early = 0  # GPU records applied before their time (max_pending)
         self._uuids: dict[str, str] = {}
         self._known: set[str] = set()  # GPU UUIDs added to the fake
         self._f: BinaryIO | None = None
@@ -91,6 +96,11 @@ class FeedTail:
         self._waiting_logged = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def pending(self) -> int:
+        """GPU records read and waiting for their time."""
+        return len(self._due)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -128,7 +138,7 @@ class FeedTail:
         f = self._f
         if f is None:
             return
-        data = f.read()
+        data = f.read(READ_BYTES)
         if data:
             self._pos += len(data)
             *lines, self._buf = (self._buf + data).split(b"\n")
@@ -200,6 +210,16 @@ class FeedTail:
             return
         if rec["kind"] == "gpu":
             self._due.append(rec)  # counters are "now" values: set them when their time comes
+            if len(self._due) > self.max_pending:
+                if self.applied_early == 0:
+                    log.warning(
+                        "fake NVML feed %s: more than %d GPU samples ahead of the clock "
+                        "(is the header's wall_start_ns right?); applying the oldest early",
+                        self.path,
+                        self.max_pending,
+                    )
+                self.applied_early += 1
+                self._apply(self._due.popleft(), None)
         else:
             self._apply(rec, self.lines)
 

@@ -198,6 +198,24 @@ def test_the_clock_follows_the_streams_virtual_time(tmp_path: Path, scenario: Sc
     assert clock() == 25 * S
 
 
+def test_samples_a_clock_never_reaches_are_bounded(tmp_path: Path, scenario: Scenario) -> None:
+    path = tmp_path / "feed.jsonl"
+    far = header_for(scenario, start_ns=T0, wall_start_ns=T0 + 3600 * S, speed=1.0)
+    w = FeedWriter(path, far)  # its clock reads an hour before T0 at T0
+    gpu = scenario.gpus[0].id
+    w.write([(T0 + i * S, "h", gpu, 10.0 * i, 0, 0, 0, 0, None, None, 0, 0, 100, 40, 1980,
+              1980, 0) for i in range(1, 6)], [])  # fmt: skip
+    w.close()
+    tail = _tail(path, Wall(), max_pending=3)
+    tail.step()
+    assert (tail.applied_early, tail.pending) == (2, 3)
+    tail.fake.nvmlInit()
+    assert (
+        tail.fake.nvmlDeviceGetUtilizationRates(tail.fake.nvmlDeviceGetHandleByIndex(0)).gpu == 20
+    )
+    tail.stop()
+
+
 def test_usage_errors_name_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(UsageError, match="does not exist"):
         FeedTail(tmp_path / "no-such-dir" / "feed.jsonl")
