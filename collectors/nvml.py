@@ -167,6 +167,11 @@ class NvmlCollector:
         with self._lock:
             return self._devs.devices()
 
+    def rediscover_soon(self) -> None:
+        """List the devices again at the next poll, not within ``rediscover_interval_s``
+        (a GPU was just added: a simulated one, for instance). Safe from any thread."""
+        self._devs.discover_at_next_poll()
+
     def start(self) -> None:
         """Poll on a daemon thread every ``poll_interval_s`` until :meth:`stop`."""
         self.open()

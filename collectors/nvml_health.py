@@ -255,6 +255,10 @@ class NvmlDevices:
 
     # ---- discovery -------------------------------------------------------------------
 
+    def discover_at_next_poll(self) -> None:
+        """Make :meth:`refresh` re-list the devices next time (one int store: thread-safe)."""
+        self._next_discover_ns = 0
+
     def discover(self, now: int) -> None:
         """(Re-)list the GPUs by index, keeping the state of those already known; a GPU
         that is down stays down (its backoff decides) unless NVML itself is re-initialising.

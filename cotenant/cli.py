@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from cotenant.config import Config, load_config
@@ -55,6 +56,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
         rollup_interval_s=cfg.store.rollup_interval_s if ag.rollups else 3600.0,
     )
     cfg = dataclasses.replace(cfg, store=store)
+    tail = None
+    if args.fake_nvml is not None:  # checked before anything starts
+        from simulator.nvml_feed_tail import FeedTail
+
+        tail = FeedTail(Path(args.fake_nvml))
     _configure_logging(cfg.log.level)
     import prometheus_client
 
@@ -62,7 +68,21 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     # no `_created` twin of every counter: it doubles the series a node sends to Prometheus
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    Service(cfg, role="agent").run()
+    if tail is None:
+        Service(cfg, role="agent").run()
+        return 0
+    # a simulated GPU instead of the driver: NVML on, samples named after the agent's node
+    nvml = dataclasses.replace(cfg.nvml, enabled=True, host=cfg.nvml.host or ag.node)
+    service = Service(
+        dataclasses.replace(cfg, nvml=nvml), role="agent", nvml=tail.fake, clock_ns=tail.clock
+    )
+    if service.nvml is not None:
+        tail.on_gpus = service.nvml.rediscover_soon
+    tail.start()
+    try:
+        service.run()
+    finally:
+        tail.stop()
     return 0
 
 
@@ -229,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the drill-down API (docs/fleet.md)",
     )
     common(agent)
+    agent.add_argument(
+        "--fake-nvml",
+        metavar="PATH",
+        help="for demos and tests: a simulated GPU instead of the driver, fed by "
+        "`cotenant simulate --otlp URL --nvml-feed PATH` (the file may appear later)",
+    )
     agent.set_defaults(func=cmd_agent)
 
     nvml = sub.add_parser(

@@ -78,88 +78,10 @@ def _fresh_store(path: str) -> None:
             f.unlink()
 
 
-def _fake_nvml(scenario: Any, clock: VirtualClock) -> tuple[Any, dict[str, str]]:
-    from collectors.fake_nvml import FakeNvml
-    from simulator.scenario_load import model_pid
-
-    fake = FakeNvml(clock=clock)
-    uuids: dict[str, str] = {}
-    for g in scenario.gpus:
-        uuids[g.id] = fake.add_gpu(
-            name=f"NVIDIA {g.type.name} (simulated)",
-            memory_total_bytes=int(g.type.memory_gib * 1024**3),
-            max_sm_clock_mhz=int(g.type.max_sm_clock_mhz),
-            uuid=f"GPU-{g.id}",
-            nvlink=False,
-        )
-    for m in scenario.models:
-        fake.add_process(
-            uuids[m.gpu],
-            model_pid(scenario, m.name),
-            name=m.name,
-            used_memory_bytes=int((m.memory_gib + m.kv_cache_gib) * 1024**3),
-        )
-    for p in scenario.processes:
-        if p.gpu is not None:
-            fake.add_process(
-                uuids[p.gpu], p.pid, name=p.name, used_memory_bytes=int(p.memory_gib * 1024**3)
-            )
-    return fake, uuids
-
-
-def _feed(
-    fake: Any,
-    uuids: dict[str, str],
-    gpu_rows: list[tuple[Any, ...]],
-    proc_rows: list[tuple[Any, ...]],
-) -> None:
-    """Counter samples of the simulator -> the FakeNvml the collector reads."""
-    for row in gpu_rows:
-        (
-            ts,
-            _host,
-            gid,
-            sm,
-            mem,
-            _dram,
-            tx,
-            rx,
-            _ntx,
-            _nrx,
-            used,
-            _total,
-            power,
-            temp,
-            clock,
-            _max_clock,
-            reasons,
-        ) = row
-        fake.set_gpu(
-            uuids[gid],
-            sm_util=sm,
-            mem_util=mem,
-            memory_used_bytes=used,
-            pcie_tx_bps=tx,
-            pcie_rx_bps=rx,
-            power_w=power,
-            temp_c=temp,
-            sm_clock_mhz=clock,
-            clock_event_reasons=reasons,
-        )
-    for row in proc_rows:
-        ts, _host, gid, pid, _name, _model, sm, mem, used = row[:9]
-        if gid is None or sm is None:
-            continue  # host-only process: NVML does not see it
-        try:
-            fake.record_process_util(pid, sm, mem or 0.0, ts_ns=ts)
-            fake.set_process_memory(pid, int(used or 0))
-        except KeyError:
-            continue
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from cotenant.config import load_config
     from cotenant.service import Service
+    from simulator.nvml_feed import fake_for, feed_rows
     from simulator.scenario_load import find_scenario, load_scenario
     from simulator.stream import stream
 
@@ -189,7 +111,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     _fresh_store(args.store)
     clock = VirtualClock(args.speed)
-    fake, uuids = _fake_nvml(scenario, clock)
+    fake, uuids = fake_for(scenario, clock)
     printer = _IncidentPrinter(clock)
     service = Service(cfg, nvml=fake, clock_ns=clock, on_incident=printer)
     runner = threading.Thread(target=service.run, name="cotenant-serve", daemon=True)
@@ -208,7 +130,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     def on_tick(sim: Any, v: float) -> None:
         g, p = sim.take_samples()
-        _feed(fake, uuids, g, p)
+        feed_rows(fake, uuids, g, p)
 
     try:
         stream(

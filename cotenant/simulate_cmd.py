@@ -6,9 +6,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from store.errors import UsageError
 from store.timespec import parse_time_ns
+
+if TYPE_CHECKING:
+    from simulator.nvml_feed import FeedWriter
+    from simulator.scenario import Scenario
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,6 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--otlp",
         metavar="URL",
         help="stream spans to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318",
+    )
+    p.add_argument(
+        "--nvml-feed",
+        type=Path,
+        metavar="PATH",
+        help="with --otlp: also write the simulated GPU's counter samples to PATH as JSON "
+        "lines, for an agent started with --fake-nvml PATH (docs/fleet.md); spans then name "
+        "the GPU by its NVML UUID",
     )
     p.add_argument(
         "--speed",
@@ -69,6 +82,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError("give exactly one of --out DIR or --otlp URL")
     scenario = load_scenario(find_scenario(str(args.scenario)))
     speed = _speed(args.speed)
+    if args.nvml_feed is not None and args.otlp is None:
+        raise UsageError("--nvml-feed goes with --otlp URL (a stream in wall time)")
+    if args.nvml_feed is not None and speed is None:
+        raise UsageError("--nvml-feed needs a paced stream: give --speed a number, not 'max'")
     if args.out is not None:
         start_ns = parse_time_ns(args.start, "--start") if args.start else None
         t0 = time.monotonic()
@@ -89,12 +106,57 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.stream import stream
 
     start_ns = parse_time_ns(args.start, "--start") if args.start else time.time_ns()
-    stats = stream(
-        scenario, args.otlp, speed=speed, start_ns=start_ns, progress=output.stderr_progress
-    )
+    feed = _Feed(args.nvml_feed, scenario, start_ns, speed) if args.nvml_feed else None
+    try:
+        stats = stream(
+            scenario,
+            args.otlp,
+            speed=speed,
+            start_ns=start_ns,
+            progress=output.stderr_progress,
+            gpu_names=None if feed is None else feed.uuids,
+            on_start=None if feed is None else feed.start,
+            on_tick=None if feed is None else feed.tick,
+        )
+    finally:
+        if feed is not None:
+            feed.close()
     print(
         f"{scenario.name}: streamed {stats.requests} requests "
         f"({stats.spans} spans) in {stats.wall_s:.1f} s",
         file=sys.stdout,
     )
     return 0
+
+
+class _Feed:
+    """``--nvml-feed``: the header when the stream starts, each tick's samples after it."""
+
+    def __init__(self, path: Path, scenario: Scenario, start_ns: int, speed: float | None) -> None:
+        from simulator.nvml_feed import gpu_uuid
+
+        if not path.parent.is_dir():
+            raise UsageError(f"--nvml-feed {path}: directory {path.parent} does not exist")
+        self.path, self.scenario, self.start_ns, self.speed = path, scenario, start_ns, speed
+        self.uuids = {g.id: gpu_uuid(g.id) for g in scenario.gpus}
+        self.writer: FeedWriter | None = None
+
+    def start(self, wall_start_ns: int) -> None:
+        from simulator.nvml_feed import FeedWriter, header_for
+
+        header = header_for(
+            self.scenario,
+            start_ns=self.start_ns,
+            wall_start_ns=wall_start_ns,
+            speed=self.speed or 1.0,
+        )
+        self.writer = FeedWriter(self.path, header)
+
+    def tick(self, sim: Any, _v: float) -> None:
+        g, p = sim.take_samples()
+        if self.writer is not None:
+            self.writer.write(g, p)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -151,10 +151,12 @@ def stream(
     gpu_names: dict[str, str] | None = None,
     stop: Callable[[], bool] = lambda: False,
     on_requests: Callable[[dict[str, list[Any]]], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> StreamStats:
     """Run ``scenario`` paced at ``speed`` x wall clock (None = as fast as possible), exporting
     spans to ``endpoint`` (an OTLP/HTTP base URL or ``…/v1/traces``). ``on_tick`` is called after
-    each step with the simulation and virtual time (to drive a FakeNvml, for example)."""
+    each step with the simulation and virtual time (to drive a FakeNvml, for example);
+    ``on_start`` once, with the wall clock (ns) at which virtual time 0 is paced from."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     url = (
@@ -174,6 +176,7 @@ def stream(
         gpu_names=gpu_names,
         stop=stop,
         on_requests=on_requests,
+        on_start=on_start,
     )
 
 
@@ -189,6 +192,7 @@ def stream_to(
     gpu_names: dict[str, str] | None = None,
     stop: Callable[[], bool] = lambda: False,
     on_requests: Callable[[dict[str, list[Any]]], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> StreamStats:
     sim = Simulation(scenario, start_ns=start_ns or time.time_ns())
     emitter = ScenarioSpanEmitter(scenario, exporter, gpu_names)
@@ -198,6 +202,8 @@ def stream_to(
     step = tick_s * (speed or 1.0) if speed else 5.0
     next_report = 0.0
     try:
+        if on_start is not None:
+            on_start(time.time_ns() - int((time.monotonic() - wall0) * 1e9))
         while v < scenario.duration_s and not stop():
             v = min(scenario.duration_s, v + step)
             sim.run_until(v)

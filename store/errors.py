@@ -19,6 +19,8 @@ so callers catch one family::
     ├── SourceError            a metric source (Prometheus) is down, too slow, or answers
     │                          something that is not its API (names URL, query, remedy)
     ├── ScenarioError          a simulator scenario file is invalid (names file, field, value)
+    ├── FeedError              a simulated-NVML feed (``cotenant simulate --nvml-feed``) has a
+    │                          bad header or record (the reader names the file and line)
     ├── TabularError           a tabular case (wide CSV) cannot be read or analysed (names the
     │                          file and what is wrong)
     ├── AuthError              a mutating API call lacks the bearer token
@@ -83,6 +85,11 @@ class QueryError(CotenantError):
 class ScenarioError(CotenantError):
     """A scenario file cannot be read or is invalid; the message names the file, the field path
     (e.g. ``models[1].kernel.sm_demand``) and the bad value."""
+
+
+class FeedError(CotenantError):
+    """A simulated-NVML feed file cannot be written, or a header or sample record in it is not
+    one; the message names the field (the reader adds the file and line)."""
 
 
 class TabularError(CotenantError):

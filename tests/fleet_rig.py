@@ -1,7 +1,8 @@
 """The fleet of the fleet tests: three ``cotenant agent`` processes on loopback, each fed one
-node's part of a three-node scenario by ``cotenant simulate --otlp``, a PromQL engine scraping
-them every second, and a central ``cotenant serve`` reading that engine (:func:`running_fleet`),
-with helpers to read what central serve shows."""
+node's part of a three-node scenario by ``cotenant simulate --otlp`` (spans) and ``--nvml-feed``
+(the simulated GPU, which the agent's real NVML collector polls through ``--fake-nvml``), a
+PromQL engine scraping them every second, and a central ``cotenant serve`` reading that engine
+(:func:`running_fleet`), with helpers to read what central serve shows."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from store.source import StoreSource
 
 ROOT = Path(__file__).resolve().parents[1]
 BURST = (30, 48)  # seconds of node A's scenario when sdxl's burst runs
+GPU_A = "GPU-gpu-a0"  # node A's GPU as NVML names it (and the spans, streamed with its feed)
 
 TTS = {
     "name": "tts",
@@ -160,13 +162,15 @@ def started(spawned: Spawned, tmp: Path, name: str) -> Proc:
 
 
 def embedded_top_cause(scenario: Path) -> tuple[str, str]:
-    """The top cause embedded mode names for tts on the same scenario (store, spans)."""
+    """The top cause embedded mode names for tts on the same scenario (store: spans, GPU and
+    per-process counters)."""
     s = load_scenario(scenario)
     t0 = 1_800_000_000 * 10**9
     r = output.run(s, start_ns=t0)
     store = Store(":memory:")
     try:
-        append_tables(store, {"requests": r.requests})
+        tables = {"requests": r.requests, "gpu_samples": r.gpu_samples}
+        append_tables(store, {**tables, "process_samples": r.process_samples})
         a = Analyzer(StoreSource(store), IncidentBook(store), slo_ms={"tts": 100.0}, step_s=1.0)
         got = a.diagnose("tts", t0, t0 + int(s.duration_s * 1e9))
     finally:
@@ -182,8 +186,8 @@ INCIDENT_PAGE = (
 )
 
 
-def dash_callback(api: str, output: str, inputs: list[dict[str, Any]]) -> str:
-    """A page callback's content as the browser gets it (Dash's JSON)."""
+def dash_response(api: str, output: str, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A page callback's content as the browser gets it (Dash's JSON: output id -> props)."""
     outs = [dict(zip(("id", "property"), o.rsplit(".", 1), strict=True)) for o in
             output.split("...")]  # fmt: skip
     body = {
@@ -195,7 +199,38 @@ def dash_callback(api: str, output: str, inputs: list[dict[str, Any]]) -> str:
     }
     r = httpx.post(f"{api}/_dash-update-component", json=body, timeout=30)
     assert r.status_code == 200, r.text
-    return str(r.json()["response"])
+    return dict(r.json()["response"])
+
+
+def dash_callback(api: str, output: str, inputs: list[dict[str, Any]]) -> str:
+    """A page callback's content, as text to search."""
+    return str(dash_response(api, output, inputs))
+
+
+def table_rows(tree: Any, table_id: str) -> list[list[str]]:
+    """The body rows (cell texts) of the table with id ``table_id`` in a Dash response."""
+
+    def text(node: Any) -> str:
+        if isinstance(node, dict):
+            return text(node.get("props", {}).get("children"))
+        if isinstance(node, list):
+            return "".join(text(x) for x in node)
+        return "" if node is None else str(node)
+
+    def find(node: Any) -> Any:
+        if isinstance(node, dict):
+            if node.get("props", {}).get("id") == table_id:
+                return node
+            node = list(node.values())
+        if isinstance(node, list):
+            return next((t for t in map(find, node) if t is not None), None)
+        return None
+
+    table = find(tree)
+    if table is None:
+        return []
+    body = table["props"]["children"][1]["props"]["children"]
+    return [[text(td) for td in tr["props"]["children"]] for tr in body]
 
 
 def incident_page(api: str, incident_id: str) -> str:
@@ -216,12 +251,13 @@ Engine = Callable[[Path, list[str]], contextlib.AbstractContextManager[Any]]
 @contextlib.contextmanager
 def running_fleet(tmp_path: Path, engine: Engine) -> Iterator[dict[str, Any]]:
     """The fleet, streams started; yields ``tmp, prom (the engine), agents, central,
-    scenarios``; stops everything on exit."""
+    scenarios, feeds`` (each node's NVML feed file); stops everything on exit."""
     scenarios = node_scenarios(tmp_path)
     ports = {n: free_port() for n in scenarios}
+    feeds = {n: tmp_path / f"nvml-{n}.jsonl" for n in scenarios}
     spawned = {
         n: spawn(
-            ["agent", "--store", str(tmp_path / f"agent-{n}.duckdb")],
+            ["agent", "--store", str(tmp_path / f"agent-{n}.duckdb"), "--fake-nvml", str(feeds[n])],
             tmp_path,
             f"agent-{n}",
             {
@@ -249,6 +285,8 @@ def running_fleet(tmp_path: Path, engine: Engine) -> Iterator[dict[str, Any]]:
                         str(p),
                         "--otlp",
                         agents[n].otlp,
+                        "--nvml-feed",
+                        str(feeds[n]),
                         "--no-truth",
                     ],
                     cwd=ROOT,
@@ -280,6 +318,7 @@ def running_fleet(tmp_path: Path, engine: Engine) -> Iterator[dict[str, Any]]:
                 "agents": agents,
                 "central": central,
                 "scenarios": scenarios,
+                "feeds": feeds,
             }
     finally:
         for s in streams:

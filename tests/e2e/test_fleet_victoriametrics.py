@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from fleet_rig import embedded_top_cause, running_fleet, top_cause
+from fleet_rig import GPU_A, embedded_top_cause, running_fleet, top_cause
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from promserver import (
     needs_prometheus,
@@ -152,7 +152,7 @@ def test_central_serve_over_victoriametrics_opens_the_incident_and_drills_down(
             )
 
         inc = wait_until(opened, "central serve over VictoriaMetrics to open tts's incident", 90)
-        assert top_cause(inc) == expected and inc["gpu"] == "gpu-a0", inc
+        assert top_cause(inc) == expected and inc["gpu"] == GPU_A, inc
         drill = httpx.get(f"{api}/api/v1/incidents/{inc['id']}/requests", timeout=10).json()
         assert [a["node"] for a in drill["agents"]] == ["node-a"] and drill["requests"], drill
         assert {q["host"] for q in drill["requests"]} == {"node-a"}
