@@ -160,7 +160,7 @@ class IngestPipeline:
             for source, n in Counter(res.requests.column("source").to_pylist()).items():
                 m.requests_ingested.labels(source).inc(n)
             m.durations.observe_requests(res.requests)
-            m.token_times.observe_requests(res.requests)
+            m.tokens.observe_requests(res.requests)
 
     def count_refused(self, protocol: str, reason: str) -> None:
         """Count a whole export refused before decoding (bad body, too large, …)."""

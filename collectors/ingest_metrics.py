@@ -113,6 +113,11 @@ TPOT_BUCKETS_S: tuple[float, ...] = (
 ms per token falls within 41 % of a bound (Prometheus' default buckets jump 10 -> 25 ms, and a
 minute at 10.1 ms/token read as over a 12 ms SLO)."""
 
+TOKEN_COUNT_BUCKETS: tuple[float, ...] = (
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000,
+)  # fmt: skip
+"""Prompt and output length buckets (tokens), as vLLM's ``request_*_tokens`` histograms."""
+
 TOKEN_SERIES: tuple[tuple[str, str, tuple[float, ...]], ...] = (
     ("cotenant_time_to_first_token_seconds", "Time to first token of generative models",
      TTFT_BUCKETS_S),
@@ -121,42 +126,53 @@ TOKEN_SERIES: tuple[tuple[str, str, tuple[float, ...]], ...] = (
         "Time per output token of generative models: (latency - TTFT) / (output tokens - 1)",
         TPOT_BUCKETS_S,
     ),
+    ("cotenant_request_prompt_tokens", "Prompt length of generative models' requests (tokens)",
+     TOKEN_COUNT_BUCKETS),
+    ("cotenant_request_output_tokens", "Output length of generative models' requests (tokens)",
+     TOKEN_COUNT_BUCKETS),
 )  # fmt: skip
-"""(name, help, bucket bounds in seconds) of the token histograms, TTFT then TPOT."""
+"""(name, help, bucket bounds) of the token histograms: TTFT and TPOT (seconds), prompt and
+output lengths (tokens), in the order of :func:`token_values`."""
 
 
-class TokenTimeHistogram:
-    """``cotenant_time_to_first_token_seconds{model,gpu}`` and
-    ``cotenant_time_per_output_token_seconds{model,gpu}``: the requests that carry a TTFT
-    (and, for TPOT, more than one output token); other rows are not counted."""
+class TokenHistograms:
+    """The histograms of :data:`TOKEN_SERIES`, per ``{model, gpu}``, over the requests that
+    carry token information (a TTFT or token counts); each counts the rows where its value is
+    known (TPOT: a TTFT and more than one output token)."""
 
     def __init__(self) -> None:
         self._bounds = [np.asarray(b, dtype=np.float64) for _, _, b in TOKEN_SERIES]
-        self._nb = len(TTFT_BUCKETS_S) + 1  # both series have as many buckets
-        # (model, gpu) -> (counts [series, bucket], sums [series])
+        # every series' buckets (and +Inf) side by side in one row per (model, gpu)
+        self._offsets = np.cumsum([0] + [len(b) + 1 for b in self._bounds])
+        # (model, gpu) -> (counts [buckets of every series], sums [series])
         self._state: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def observe_requests(self, table: pa.Table) -> None:
-        """Add the rows of a ``requests`` batch that carry a TTFT (milliseconds)."""
-        if table.num_rows == 0 or table["ttft_ms"].null_count == table.num_rows:
+        """Add the rows of a ``requests`` batch that carry a TTFT or token counts."""
+        if table.num_rows == 0:
             return
-        t = table.filter(pc.is_valid(table["ttft_ms"]))
+        has = pc.or_(
+            pc.is_valid(table["ttft_ms"]),
+            pc.or_(pc.is_valid(table["prompt_tokens"]), pc.is_valid(table["output_tokens"])),
+        )
+        t = table.filter(has)
+        if t.num_rows == 0:
+            return
         keys = pc.binary_join_element_wise(
             pc.fill_null(t["model"], ""), pc.fill_null(t["gpu"], ""), "\x00"
         )
         enc = pc.dictionary_encode(keys).combine_chunks()
         codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         groups = [str(k).split("\x00", 1) for k in enc.dictionary.to_pylist()]
-        ng, nb = len(groups), self._nb
-        ttft, tpot = token_times_s(t)
-        counts = np.zeros((ng, 2, nb), dtype=np.int64)
-        sums = np.zeros((ng, 2), dtype=np.float64)
-        for k, v in enumerate((ttft, tpot)):
+        ng, width = len(groups), int(self._offsets[-1])
+        counts = np.zeros((ng, width), dtype=np.int64)
+        sums = np.zeros((ng, len(TOKEN_SERIES)), dtype=np.float64)
+        for k, v in enumerate(token_values(t)):
             ok = np.isfinite(v)
-            idx = np.searchsorted(self._bounds[k], v[ok], side="left")
+            idx = np.searchsorted(self._bounds[k], v[ok], side="left") + self._offsets[k]
             c = codes[ok]
-            counts[:, k, :] = np.bincount(c * nb + idx, minlength=ng * nb).reshape(ng, nb)
+            counts += np.bincount(c * width + idx, minlength=ng * width).reshape(ng, width)
             sums[:, k] = np.bincount(c, weights=v[ok], minlength=ng)
         with self._lock:
             _accumulate(self._state, groups, counts, sums)
@@ -168,23 +184,25 @@ class TokenTimeHistogram:
             snapshot = [(k, c.copy(), s.copy()) for k, (c, s) in self._state.items()]
         for (model, gpu), counts, sums in snapshot:
             for k, fam in enumerate(fams):
-                cum = np.cumsum(counts[k])
+                cum = np.cumsum(counts[self._offsets[k] : self._offsets[k + 1]])
+                if cum[-1] == 0:
+                    continue  # a model with token counts but no TTFT: no TTFT series
                 fam.add_metric(
                     [model, gpu], list(zip(les[k], cum.tolist(), strict=True)), float(sums[k])
                 )
         yield from fams
 
 
-def token_times_s(t: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Each ``requests`` row's time to first token and time per output token, in seconds:
-    NaN where unknown (TPOT = (latency - TTFT) / (output tokens - 1) needs a TTFT and more
-    than one output token)."""
+def token_values(t: pa.Table) -> tuple[np.ndarray, ...]:
+    """Each ``requests`` row's TTFT and TPOT (seconds), prompt and output tokens: NaN where
+    unknown (TPOT = (latency - TTFT) / (output tokens - 1) needs a TTFT and more than one
+    output token)."""
     ttft = _floats(t["ttft_ms"]) / 1e3
     out = _floats(t["output_tokens"])
     lat = _floats(t["latency_ms"]) / 1e3
     with np.errstate(invalid="ignore"):
         tpot = np.where(out > 1, (lat - ttft) / np.fmax(out - 1, 1), np.nan)
-    return ttft, tpot
+    return ttft, tpot, _floats(t["prompt_tokens"]), out
 
 
 def _floats(col: pa.ChunkedArray) -> np.ndarray:
@@ -280,8 +298,8 @@ class IngestMetrics:
             durations = RequestDurationHistogram()
             registry.register(durations)
         self.durations: RequestObserver = durations
-        self.token_times = TokenTimeHistogram()
-        registry.register(self.token_times)
+        self.tokens = TokenHistograms()
+        registry.register(self.tokens)
 
     def bind_queue(
         self, depth: Callable[[], float], capacity: float, pending: Callable[[], float]

@@ -320,19 +320,32 @@ class PrometheusSource:
     def token_windows(
         self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
     ) -> pa.Table:
-        """From vLLM's ``vllm:time_to_first_token_seconds``,
-        ``vllm:time_per_output_token_seconds``, ``vllm:request_prompt_tokens`` and
-        ``vllm:request_generation_tokens`` histograms; ``count`` is the requests that got a
-        first token in the window. Models whose exporter has none of them are absent."""
+        """From cotenant's token histograms (agents: TTFT, TPOT, prompt and output tokens per
+        model and GPU) and, for models that have none, vLLM's
+        ``vllm:time_to_first_token_seconds``, ``vllm:time_per_output_token_seconds``,
+        ``vllm:request_prompt_tokens`` and ``vllm:request_generation_tokens``; ``count`` is
+        the requests that got a first token in the window. Models with none are absent."""
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return TOKEN_WINDOWS.empty_table()
         window = promql.duration(max(g.step, 4 * self._scrape_ns))
+        placed: dict[tuple[str, str], list[Fields]] = defaultdict(list)
+        own_sel = "" if gpu is None else f"gpu={promql.quote(gpu)}"
+        own = promql.token_query(
+            own_sel, window, lengths=lengths, names=promql.OWN_TOKENS, by=promql.OWN_TOKENS_BY
+        )
+        for (mdl, dev), f in self._api.blocks(own, g, ("model", "gpu")).items():
+            if mdl:
+                placed[(mdl, dev)].append(f)
+        mine = {mdl for mdl, _ in placed}  # the agents' series win over vLLM's
         by = ("model_name", "", "namespace", "pod")
         blocks = self._api.blocks(promql.token_query("", window, lengths=lengths), g, by)
+        vllm = ((i, f) for i, f in blocks.items() if i[0] not in mine)
+        for key, fs in self._place(vllm, g).items():
+            placed[key] += fs
         nan = np.full(g.n, np.nan)
         out = []
-        for key, fs in self._place(blocks.items(), g).items():
+        for key, fs in placed.items():
             if gpu is not None and key[1] != gpu:
                 continue
             f = merge(fs, means=promql.TOKEN_QUANTILES)

@@ -336,25 +336,44 @@ TOKEN_QUANTILES = ("ttft_p99", "tpot_p99", "prompt_p99", "output_p99")
 """Fields of :func:`token_query` that are quantiles (averaged, not added, across series)."""
 
 
-def token_query(m: str, r: str, *, lengths: bool = False) -> str:
-    """vLLM's TTFT and TPOT histograms (seconds) and its prompt / generation token histograms
-    per (model_name, namespace, pod): ``<x>_sum`` and ``<x>_n`` (per second) and ``<x>_p99``
-    for ``x`` in ttft, tpot, prompt, output (the token counts' p99 only with ``lengths``).
-    TPOT's count is of output tokens, not requests."""
-    by = "model_name, namespace, pod"
+VLLM_TOKENS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "tpot": "vllm:time_per_output_token_seconds",
+    "prompt": "vllm:request_prompt_tokens",
+    "output": "vllm:request_generation_tokens",
+}
+"""vLLM's token histograms, by :func:`token_query` field prefix."""
+OWN_TOKENS = {
+    "ttft": "cotenant_time_to_first_token_seconds",
+    "tpot": "cotenant_time_per_output_token_seconds",
+    "prompt": "cotenant_request_prompt_tokens",
+    "output": "cotenant_request_output_tokens",
+}
+"""cotenant's (agents' and serve's ``/metrics``) token histograms, by field prefix."""
+VLLM_TOKENS_BY = "model_name, namespace, pod"
+OWN_TOKENS_BY = "model, gpu"
+
+
+def token_query(
+    m: str,
+    r: str,
+    *,
+    lengths: bool = False,
+    names: Mapping[str, str] = VLLM_TOKENS,
+    by: str = VLLM_TOKENS_BY,
+) -> str:
+    """The TTFT and TPOT histograms (seconds) and the prompt / output token histograms of
+    ``names`` (vLLM's by default, per model_name, namespace and pod), summed ``by`` these
+    labels: ``<x>_sum`` and ``<x>_n`` (per second) and ``<x>_p99`` for ``x`` in ttft, tpot,
+    prompt, output (the token counts' p99 only with ``lengths``). vLLM's TPOT count is of
+    output tokens, cotenant's of requests; either way ``tpot_sum / tpot_n`` is a mean TPOT."""
     parts: dict[str, str] = {}
-    for x, metric in (
-        ("ttft", "time_to_first_token_seconds"),
-        ("tpot", "time_per_output_token_seconds"),
-        ("prompt", "request_prompt_tokens"),
-        ("output", "request_generation_tokens"),
-    ):
-        parts[f"{x}_sum"] = f"sum by ({by}) (rate(vllm:{metric}_sum{{{m}}}[{r}]))"
-        parts[f"{x}_n"] = f"sum by ({by}) (rate(vllm:{metric}_count{{{m}}}[{r}]))"
+    for x, metric in names.items():
+        parts[f"{x}_sum"] = f"sum by ({by}) (rate({metric}_sum{{{m}}}[{r}]))"
+        parts[f"{x}_n"] = f"sum by ({by}) (rate({metric}_count{{{m}}}[{r}]))"
         if lengths or x in ("ttft", "tpot"):
             parts[f"{x}_p99"] = (
-                f"histogram_quantile(0.99, sum by ({by}, le) "
-                f"(rate(vllm:{metric}_bucket{{{m}}}[{r}])))"
+                f"histogram_quantile(0.99, sum by ({by}, le) (rate({metric}_bucket{{{m}}}[{r}])))"
             )
     return union(parts)
 

@@ -16,8 +16,8 @@ seconds, for ``promtool tsdb create-blocks-from openmetrics``:
   per-process GPU ratios and memory, and host CPU per program: the newest sample at or
   before each scrape, as the agent's gauges show the latest poll;
 * ``cotenant_request_errors_total{node,model,gpu}``;
-* for generative models, ``cotenant_time_to_first_token_seconds{model,gpu}`` and
-  ``cotenant_time_per_output_token_seconds{model,gpu}`` (the agent's token histograms).
+* for generative models, the agent's token histograms
+  (:data:`collectors.ingest_metrics.TOKEN_SERIES`: TTFT, TPOT, prompt and output tokens).
 
 Vectorised per (model, GPU) and per series; one scenario of ten minutes is ~10^4 lines.
 """
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S
-from collectors.ingest_metrics import TOKEN_SERIES, token_times_s
+from collectors.ingest_metrics import TOKEN_SERIES, token_values
 from collectors.nvml_metrics import CLOCK_EVENT_REASONS, DCGM_SERIES, GPU_SERIES
 from store.schema import PHASE_COLUMNS, PHASES
 
@@ -135,8 +135,8 @@ def request_families(
                                les if phase == "total" else ["+Inf"],
                                cum if phase == "total" else total[:, None], total,
                                s.cumsum(), ts_s)  # fmt: skip
-        # TTFT / TPOT of generative models, as the agent's TokenTimeHistogram: {model, gpu}
-        for (name, _, tb), v in zip(TOKEN_SERIES, token_times_s(t), strict=True):
+        # TTFT, TPOT and token counts of generative models, as the agent's TokenHistograms
+        for (name, _, tb), v in zip(TOKEN_SERIES, token_values(t), strict=True):
             has = ok & np.isfinite(v)
             if has.any():
                 c, cnt, sm = _cumulative(k[has], v[has], np.asarray(tb), n)

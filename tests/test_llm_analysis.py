@@ -316,7 +316,7 @@ def test_ingest_histograms_of_ttft_and_tpot_count_only_requests_with_tokens(runs
     _, sim = runs["decode"]
     reg = CollectorRegistry()
     m = IngestMetrics(reg)
-    m.token_times.observe_requests(sim.requests)
+    m.tokens.observe_requests(sim.requests)
     text = generate_latest(reg).decode()
     r = sim.requests
     chat = np.asarray([x == "chat" for x in r.column("model").to_pylist()])
