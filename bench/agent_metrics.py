@@ -78,8 +78,8 @@ def _agent(
     return svc, t
 
 
-def _fleet_nvml(gpus: int, processes: int) -> tuple[FakeNvml, list[str]]:
-    fake = FakeNvml()
+def _fleet_nvml(gpus: int, processes: int, timed: bool = False) -> tuple[FakeNvml, list[str]]:
+    fake = _TimedNvml() if timed else FakeNvml()
     uuids = [fake.add_gpu() for _ in range(gpus)]
     rng = np.random.default_rng(5)
     for u in uuids:
@@ -207,20 +207,79 @@ def _cpu_of_this_process() -> float:
     return r.ru_utime + r.ru_stime
 
 
+class _TimedNvml(FakeNvml):
+    """FakeNvml that adds up the CPU time its ``nvml*`` calls take (``time.thread_time``):
+    what the real driver's ioctls would cost instead is not this, so the bench reports the
+    agent's CPU with and without it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cpu_s = 0.0
+        for name in dir(FakeNvml):
+            if name.startswith("nvml") and callable(getattr(FakeNvml, name)):
+                setattr(self, name, self._timed(getattr(self, name)))
+
+    def _timed(self, fn: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.cpu_s += time.thread_time() - t0
+
+        return call
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_by_thread() -> dict[str, float]:
+    """CPU seconds (user + system) of each live thread of this process, by Python thread name
+    (``native:<tid>`` for threads Python did not start: DuckDB's, Arrow's)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / _TICK
+        tid = int(task.name)
+        name = names.get(tid, f"native:{tid}")
+        name = "AnyIO worker thread" if name.startswith("AnyIO worker") else name
+        out[name] = out.get(name, 0.0) + cpu
+    return out
+
+
+def _thread_shares(
+    before: dict[str, float], after: dict[str, float], wall: float
+) -> dict[str, float]:
+    shares = {k: (v - before.get(k, 0.0)) / wall for k, v in after.items()}
+    return {k: round(v, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
 def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    fake, _ = _fleet_nvml(args.gpus, args.processes)
+    fake, _ = _fleet_nvml(args.gpus, args.processes, timed=True)
+    assert isinstance(fake, _TimedNvml)
     svc, t = _agent(tmp, fake, procfs=True, ack=args.ack)
     try:
         assert svc.endpoints is not None and svc.endpoints.otlp_http is not None
         time.sleep(3)  # let start-up work settle
-        c0, w0 = _cpu_of_this_process(), time.monotonic()
+        c0, w0, f0, t0 = _cpu_of_this_process(), time.monotonic(), fake.cpu_s, _cpu_by_thread()
         time.sleep(args.seconds)
-        idle = (_cpu_of_this_process() - c0) / (time.monotonic() - w0)
+        wall = time.monotonic() - w0
+        idle = (_cpu_of_this_process() - c0) / wall
+        idle_fake = (fake.cpu_s - f0) / wall
+        idle_threads = _thread_shares(t0, _cpu_by_thread(), wall)
         sender = _sender(svc.endpoints.otlp_http, args.rps, args.seconds + 2)
         time.sleep(2)  # the sender's start-up (imports) is not load
-        c0, w0 = _cpu_of_this_process(), time.monotonic()
+        c0, w0, f0, t0 = _cpu_of_this_process(), time.monotonic(), fake.cpu_s, _cpu_by_thread()
         time.sleep(args.seconds)
-        loaded = (_cpu_of_this_process() - c0) / (time.monotonic() - w0)
+        wall = time.monotonic() - w0
+        loaded = (_cpu_of_this_process() - c0) / wall
+        loaded_fake = (fake.cpu_s - f0) / wall
+        loaded_threads = _thread_shares(t0, _cpu_by_thread(), wall)
         sender.wait(60)
         n = httpx.get(f"{svc.endpoints.api}/metrics").text
         count = sum(
@@ -237,6 +296,12 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "cpu_share_idle": round(idle, 4),
             "cpu_share_loaded": round(loaded, 4),
             "cpu_share_of_the_load": round(loaded - idle, 4),
+            # FakeNvml's own Python (stands in for the driver's ioctls), inside the figures above
+            "fake_nvml_share_idle": round(idle_fake, 4),
+            "fake_nvml_share_loaded": round(loaded_fake, 4),
+            "cpu_share_loaded_without_fake_nvml": round(loaded - loaded_fake, 4),
+            "threads_idle": idle_threads,
+            "threads_loaded": loaded_threads,
         }
     finally:
         svc.stop()
