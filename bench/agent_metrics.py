@@ -67,6 +67,8 @@ def _agent(
             "COTENANT_PROCFS_ENABLED": "true" if procfs else "false",
             "COTENANT_LOG_LEVEL": "warning",
             "COTENANT_STORE_ACK": ack,
+            # as `cotenant agent` runs it ([agent] rollups = false: hourly; cotenant/cli.py)
+            "COTENANT_STORE_ROLLUP_INTERVAL_S": "3600",
             # any other key from the environment, e.g. COTENANT_STORE_ROLLUP_INTERVAL_S
             **{k: v for k, v in os.environ.items() if k.startswith("COTENANT_")},
         }
