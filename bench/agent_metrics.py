@@ -44,7 +44,7 @@ import pyarrow as pa  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from collectors.fake_nvml import FakeNvml  # noqa: E402
-from cotenant.config import load_config  # noqa: E402
+from cotenant.config import AgentSettings, load_config  # noqa: E402
 from cotenant.service import Service  # noqa: E402
 from store.schema import PHASE_COLUMNS, arrow_schema  # noqa: E402
 
@@ -67,8 +67,10 @@ def _agent(
             "COTENANT_PROCFS_ENABLED": "true" if procfs else "false",
             "COTENANT_LOG_LEVEL": "warning",
             "COTENANT_STORE_ACK": ack,
-            # as `cotenant agent` runs it ([agent] rollups = false: hourly; cotenant/cli.py)
+            # as `cotenant agent` runs it ([agent] rollups = false: hourly, [agent]
+            # flush_interval_s; cotenant/cli.py)
             "COTENANT_STORE_ROLLUP_INTERVAL_S": "3600",
+            "COTENANT_STORE_FLUSH_INTERVAL_S": str(AgentSettings.flush_interval_s),
             # any other key from the environment, e.g. COTENANT_STORE_ROLLUP_INTERVAL_S
             **{k: v for k, v in os.environ.items() if k.startswith("COTENANT_")},
         }
