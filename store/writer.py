@@ -448,6 +448,12 @@ def _minutes(table: str, data: pa.Table) -> np.ndarray:
     col = {"requests": "ts_end_ns"}.get(table, "ts_ns")
     if col not in data.column_names:
         return np.empty(0, dtype=np.int64)
+    column = data.column(col)
     # nulls would turn the column into float64 (NaN, and ns rounded to the wrong minute)
-    ts = data.column(col).drop_null().to_numpy(zero_copy_only=False)
+    ts = (column.drop_null() if column.null_count else column).to_numpy(zero_copy_only=False)
+    if ts.size == 0:
+        return np.empty(0, dtype=np.int64)
+    lo, hi = int(ts.min()) // MINUTE_NS, int(ts.max()) // MINUTE_NS
+    if lo == hi:  # the usual batch (a fraction of a second of rows): no sort
+        return np.array([lo * MINUTE_NS], dtype=np.int64)
     return np.unique(ts // MINUTE_NS) * MINUTE_NS

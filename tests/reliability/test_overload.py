@@ -168,6 +168,11 @@ def test_a_flood_on_a_stalled_store_gets_503s_then_everything_acked_is_stored(
         assert healthy(svc)
         text = httpx.get(f"{svc.endpoints.api}/metrics", timeout=10).text
         assert "cotenant_otlp_inflight_bytes 0.0" in text  # every hold released
+        # samples (procfs, NVML) wait up to store.flush_interval_s in the queue: poll
+        deadline = time.monotonic() + 30
+        while "cotenant_store_queue_bytes 0.0" not in text and time.monotonic() < deadline:
+            time.sleep(0.1)
+            text = httpx.get(f"{svc.endpoints.api}/metrics", timeout=10).text
         assert "cotenant_store_queue_bytes 0.0" in text
     finally:
         svc.stop()
