@@ -64,6 +64,7 @@ class _Pair:
     """One (model, gpu): total bucket counts, bucket counts per phase (None until a request
     spent time in it), sums (total, then each phase) and the exemplar of each total bucket."""
 
+    index: int  # its row in FleetHistogram's dense arrays; the arrays below are views of it
     total: np.ndarray
     phases: list[np.ndarray | None]
     sums: np.ndarray
@@ -91,6 +92,12 @@ class FleetHistogram:
         self._tles = [*(repr(float(b)) for b in total_buckets), "+Inf"]
         self._ples = [*(repr(float(b)) for b in phase_buckets), "+Inf"]
         self._pairs: dict[tuple[str, str], _Pair] = {}
+        # every pair's counts in one array each (row = _Pair.index), so a batch is added with
+        # a few numpy calls whatever the number of (model, GPU) pairs in it
+        npz = len(PHASES)
+        self._total = np.zeros((0, len(self._tb) + 1), dtype=np.int64)
+        self._phase = np.zeros((0, npz, len(self._pb) + 1), dtype=np.int64)
+        self._sums = np.zeros((0, 1 + npz))
         # (model, gpu, lock, holder) -> [requests, seconds]
         self._locks: dict[tuple[str, str, str, str], list[float]] = {}
         self._lock_keys: dict[str, int] = {}
@@ -122,34 +129,39 @@ class FleetHistogram:
         errors = np.bincount(
             codes, weights=failed.to_numpy(zero_copy_only=False).astype(np.float64), minlength=ng
         )
-        phase_counts: list[np.ndarray] = []
-        for p, col in enumerate(PHASE_COLUMNS, start=1):
-            v = _seconds(table, col)
-            pidx = np.searchsorted(self._pb, v, side="left")
-            phase_counts.append(
-                np.bincount(codes * pnb + pidx, minlength=ng * pnb).reshape(ng, pnb)
-            )
-            sums[:, p] = np.bincount(codes, weights=v, minlength=ng)
-            seen[:, p] = np.bincount(codes, weights=(v > 0), minlength=ng).astype(np.int64)
+        # every phase at once: one searchsorted and one bincount over (pair, phase, bucket),
+        # not one per phase (at ~40 rows an export, numpy's per-call cost is most of the work)
+        npz = len(PHASES)
+        v = np.column_stack([_seconds(table, c) for c in PHASE_COLUMNS])  # (n, phases)
+        pidx = np.searchsorted(self._pb, v, side="left")
+        cell = codes[:, None] * npz + np.arange(npz)  # (n, phases): pair x phase
+        phase_counts = np.bincount((cell * pnb + pidx).ravel(), minlength=ng * npz * pnb).reshape(
+            ng, npz, pnb
+        )
+        sums[:, 1:] = np.bincount(cell.ravel(), weights=v.ravel(), minlength=ng * npz).reshape(
+            ng, npz
+        )
+        seen[:, 1:] = np.bincount(
+            cell.ravel(), weights=(v > 0).ravel(), minlength=ng * npz
+        ).reshape(ng, npz)
         # the newest request of each (pair, bucket): last occurrence in the batch
         rev = flat[::-1]
         uniq, first_rev = np.unique(rev, return_index=True)
         last = n - 1 - first_rev
         trace = table["trace_id"].to_pylist() if "trace_id" in table.column_names else None
         end = table["ts_end_ns"].to_numpy(zero_copy_only=False)
+        spent = seen[:, 1:] > 0  # (pairs, phases): a phase is counted in a batch that used it
         with self._mutex:
             pairs = [self._pair(g) for g in groups]
+            rows = np.fromiter((pair.index for pair in pairs), dtype=np.int64, count=ng)
+            self._total[rows] += total  # rows are distinct: fancy-index += is exact
+            self._sums[rows] += sums
+            self._phase[rows] += phase_counts * spent[:, :, None]
             for g, pair in enumerate(pairs):
-                pair.total += total[g]
-                pair.sums += sums[g]
                 pair.errors += float(errors[g])
-                for p in range(len(PHASES)):
-                    if seen[g, p + 1]:
-                        cur = pair.phases[p]
-                        if cur is None:
-                            pair.phases[p] = phase_counts[p][g].copy()
-                        else:
-                            cur += phase_counts[p][g]
+            for g, p in zip(*np.nonzero(spent), strict=True):
+                if pairs[g].phases[p] is None:  # its first use: expose its series from now
+                    pairs[g].phases[p] = self._phase[pairs[g].index, p]
             if trace is not None:
                 for key, i in zip(uniq.tolist(), last.tolist(), strict=True):
                     tid = trace[i]
@@ -164,12 +176,26 @@ class FleetHistogram:
     def _pair(self, key: tuple[str, ...]) -> _Pair:
         pair = self._pairs.get((key[0], key[1]))
         if pair is None:
+            i = len(self._pairs)
+            if i == len(self._total):
+                self._grow(max(8, 2 * i))
             pair = self._pairs[(key[0], key[1])] = _Pair(
-                total=np.zeros(len(self._tb) + 1, dtype=np.int64),
-                phases=[None] * len(PHASES),
-                sums=np.zeros(1 + len(PHASES)),
+                index=i, total=self._total[i], phases=[None] * len(PHASES), sums=self._sums[i]
             )
         return pair
+
+    def _grow(self, rows: int) -> None:
+        """Room for ``rows`` pairs; every pair's views move to the new arrays."""
+        n = len(self._total)
+        total = np.zeros((rows, self._total.shape[1]), dtype=np.int64)
+        phase = np.zeros((rows, *self._phase.shape[1:]), dtype=np.int64)
+        sums = np.zeros((rows, self._sums.shape[1]))
+        total[:n], phase[:n], sums[:n] = self._total, self._phase, self._sums
+        self._total, self._phase, self._sums = total, phase, sums
+        for pair in self._pairs.values():
+            i = pair.index
+            pair.total, pair.sums = total[i], sums[i]
+            pair.phases = [None if c is None else phase[i, p] for p, c in enumerate(pair.phases)]
 
     def _observe_locks(self, table: pa.Table) -> None:
         """Lock waits of the batch (few rows wait on a lock: a Python loop over those only)."""
@@ -282,6 +308,7 @@ def _esc(v: str) -> str:
 
 def _seconds(table: pa.Table, col: str) -> np.ndarray:
     """A millisecond column as float64 seconds, null as 0."""
-    v = np.asarray(table[col].to_numpy(zero_copy_only=False), dtype=np.float64)
-    out: np.ndarray = np.nan_to_num(v) / 1e3
+    v = np.array(table[col].to_numpy(zero_copy_only=False), dtype=np.float64)  # a copy
+    v[np.isnan(v)] = 0.0  # nulls (NaN here); the normalizer keeps values finite
+    out: np.ndarray = v / 1e3
     return out

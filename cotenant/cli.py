@@ -54,6 +54,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         path=args.store or ag.store,
         raw_retention_h=ag.raw_retention_h,
         rollup_interval_s=cfg.store.rollup_interval_s if ag.rollups else 3600.0,
+        flush_interval_s=ag.flush_interval_s,
     )
     cfg = dataclasses.replace(cfg, store=store)
     tail = None

@@ -69,6 +69,13 @@ class AgentSettings:
         "refresh per-minute rollups in the agent's store as serve does (central serve reads "
         "Prometheus, so by default the agent refreshes them only hourly, saving CPU)",
     )
+    flush_interval_s: float = key(
+        5.0,
+        "store.flush_interval_s for the agent: how long its NVML and procfs samples wait to be "
+        "appended to its store together (durable exports are committed at once whatever this "
+        "is); samples are also on /metrics, the store keeps them only for drill-down",
+        min=0.01,
+    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,10 @@ it. The writer then stops waiting for a full batch: while other producers are st
 (:meth:`producing`: they will submit in a moment) it gathers what they submit, for at most
 ``group_commit_s``; as soon as none is, it commits everything in one append per table and
 settles every receipt of that append at once. A lone exporter is committed at once; concurrent
-ones share commits (an append costs DuckDB a few ms of CPU whatever its size).
+ones share commits (an append costs DuckDB a few ms of CPU whatever its size). Such a commit
+takes only the durable batches: rows nobody waits for (NVML and procfs samples, exports under
+``ack = "queued"``) stay queued until the oldest of them has waited ``flush_interval_s``, so a
+commit per export does not also cost an append per sample table.
 
 **Who else writes, and why that is safe.** This thread is the only one that writes the
 high-volume tables (``requests``, ``gpu_samples``, ``process_samples``), the rollups and
@@ -66,6 +69,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -122,7 +126,7 @@ class Receipt:
         return True
 
 
-_Item = tuple[str, pa.Table, Receipt]
+_Item = tuple[str, pa.Table, Receipt, bool]  # table, rows, receipt, durable
 
 
 class Writer:
@@ -160,6 +164,7 @@ class Writer:
         self._queued_bytes = 0
         self._in_flight_bytes = 0
         self._durable_since: float | None = None  # first waiting submit since the last take
+        self._flush_due: float | None = None  # when the oldest queued non-durable row is due
         self._producers = 0  # callers inside producing(): about to submit
         self._cond = threading.Condition()
         self._closing = False
@@ -261,9 +266,11 @@ class Writer:
                 raise Overloaded("store is shutting down", self._retry_after_s)
             if not self._has_room(n, nbytes):
                 raise Overloaded(self._full_message(), self._retry_after_s)
-            self._queue.append((table, batch, receipt))
+            self._queue.append((table, batch, receipt, durable))
             self._queued_rows += n
             self._queued_bytes += nbytes
+            if not durable and self._flush_due is None:
+                self._flush_due = self._clock() + self._flush_interval_s
             if self._queued_rows >= self._batch_rows:
                 self._cond.notify()
             elif durable and self._durable_since is None:
@@ -301,23 +308,48 @@ class Writer:
             )
 
     def _take(self) -> list[_Item]:
+        """Wait for work, then take it off the queue: everything when a batch is full, a
+        flush or close is waiting, or the oldest non-durable row has waited
+        ``flush_interval_s``; otherwise, once a group commit is due, only the durable batches.
+        Non-durable rows (NVML and procfs samples, ``queued`` exports) thus wait for their own
+        interval instead of each adding an append (a few ms of DuckDB CPU) to the next durable
+        commit. Returns [] when ``flush_interval_s`` passed with nothing to take (the caller
+        runs maintenance)."""
         with self._cond:
-            deadline = self._clock() + self._flush_interval_s
+            wake = self._clock() + self._flush_interval_s  # maintenance runs at least this often
+            everything = True
             while not self._closing and not self._flushers and self._queued_rows < self._batch_rows:
+                now = self._clock()
+                if self._flush_due is not None and now >= self._flush_due:
+                    break
+                deadline = wake if self._flush_due is None else min(wake, self._flush_due)
                 if self._durable_since is not None:  # someone waits for this commit
                     if not self._producers:
-                        break  # and nobody else is about to submit: commit now
+                        everything = False  # nobody else is about to submit: commit now
+                        break
                     deadline = min(deadline, self._durable_since + self._group_commit_s)
-                left = deadline - self._clock()
+                left = deadline - now
                 if left <= 0:
+                    everything = False
                     break
                 self._cond.wait(left)
-            items = list(self._queue)
-            self._queue.clear()
-            self._in_flight = self._queued_rows
-            self._in_flight_bytes = self._queued_bytes
-            self._queued_rows = 0
-            self._queued_bytes = 0
+            if everything:
+                items = list(self._queue)
+                self._queue.clear()
+                rows, nbytes = self._queued_rows, self._queued_bytes
+                self._flush_due = None
+            else:
+                items = [item for item in self._queue if item[3]]
+                if len(items) < len(self._queue):
+                    self._queue = deque(item for item in self._queue if not item[3])
+                else:
+                    self._queue.clear()
+                rows = sum(item[1].num_rows for item in items)
+                nbytes = sum(item[1].nbytes for item in items)
+            self._in_flight = rows
+            self._in_flight_bytes = nbytes
+            self._queued_rows -= rows
+            self._queued_bytes -= nbytes
             self._durable_since = None
             return items
 
@@ -328,7 +360,7 @@ class Writer:
                 try:
                     self._write(items)
                 finally:  # no waiter is left hanging, whatever happened
-                    for _, _, receipt in items:
+                    for _, _, receipt, _ in items:
                         if not receipt.settled:
                             receipt.settle("the writer stopped before writing these rows")
             with self._cond:
@@ -343,35 +375,55 @@ class Writer:
 
     def _write(self, items: list[_Item]) -> None:
         by_table: dict[str, list[tuple[pa.Table, Receipt]]] = {}
-        for table, batch, receipt in items:
+        for table, batch, receipt, _ in items:
             by_table.setdefault(table, []).append((batch, receipt))
-        for table, entries in by_table.items():
-            rows = sum(b.num_rows for b, _ in entries)
-            t0 = time.perf_counter()
-            try:
-                combined = pa.concat_tables([b for b, _ in entries])
-                self._append(table, combined)
-            except Exception as exc:  # the data path must not kill the writer thread
-                log.exception("writing %d rows to %s failed: %s", rows, table, exc)
-                if self._observer is not None:
-                    self._observer.write_failed(table, rows)
-                for _, receipt in entries:
-                    receipt.settle(f"writing {rows} rows to {table} failed: {exc}")
-                continue
-            for _, receipt in entries:
-                receipt.settle()
-            if self._observer is not None:
-                self._observer.rows_written(table, rows, time.perf_counter() - t0)
-            if self._maintenance is not None:
-                self._maintenance.mark_dirty(table, _minutes(table, combined))
+        try:
+            cur = self._store.cursor()
+        except Exception as exc:  # the data path must not kill the writer thread
+            for table, entries in by_table.items():
+                self._failed(table, entries, exc)
+            return
+        with cur:
+            for table, entries in by_table.items():
+                self._write_table(cur, table, entries)
 
-    def _append(self, table: str, data: pa.Table) -> None:
-        with self._store.cursor() as cur:
-            cur.register("_cotenant_batch", data)
-            try:
-                cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _cotenant_batch")
-            finally:
-                cur.unregister("_cotenant_batch")
+    def _write_table(
+        self, cur: duckdb.DuckDBPyConnection, table: str, entries: list[tuple[pa.Table, Receipt]]
+    ) -> None:
+        """One append (one transaction) of every batch queued for ``table``."""
+        rows = sum(b.num_rows for b, _ in entries)
+        t0 = time.perf_counter()
+        try:
+            combined = pa.concat_tables([b for b, _ in entries])
+            _append(cur, table, combined)
+        except Exception as exc:  # the data path must not kill the writer thread
+            self._failed(table, entries, exc)
+            return
+        for _, receipt in entries:
+            receipt.settle()
+        if self._observer is not None:
+            self._observer.rows_written(table, rows, time.perf_counter() - t0)
+        if self._maintenance is not None:
+            self._maintenance.mark_dirty(table, _minutes(table, combined))
+
+    def _failed(self, table: str, entries: list[tuple[pa.Table, Receipt]], exc: Exception) -> None:
+        rows = sum(b.num_rows for b, _ in entries)
+        log.exception("writing %d rows to %s failed: %s", rows, table, exc)
+        if self._observer is not None:
+            self._observer.write_failed(table, rows)
+        for _, receipt in entries:
+            receipt.settle(f"writing {rows} rows to {table} failed: {exc}")
+
+
+def _append(cur: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
+    """Append ``data`` (conformed to ``table``'s schema) in one statement.
+
+    DuckDB finds ``_cotenant_batch`` among this frame's locals (a replacement scan) instead of
+    through ``register``/``unregister``, which cost about 1 ms of CPU per append, a third of
+    a small append (bench/agent_metrics.py, ``--part overhead``).
+    """
+    _cotenant_batch = data  # read by DuckDB's replacement scan
+    cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _cotenant_batch")
 
 
 def _conform(table: str, batch: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -396,6 +448,12 @@ def _minutes(table: str, data: pa.Table) -> np.ndarray:
     col = {"requests": "ts_end_ns"}.get(table, "ts_ns")
     if col not in data.column_names:
         return np.empty(0, dtype=np.int64)
+    column = data.column(col)
     # nulls would turn the column into float64 (NaN, and ns rounded to the wrong minute)
-    ts = data.column(col).drop_null().to_numpy(zero_copy_only=False)
+    ts = (column.drop_null() if column.null_count else column).to_numpy(zero_copy_only=False)
+    if ts.size == 0:
+        return np.empty(0, dtype=np.int64)
+    lo, hi = int(ts.min()) // MINUTE_NS, int(ts.max()) // MINUTE_NS
+    if lo == hi:  # the usual batch (a fraction of a second of rows): no sort
+        return np.array([lo * MINUTE_NS], dtype=np.int64)
     return np.unique(ts // MINUTE_NS) * MINUTE_NS

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from spans import SpanFactory
-from test_store import RecordingObserver, count, frozen_monotonic, make_requests
+from test_store import (
+    RecordingObserver,
+    count,
+    frozen_monotonic,
+    make_gpu_samples,
+    make_requests,
+)
 
 from collectors.gpu_resolve import GpuResolver
 from collectors.ingest import IngestPipeline
@@ -76,6 +82,41 @@ def test_a_lone_durable_submit_does_not_wait_for_the_window(store: Store) -> Non
     w = Writer(store, flush_interval_s=3600, group_commit_s=600)
     r = w.submit("requests", make_requests(np.random.default_rng(9), 3), durable=True)
     assert r.wait(30)  # nobody else at work: committed at once, not after 600 s
+    w.close()
+
+
+def test_a_durable_commit_leaves_samples_for_their_own_flush(store: Store) -> None:
+    # samples nobody waits for do not ride along with each durable commit (an append each):
+    # they wait for their flush interval, or a flush / close
+    observer = RecordingObserver()
+    w = Writer(store, flush_interval_s=3600, group_commit_s=0.001, observer=observer)
+    samples = make_gpu_samples(np.random.default_rng(6), 8, time.time_ns(), ["GPU-0"])
+    queued = w.submit("gpu_samples", samples)
+    for seed in range(3):
+        r = w.submit("requests", make_requests(np.random.default_rng(seed), 5), durable=True)
+        assert r.wait(30)
+    assert count(store, "requests") == 15
+    assert count(store, "gpu_samples") == 0 and not queued.settled
+    assert w.flush(30)
+    assert queued.committed and count(store, "gpu_samples") == len(samples)
+    assert [t for t, _ in observer.written] == ["requests"] * 3 + ["gpu_samples"]
+    w.close()
+
+
+def test_samples_are_written_within_their_interval_among_durable_commits(store: Store) -> None:
+    # a steady stream of durable commits (an exporter every 20 ms) does not starve them
+    w = Writer(store, flush_interval_s=0.2, group_commit_s=0.001)
+    samples = make_gpu_samples(np.random.default_rng(7), 4, time.time_ns(), ["GPU-0"])
+    queued = w.submit("gpu_samples", samples)
+    deadline = time.monotonic() + 30
+    seed = 0
+    while not queued.settled and time.monotonic() < deadline:
+        seed += 1
+        r = w.submit("requests", make_requests(np.random.default_rng(seed), 2), durable=True)
+        assert r.wait(30)
+        time.sleep(0.02)
+    assert queued.committed and count(store, "gpu_samples") == len(samples)
+    assert count(store, "requests") == 2 * seed
     w.close()
 
 
