@@ -76,7 +76,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors import promql
+from collectors import promql, promql_recorded
 from collectors.promql import GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
 from collectors.promql_client import Fields, PromClient, PromQLClient, Series
 from collectors.promql_frames import div, merge, table, windows_with_data
@@ -127,6 +127,9 @@ class PrometheusSource:
         self._model_gpu = dict(model_gpu or {})
         self._default_gpu = default_gpu
         self._has_spans: bool | None = None
+        # rate window (ns) -> (earliest time the recorded windows were seen, latest time they
+        # were seen absent): recorded series, once there, stay (see _recorded)
+        self._rec_seen: dict[int, tuple[int | None, int | None]] = {}
 
     def close(self) -> None:
         """Release the HTTP connections of the client built here (not an injected one)."""
@@ -268,7 +271,8 @@ class PrometheusSource:
     def _requests_on(
         self, g: Grid, step_s: float, model: str | None, gpu: str | None = None
     ) -> pa.Table:
-        window = promql.duration(max(g.step, 4 * self._scrape_ns))
+        window_ns = max(g.step, 4 * self._scrape_ns)
+        window = promql.duration(window_ns)
         taken: set[str] = set()
         keyed: list[tuple[tuple[str, ...], Fields]] = []
         for fam in promql.FAMILIES:
@@ -277,7 +281,15 @@ class PrometheusSource:
                 # a family with its own gpu label: filter in the query (or no GPU: those are
                 # placed by pod or configuration below)
                 ms.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
-            blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
+            blocks = {}
+            if fam.spans and self._recorded(window_ns, g.w0 + g.step):
+                blocks = self._api.blocks(
+                    promql_recorded.own_query(",".join(ms), window_ns), g, fam.by
+                )
+                if not blocks:  # rules removed since, or none of these models: ask raw
+                    self._rec_seen.pop(window_ns, None)
+            if not blocks:
+                blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
             for ident, f in blocks.items():
                 if ident[0] in mine:
@@ -385,6 +397,25 @@ class PrometheusSource:
         return table(SERVING_WINDOWS, g, ("model", "gpu"), out)
 
     # -- joins -------------------------------------------------------------------------------
+
+    def _recorded(self, window_ns: int, at_ns: int) -> bool:
+        """Whether the fleet's recorded request windows for ``window_ns``
+        (:mod:`collectors.promql_recorded`) exist at ``at_ns`` (a range's first window end):
+        then the whole range is read from them, else from raw buckets. Once seen at a time,
+        they are taken to exist at every later time (rules stay loaded), and once seen absent,
+        at every earlier one, so the loop probes only while it has not seen them."""
+        since, absent = self._rec_seen.get(window_ns, (None, None))
+        if since is not None and at_ns >= since:
+            return True
+        if absent is not None and at_ns <= absent:
+            return False
+        found = bool(self.instant(promql_recorded.probe(window_ns), at_ns))
+        if found:
+            since = at_ns if since is None else min(since, at_ns)
+        else:
+            absent = at_ns if absent is None else max(absent, at_ns)
+        self._rec_seen[window_ns] = (since, absent)
+        return found
 
     def _clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
         """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where

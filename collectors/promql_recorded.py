@@ -1,0 +1,65 @@
+"""Reading cotenant's request windows from the fleet's recorded series instead of raw buckets.
+
+``cotenant rules render`` writes a group (``cotenant-fleet-windows`` in ``fleet.rules.yml``,
+:mod:`alerts.rules_windows`) that Prometheus evaluates every scrape interval: per (model, GPU,
+namespace, pod) the p50 and p99 of the last ``R`` and per phase the seconds and requests per
+second, ``R`` being the rate window :class:`collectors.prometheus.PrometheusSource` uses (4 x
+the scrape interval). Reading those costs Prometheus a lookup per series and window, where the
+raw query evaluates ``histogram_quantile`` over every bucket of every pair for every window.
+
+A window read from them holds the latest evaluation at or before the window's end: up to one
+evaluation interval (the scrape interval) older than the raw query's value at that instant,
+and windows shorter than the interval repeat a value. p95 is not recorded (null).
+
+The names are built here from the rate window, so a source whose window has no rule (a step
+longer than ``R``, or rules rendered for another scrape interval) finds no series and reads
+raw buckets: see :func:`probe`.
+"""
+
+from __future__ import annotations
+
+from collectors.promql import FIELD, union
+
+PREFIX = "cotenant:window_"
+
+
+def suffix(window_ns: int) -> str:
+    """The rate window as the rule names spell it (``1m``, ``40s``, ``1500ms``), as
+    :func:`alerts.rule_blocks.duration` writes it."""
+    ms = -(-window_ns // 1_000_000)
+    if ms % 60_000 == 0:
+        return f"{ms // 60_000}m"
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms}ms"
+
+
+def names(window_ns: int) -> dict[str, str]:
+    """Field -> recorded series for the rate window ``window_ns``: ``p50``, ``p99``,
+    ``phase_sum`` and ``phase_n``."""
+    r = suffix(window_ns)
+    return {
+        "p50": f"{PREFIX}latency_seconds:p50_rate{r}",
+        "p99": f"{PREFIX}latency_seconds:p99_rate{r}",
+        "phase_sum": f"{PREFIX}phase_seconds:rate{r}",
+        "phase_n": f"{PREFIX}phase_requests:rate{r}",
+    }
+
+
+def probe(window_ns: int) -> str:
+    """Non-empty at a time when the recorded request rates exist then (within the engine's
+    lookback): the source reads a range from them only if they cover its first window."""
+    return f"group({names(window_ns)['phase_n']})"
+
+
+def own_query(m: str, window_ns: int) -> str:
+    """The fields of cotenant's own family (:func:`collectors.promql._own_query`: per-phase
+    ``<phase>_sum`` / ``<phase>_n``, ``p50``, ``p99``) from the recorded series; ``m`` is
+    a matcher list without braces (may be empty)."""
+    n = names(window_ns)
+    sel = f"{{{m}}}" if m else ""
+    per_phase = " or ".join(
+        f'label_replace({n[key]}{sel}, "{FIELD}", "${{1}}_{tag}", "phase", "(.+)")'
+        for key, tag in (("phase_sum", "sum"), ("phase_n", "n"))
+    )
+    return f"{per_phase} or {union({q: n[q] + sel for q in ('p50', 'p99')})}"
