@@ -127,9 +127,6 @@ class PrometheusSource:
         self._model_gpu = dict(model_gpu or {})
         self._default_gpu = default_gpu
         self._has_spans: bool | None = None
-        # rate window (ns) -> (earliest time the recorded windows were seen, latest time they
-        # were seen absent): recorded series, once there, stay (see _recorded)
-        self._rec_seen: dict[int, tuple[int | None, int | None]] = {}
 
     def close(self) -> None:
         """Release the HTTP connections of the client built here (not an injected one)."""
@@ -281,14 +278,9 @@ class PrometheusSource:
                 # a family with its own gpu label: filter in the query (or no GPU: those are
                 # placed by pod or configuration below)
                 ms.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
-            blocks = {}
-            if fam.spans and self._recorded(window_ns, g.w0 + g.step):
-                blocks = self._api.blocks(
-                    promql_recorded.own_query(",".join(ms), window_ns), g, fam.by
-                )
-                if not blocks:  # rules removed since, or none of these models: ask raw
-                    self._rec_seen.pop(window_ns, None)
-            if not blocks:
+            if fam.spans:
+                blocks = self._own_blocks(fam, g, ",".join(ms), window_ns)
+            else:
                 blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
             for ident, f in blocks.items():
@@ -398,24 +390,30 @@ class PrometheusSource:
 
     # -- joins -------------------------------------------------------------------------------
 
-    def _recorded(self, window_ns: int, at_ns: int) -> bool:
-        """Whether the fleet's recorded request windows for ``window_ns``
-        (:mod:`collectors.promql_recorded`) exist at ``at_ns`` (a range's first window end):
-        then the whole range is read from them, else from raw buckets. Once seen at a time,
-        they are taken to exist at every later time (rules stay loaded), and once seen absent,
-        at every earlier one, so the loop probes only while it has not seen them."""
-        since, absent = self._rec_seen.get(window_ns, (None, None))
-        if since is not None and at_ns >= since:
-            return True
-        if absent is not None and at_ns <= absent:
-            return False
-        found = bool(self.instant(promql_recorded.probe(window_ns), at_ns))
-        if found:
-            since = at_ns if since is None else min(since, at_ns)
-        else:
-            absent = at_ns if absent is None else max(absent, at_ns)
-        self._rec_seen[window_ns] = (since, absent)
-        return found
+    def _own_blocks(
+        self, fam: promql.Family, g: Grid, m: str, window_ns: int
+    ) -> dict[tuple[str, ...], Fields]:
+        """cotenant's own family (``fam``) on ``g``: from the recorded windows
+        (:mod:`collectors.promql_recorded`) where they exist, and from raw buckets for the
+        windows before the first one they hold (rules loaded later than the range starts, or
+        not at all: then the whole range is raw, at the cost of one query that finds nothing).
+        """
+        rec = self._api.blocks(promql_recorded.own_query(m, window_ns), g, fam.by)
+        first = g.n
+        for f in rec.values():
+            for a in f.values():
+                have = np.flatnonzero(~np.isnan(a))
+                if have.size:
+                    first = min(first, int(have[0]))
+        if first == 0:
+            return rec
+        lead = Grid(g.w0, g.step, first)
+        raw = self._api.blocks(fam.query(m, promql.duration(window_ns)), lead, fam.by)
+        for ident, f in raw.items():
+            dst = rec.setdefault(ident, {})
+            for name, a in f.items():
+                dst.setdefault(name, np.full(g.n, np.nan))[:first] = a
+        return rec
 
     def _clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
         """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where

@@ -13,7 +13,7 @@ and windows shorter than the interval repeat a value. p95 is not recorded (null)
 
 The names are built here from the rate window, so a source whose window has no rule (a step
 longer than ``R``, or rules rendered for another scrape interval) finds no series and reads
-raw buckets: see :func:`probe`.
+raw buckets, as it does for the windows before the rules' first evaluation.
 """
 
 from __future__ import annotations
@@ -44,12 +44,6 @@ def names(window_ns: int) -> dict[str, str]:
         "phase_sum": f"{PREFIX}phase_seconds:rate{r}",
         "phase_n": f"{PREFIX}phase_requests:rate{r}",
     }
-
-
-def probe(window_ns: int) -> str:
-    """Non-empty at a time when the recorded request rates exist then (within the engine's
-    lookback): the source reads a range from them only if they cover its first window."""
-    return f"group({names(window_ns)['phase_n']})"
 
 
 def own_query(m: str, window_ns: int) -> str:

@@ -4,11 +4,13 @@ them, and raw buckets when it does not, with the same numbers either way.
 
 Two Prometheus servers scrape one exporter of agent-shaped latency histograms (counters linear
 in time, samples stamped, so rates and quantiles are known exactly); one of them also loads the
-rendered rules. Every query each source sends is recorded, to tell which path it took.
+rendered rules, a few seconds after it started (as an operator adding them to a running
+Prometheus would). Every query each source sends is recorded, to tell which path it took.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -98,7 +100,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp("recorded")
     settings = replace(settings_from(load_config(env={})), scrape_interval_s=SCRAPE_S)
     rules = tmp / "windows.rules.yml"
-    rules.write_text(to_yaml([window_group(settings)]))
+    rules.write_text("groups: []\n")  # loaded later: a history from before the rules ran
     exp = Exporter()
     with (
         TextExporter(exp.render) as text,
@@ -107,6 +109,14 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         ) as ruled,
         start_prometheus(tmp / "plain", [text.target], scrape_interval_s=SCRAPE_S) as plain,
     ):
+        wait_until(
+            lambda: plain.query(
+                "count_over_time(cotenant_request_duration_seconds_count[1m]) >= 8"
+            ),
+            "four seconds of scrapes",
+        )
+        rules.write_text(to_yaml([window_group(settings)]))
+        ruled.proc.send_signal(signal.SIGHUP)  # Prometheus reloads its rule files
         # rules evaluated for ten seconds: room for a 4 s window after the 2 s rate windows
         wait_until(
             lambda: ruled.query("count_over_time(cotenant:window_phase_requests:rate2s[1m]) >= 20"),
@@ -163,11 +173,16 @@ def test_a_window_no_rule_records_is_read_raw(pair: Pair) -> None:
     _check(rows, step_s=4.0)
 
 
-def test_a_range_before_the_rules_ran_is_read_raw(pair: Pair) -> None:
-    """The recorded series start with the rules: a range whose first window ends before they
-    were evaluated for the first time reads raw buckets (here from the first scrapes on)."""
+def test_windows_before_the_rules_first_ran_are_read_raw(pair: Pair) -> None:
+    """The recorded series start with the rules: the windows of a range that end before their
+    first evaluation come from raw buckets, the rest from the recorded series."""
     q = "min_over_time(timestamp(cotenant:window_phase_requests:rate2s)[1m:])"
-    first = float(pair.ruled.query(q)[0]["value"][1])
-    until = int(first * 1e9) // 1_000_000_000 * 1_000_000_000 + 3_000_000_000
-    _, queries = _read(pair.ruled.url, TimeRange(until - 5_000_000_000, until))
-    assert RAW in queries
+    first_ns = int(float(pair.ruled.query(q)[0]["value"][1]) * 1e9)
+    until = first_ns // 1_000_000_000 * 1_000_000_000 + 4_000_000_000
+    rows, queries = _read(pair.ruled.url, TimeRange(until - 6_000_000_000, until))
+    assert RAW in queries and "cotenant:window_latency_seconds:p99_rate2s" in queries
+    before = [r for r in rows if r["ts_ns"] + 1_000_000_000 < first_ns]
+    after = [r for r in rows if r["ts_ns"] >= first_ns]
+    assert before and all(r["count"] > 0 for r in before)  # from the buckets
+    assert after
+    _check(after)
