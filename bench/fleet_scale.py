@@ -28,13 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +44,13 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 from promserver import PROMETHEUS, start_prometheus  # noqa: E402
 from scipy.stats import norm  # noqa: E402
+from window_rules import backfill_window_rules, proc_cpu, window_rules  # noqa: E402
 
-from alerts.rules import to_yaml  # noqa: E402
-from alerts.rules_windows import window_group  # noqa: E402
 from analysis.analyzer import Analyzer  # noqa: E402
 from analysis.incidents import IncidentBook  # noqa: E402
 from analysis.loop import AnalysisLoop  # noqa: E402
 from collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S  # noqa: E402
 from collectors.prometheus import PrometheusSource  # noqa: E402
-from cotenant.config import load_config  # noqa: E402
-from cotenant.rules_cmd import settings_from  # noqa: E402
 from store.db import Store  # noqa: E402
 
 S = 1_000_000_000
@@ -171,53 +166,20 @@ def history(path: Path, nodes: int, gpus: int, models: int, minutes: int, scrape
     return written
 
 
-def _window_rules(scrape: float) -> dict[str, Any]:
-    return window_group(replace(settings_from(load_config(env={})), scrape_interval_s=scrape))
-
-
-def backfill_rules(tmp: Path, scrape: float, t0_s: int, minutes: int) -> dict[str, Any]:
-    """Evaluate the loop's window rules (``cotenant-fleet-windows``) over the history with
-    ``promtool tsdb create-blocks-from rules`` against a Prometheus serving the raw blocks, and
-    add the blocks it writes to the raw ones (as a Prometheus running those rules would hold)."""
-    rules = tmp / "windows.rules.yml"
-    rules.write_text(to_yaml([_window_rules(scrape)]))
-    t = time.perf_counter()
-    with start_prometheus(tmp / "raw", [], blocks=tmp / "blocks", ready_timeout_s=300,
-                          extra_args=("--query.max-samples=500000000",)) as raw:  # fmt: skip
-        p0 = _proc_cpu(raw.proc.pid)
-        r = subprocess.run(
-            [PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--start={t0_s}",
-             f"--end={t0_s + minutes * 60}", f"--url={raw.url}",
-             f"--output-dir={tmp / 'rule-blocks'}", str(rules)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if r.returncode:
-            raise SystemExit(r.stdout[-2000:] + r.stderr[-2000:])
-        cpu = _proc_cpu(raw.proc.pid) - p0
-    for b in (tmp / "rule-blocks").iterdir():
-        shutil.copytree(b, tmp / "blocks" / b.name)
-    return {"backfill_s": round(time.perf_counter() - t, 1), "backfill_prometheus_cpu_s": cpu}
-
-
 def rule_cost(prom: Any, scrape: float, end_ns: int, evaluations: int = 4) -> dict[str, float]:
     """Prometheus' CPU for one evaluation of the window group: each rule as an instant query
     at the times a rule manager would evaluate it (the work of an evaluation, without the
     writing of its output); cores = that / the scrape interval (the group's interval)."""
-    group = _window_rules(scrape)
-    p0 = _proc_cpu(prom.proc.pid)
+    group = window_rules(scrape)
+    p0 = proc_cpu(prom.proc.pid)
     for i in range(evaluations):
         at = (end_ns - (200 - i * scrape) * S) / S
         for rule in group["rules"]:
             r = httpx.get(f"{prom.url}/api/v1/query", params={"query": rule["expr"], "time": at},
                           timeout=120)  # fmt: skip
             r.raise_for_status()
-    per = (_proc_cpu(prom.proc.pid) - p0) / evaluations
+    per = (proc_cpu(prom.proc.pid) - p0) / evaluations
     return {"prometheus_cpu_s_per_evaluation": round(per, 3), "cores": round(per / scrape, 3)}
-
-
-def _proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _self_cpu() -> float:
@@ -270,7 +232,9 @@ def main() -> None:
         (tmp / "h.om").unlink()
         out["promtool_s"] = round(time.perf_counter() - t, 1)
         if args.rules:
-            out["window_rules"] = backfill_rules(tmp, args.scrape, t0_s, args.minutes)
+            out["window_rules"] = backfill_window_rules(
+                tmp, tmp / "blocks", args.scrape, t0_s, t0_s + args.minutes * 60
+            )
         with start_prometheus(tmp / "prom", [], blocks=tmp / "blocks", ready_timeout_s=300) as prom:
             store = Store(":memory:")
             src = PrometheusSource(prom.url, timeout_s=120, scrape_interval_s=args.scrape)
@@ -309,13 +273,13 @@ def main() -> None:
                 return
             passes = []
             for _ in range(5):  # the first; three that re-read the overlap; a refresh (60 s)
-                c0, p0, w0 = _self_cpu(), _proc_cpu(prom.proc.pid), time.perf_counter()
+                c0, p0, w0 = _self_cpu(), proc_cpu(prom.proc.pid), time.perf_counter()
                 events = loop.run_once()
                 passes.append(
                     {
                         "wall_s": round(time.perf_counter() - w0, 2),
                         "serve_cpu_s": round(_self_cpu() - c0, 2),
-                        "prometheus_cpu_s": round(_proc_cpu(prom.proc.pid) - p0, 2),
+                        "prometheus_cpu_s": round(proc_cpu(prom.proc.pid) - p0, 2),
                         "events": len(events),
                     }
                 )

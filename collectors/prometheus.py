@@ -398,7 +398,15 @@ class PrometheusSource:
         windows before the first one they hold (rules loaded later than the range starts, or
         not at all: then the whole range is raw, at the cost of one query that finds nothing).
         """
-        rec = self._api.blocks(promql_recorded.own_query(m, window_ns), g, fam.by)
+        rec: dict[tuple[str, ...], Fields] = {}
+        kinds = {v: k for k, v in promql_recorded.names(window_ns).items()}
+        for labels, ts, vals in self._api.on_grid(promql_recorded.own_query(m, window_ns), g):
+            name = promql_recorded.field_of(labels, kinds)
+            if name is None:
+                continue
+            fields = rec.setdefault(tuple(labels.get(b, "") for b in fam.by), {})
+            k, ok = g.index(ts)
+            fields.setdefault(name, np.full(g.n, np.nan))[k[ok]] = vals[ok]
         first = g.n
         for f in rec.values():
             for a in f.values():
