@@ -270,6 +270,7 @@ class Service:
                 params=ac.spike_params(),
                 indicator_slo_ms=ac.indicator_slos(),
                 batch_reads=self.fleet is not None,
+                full_read_s=ac.full_read_s,
             )
             if ac.enabled
             else None
