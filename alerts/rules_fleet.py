@@ -21,7 +21,9 @@ the columns of the embedded store's rollups (``request_rollup_1m``, ``gpu_rollup
   ``{host,gpu,pid,process,model}`` and ``cotenant:process_cpu_cores:avg_1m
   {host,pid,process,model}``.
 
-The group is evaluated every minute (``interval: 1m``) whatever the global interval.
+The group is evaluated every minute (``interval: 1m``) whatever the global interval. The
+file's second group, ``cotenant-fleet-windows`` (:mod:`alerts.rules_windows`), holds what
+central serve's continuous loop reads every pass, evaluated every scrape interval.
 """
 
 from __future__ import annotations

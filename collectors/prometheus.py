@@ -37,7 +37,10 @@ model`` labels.
 series of a (model, GPU), which fleet mode turns into the agent's URL for drill-down.
 
 **REQUEST_WINDOWS**, per model from the first family that has it: cotenant's own
-``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase), else
+``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase) — read
+from the recorded series of ``fleet.rules.yml``'s ``cotenant-fleet-windows`` group where they
+exist for the rate window (:mod:`collectors.promql_recorded`: p50, p99, rates per phase; no
+p95), from the raw buckets for windows before their first evaluation or without them — else
 vLLM (``vllm:e2e_request_latency_seconds`` quantiles and mean; ``queue_ms`` from
 ``vllm:request_queue_time_seconds``, ``compute_ms`` from ``vllm:request_inference_time_seconds``
 when exported), else Triton (means = ``rate(nv_inference_*_duration_us) /
