@@ -282,7 +282,7 @@ class PrometheusSource:
                 # placed by pod or configuration below)
                 ms.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
             if fam.spans:
-                blocks = self._own_blocks(fam, g, ",".join(ms), window_ns)
+                blocks = promql_recorded.own_blocks(self._api, fam, g, ",".join(ms), window_ns)
             else:
                 blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
@@ -392,39 +392,6 @@ class PrometheusSource:
         return table(SERVING_WINDOWS, g, ("model", "gpu"), out)
 
     # -- joins -------------------------------------------------------------------------------
-
-    def _own_blocks(
-        self, fam: promql.Family, g: Grid, m: str, window_ns: int
-    ) -> dict[tuple[str, ...], Fields]:
-        """cotenant's own family (``fam``) on ``g``: from the recorded windows
-        (:mod:`collectors.promql_recorded`) where they exist, and from raw buckets for the
-        windows before the first one they hold (rules loaded later than the range starts, or
-        not at all: then the whole range is raw, at the cost of one query that finds nothing).
-        """
-        rec: dict[tuple[str, ...], Fields] = {}
-        kinds = {v: k for k, v in promql_recorded.names(window_ns).items()}
-        for labels, ts, vals in self._api.on_grid(promql_recorded.own_query(m, window_ns), g):
-            name = promql_recorded.field_of(labels, kinds)
-            if name is None:
-                continue
-            fields = rec.setdefault(tuple(labels.get(b, "") for b in fam.by), {})
-            k, ok = g.index(ts)
-            fields.setdefault(name, np.full(g.n, np.nan))[k[ok]] = vals[ok]
-        first = g.n
-        for f in rec.values():
-            for a in f.values():
-                have = np.flatnonzero(~np.isnan(a))
-                if have.size:
-                    first = min(first, int(have[0]))
-        if first == 0:
-            return rec
-        lead = Grid(g.w0, g.step, first)
-        raw = self._api.blocks(fam.query(m, promql.duration(window_ns)), lead, fam.by)
-        for ident, f in raw.items():
-            dst = rec.setdefault(ident, {})
-            for name, a in f.items():
-                dst.setdefault(name, np.full(g.n, np.nan))[:first] = a
-        return rec
 
     def _clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
         """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where

@@ -13,7 +13,8 @@ and windows shorter than the interval repeat a value. p95 is not recorded (null)
 
 The names are built here from the rate window, so a source whose window has no rule (a step
 longer than ``R``, or rules rendered for another scrape interval) finds no series and reads
-raw buckets, as it does for the windows before the rules' first evaluation.
+raw buckets, as it does for the windows before the rules' first evaluation
+(:func:`own_blocks`, which :class:`PrometheusSource` reads cotenant's own family with).
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from collectors.promql import quote
+import numpy as np
+
+from collectors import promql
+from collectors.promql import Grid, quote
+from collectors.promql_client import Fields, PromQLClient
 
 PREFIX = "cotenant:window_"
 
@@ -68,3 +73,36 @@ def field_of(labels: Mapping[str, str], kinds: Mapping[str, str]) -> str | None:
     if what is None or not labels.get("phase"):
         return None
     return f"{labels['phase']}_{'sum' if what == 'phase_sum' else 'n'}"
+
+
+def own_blocks(
+    api: PromQLClient, fam: promql.Family, g: Grid, m: str, window_ns: int
+) -> dict[tuple[str, ...], Fields]:
+    """cotenant's own family (``fam``) on ``g`` as :meth:`PromQLClient.blocks` gives it: from
+    the recorded windows where they exist, and from raw buckets (``fam``'s query) for the
+    windows before the first one they hold (rules loaded later than the range starts, or not
+    at all: then the whole range is raw, at the cost of one query that finds nothing)."""
+    rec: dict[tuple[str, ...], Fields] = {}
+    kinds = {v: k for k, v in names(window_ns).items()}
+    for labels, ts, vals in api.on_grid(own_query(m, window_ns), g):
+        name = field_of(labels, kinds)
+        if name is None:
+            continue
+        fields = rec.setdefault(tuple(labels.get(b, "") for b in fam.by), {})
+        k, ok = g.index(ts)
+        fields.setdefault(name, np.full(g.n, np.nan))[k[ok]] = vals[ok]
+    first = g.n
+    for f in rec.values():
+        for a in f.values():
+            have = np.flatnonzero(~np.isnan(a))
+            if have.size:
+                first = min(first, int(have[0]))
+    if first == 0:
+        return rec
+    lead = Grid(g.w0, g.step, first)
+    raw = api.blocks(fam.query(m, promql.duration(window_ns)), lead, fam.by)
+    for ident, f in raw.items():
+        dst = rec.setdefault(ident, {})
+        for name, a in f.items():
+            dst.setdefault(name, np.full(g.n, np.nan))[:first] = a
+    return rec
