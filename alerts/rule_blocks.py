@@ -40,6 +40,9 @@ class RuleSettings:
     """Generative models' p99 SLOs of time to first token (ms) and time per output token (ms
     per token), ``[analysis] slo_ttft_ms`` / ``slo_tpot_ms``: their alerts are rendered only
     for the models that have one."""
+    scrape_interval_s: float = 15.0
+    """How often Prometheus scrapes the agents (``[prometheus] scrape_interval_s``): the
+    evaluation interval of the fleet loop's window rules (:mod:`alerts.rules_windows`)."""
 
     def __post_init__(self) -> None:
         for key, slos in (
@@ -54,6 +57,10 @@ class RuleSettings:
                     raise UsageError(f"{key}[{model!r}] = {ms!r}: must be a positive number")
         if not (math.isfinite(self.for_s) and self.for_s >= 0):
             raise UsageError(f"for_s = {self.for_s!r}: must be >= 0")
+        if not (math.isfinite(self.scrape_interval_s) and self.scrape_interval_s >= 0.001):
+            raise UsageError(
+                f"scrape_interval_s = {self.scrape_interval_s!r}: must be a positive number"
+            )
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ names a trailing minute in ``cotenant.rules.yml``):
   max_minute`` ``{host,gpu,pid,process,model}`` and ``cotenant:process_cpu_cores:avg_minute
   {host,pid,process,model}``.
 
-The group is evaluated every minute (``interval: 1m``) whatever the global interval.
+The group is evaluated every minute (``interval: 1m``) whatever the global interval. The
+file's second group, ``cotenant-fleet-windows`` (:mod:`alerts.rules_windows`), holds what
+central serve's continuous loop reads every pass, evaluated every scrape interval.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 
 from alerts.rule_blocks import Record, RuleSettings
 from alerts.rules_cotenant import THROTTLE_REASONS
+from alerts.rules_windows import window_group
 
 HIST = "cotenant_request_duration_seconds"
 THROTTLE = "|".join(THROTTLE_REASONS)
@@ -142,13 +145,13 @@ def _records() -> list[Record]:
 
 
 def fleet_groups(s: RuleSettings) -> list[dict[str, Any]]:
-    """The rollup group (``s`` is unused: rollups do not depend on SLOs or thresholds; the
-    parameter keeps one signature for every rule file)."""
-    del s
+    """The rollup group (it does not depend on ``s``) and the continuous loop's window group
+    (:mod:`alerts.rules_windows`, evaluated every ``s.scrape_interval_s``)."""
     return [
         {
             "name": "cotenant-fleet-rollups",
             "interval": "1m",
             "rules": [r.to_dict() for r in _records()],
-        }
+        },
+        window_group(s),
     ]

@@ -55,17 +55,21 @@ class AnalysisLoop:
         params: SpikeParams | None = None,
         indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
         batch_reads: bool = False,
+        full_read_s: float = AnalysisSettings.full_read_s,
     ) -> None:
         """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
         so rows that land late — up to that lag — are still seen. ``indicator_slo_ms``: the
         SLOs of the other indicators, indicator (``ttft``, ``tpot``) -> model -> ms
         (``AnalysisSettings.indicator_slos()``). ``batch_reads``: read each frame of a pass
         once for the whole fleet and split it by GPU (:class:`analysis.pass_reads.PassReads`;
-        fleet mode, where a read is HTTP queries)."""
+        fleet mode, where a read is HTTP queries). ``full_read_s``: how often (of the loop's
+        clock) each GPU's windows are read in full rather than from ``reread_s`` back
+        (:class:`analysis.windows.WindowCache`)."""
         self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self._reads = PassReads(source) if batch_reads else None
         self._source: MetricSource = self._reads if self._reads is not None else source
         self._reread_s = reread_s
+        self._full_read_s = full_read_s
         self._book = book
         self._slo = dict(slo_ms or {})
         self._horizon_ns = int(horizon_s * 1e9)
@@ -126,7 +130,11 @@ class AnalysisLoop:
             cache = self._caches.get(gpu)
             if cache is None:
                 cache = self._caches[gpu] = WindowCache(
-                    self._source, gpu, self._step_s, overlap_s=self._reread_s
+                    self._source,
+                    gpu,
+                    self._step_s,
+                    overlap_s=self._reread_s,
+                    refresh_s=self._full_read_s,
                 )
             w = read[gpu] = cache.get(full)
             for model in models:

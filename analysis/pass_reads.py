@@ -138,5 +138,14 @@ class PassReads:
     def token_windows(
         self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
     ) -> pa.Table:
-        # read per GPU, as the detector asks for it: only generative models have rows
-        return self.source.token_windows(rng, step_s, gpu, lengths=lengths)
+        if gpu is None:
+            return self.source.token_windows(rng, step_s, lengths=lengths)
+        # vLLM's series name no GPU: each GPU's read was a read of the whole fleet's series
+        return self._split(
+            "tokens+lengths" if lengths else "tokens",
+            rng,
+            step_s,
+            gpu,
+            lambda: self.source.token_windows(rng, step_s, lengths=lengths),
+            lambda: self.source.token_windows(rng, step_s, gpu, lengths=lengths),
+        )

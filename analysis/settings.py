@@ -39,6 +39,13 @@ class AnalysisSettings:
         "this are not seen by the continuous loop)",
         min=1.0,
     )
+    full_read_s: float = key(
+        60.0,
+        "how often the continuous loop re-reads its whole range, not just the last reread_s "
+        "(rows landing later than reread_s are seen within this time; in fleet mode, where "
+        "Prometheus holds each sample from its scrape on, 600 saves most of the loop's reads)",
+        min=1.0,
+    )
     cooldown_s: float = key(
         30.0,
         "a slowdown of the same model and GPU starting this soon after its incident resolved "

@@ -33,9 +33,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT / "tests"))  # after ROOT: tests/alerts is not alerts
 
 from promserver import PROMETHEUS, start_prometheus  # noqa: E402
+from window_rules import backfill_window_rules  # noqa: E402
 
 from analysis.diagnose import Diagnosis, diagnose  # noqa: E402
 from collectors.prometheus import PrometheusSource  # noqa: E402
@@ -121,6 +122,12 @@ def main() -> None:
     p.add_argument("--only", default="", help="only files whose name contains this")
     p.add_argument("--scrape", type=float, default=15.0, help="scrape interval (s)")
     p.add_argument("--steps", default="15,5", help="fleet window widths to score (s)")
+    p.add_argument(
+        "--rules",
+        action="store_true",
+        help="backfill the loop's window rules (fleet.rules.yml, cotenant-fleet-windows) too, "
+        "so PrometheusSource reads recorded series",
+    )
     args = p.parse_args()
     files = sorted(
         f
@@ -180,6 +187,11 @@ def main() -> None:
         if done.returncode:
             raise SystemExit(done.stderr[-2000:])
         out["backfill"] = {"samples": lines, "promtool_s": round(time.perf_counter() - t0, 1)}
+        if args.rules:
+            out["window_rules"] = backfill_window_rules(
+                tmp, tmp / "blocks", args.scrape, base // 10**9,
+                (base + len(files) * SLOT_NS) // 10**9,
+            )  # fmt: skip
         with start_prometheus(tmp / "prom", [], blocks=tmp / "blocks") as prom:
             for step in (float(x) for x in args.steps.split(",")):
                 fleet: list[dict[str, Any]] = []

@@ -37,7 +37,10 @@ model`` labels.
 series of a (model, GPU), which fleet mode turns into the agent's URL for drill-down.
 
 **REQUEST_WINDOWS**, per model from the first family that has it: cotenant's own
-``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase), else
+``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase) — read
+from the recorded series of ``fleet.rules.yml``'s ``cotenant-fleet-windows`` group where they
+exist for the rate window (:mod:`collectors.promql_recorded`: p50, p99, rates per phase; no
+p95), from the raw buckets for windows before their first evaluation or without them — else
 vLLM (``vllm:e2e_request_latency_seconds`` quantiles and mean; ``queue_ms`` from
 ``vllm:request_queue_time_seconds``, ``compute_ms`` from ``vllm:request_inference_time_seconds``
 when exported), else Triton (means = ``rate(nv_inference_*_duration_us) /
@@ -76,7 +79,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors import promql
+from collectors import promql, promql_recorded
 from collectors.promql import GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
 from collectors.promql_client import Fields, PromClient, PromQLClient, Series
 from collectors.promql_frames import div, merge, table, windows_with_data
@@ -279,7 +282,8 @@ class PrometheusSource:
     def _requests_on(
         self, g: Grid, step_s: float, model: str | None, gpu: str | None = None
     ) -> pa.Table:
-        window = promql.duration(max(g.step, 4 * self._scrape_ns))
+        window_ns = max(g.step, 4 * self._scrape_ns)
+        window = promql.duration(window_ns)
         taken: set[str] = set()
         keyed: list[tuple[tuple[str, ...], Fields]] = []
         for fam in promql.FAMILIES:
@@ -288,7 +292,10 @@ class PrometheusSource:
                 # a family with its own gpu label: filter in the query (or no GPU: those are
                 # placed by pod or configuration below)
                 ms.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
-            blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
+            if fam.spans:
+                blocks = promql_recorded.own_blocks(self._api, fam, g, ",".join(ms), window_ns)
+            else:
+                blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
             for ident, f in blocks.items():
                 if ident[0] in mine:

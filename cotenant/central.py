@@ -118,6 +118,7 @@ def build_central(
             params=ac.spike_params(),
             indicator_slo_ms=ac.indicator_slos(),
             batch_reads=fleet is not None,
+            full_read_s=ac.full_read_s,
         )
         if ac.enabled
         else None

@@ -57,6 +57,7 @@ def settings_from(cfg: Config) -> RuleSettings:
         memory_pressure=r.memory_pressure,
         for_s=r.for_s,
         runbook_base_url=r.runbook_base_url,
+        scrape_interval_s=cfg.prometheus.scrape_interval_s,
     )
 
 

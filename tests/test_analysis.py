@@ -333,6 +333,41 @@ def test_batched_reads_give_the_loop_the_same_incidents_with_one_read_per_frame(
     assert got[True][1] < got[False][1]
 
 
+class _Spans(_Counting):
+    """Keeps the start of every request-window read, in seconds."""
+
+    def __init__(self, inner: StoreSource) -> None:
+        super().__init__(inner)
+        self.starts: list[float] = []
+
+    def request_windows(self, rng: TimeRange, *args: Any, **kw: Any) -> Any:
+        self.starts.append((rng.since_ns or 0) / 1e9)
+        return self._inner.request_windows(rng, *args, **kw)
+
+
+@pytest.mark.parametrize(("full_read_s", "full_reads"), [(60.0, 2), (600.0, 1)])
+def test_the_loop_reads_its_whole_range_every_full_read_s(
+    demo_store: Store, full_read_s: float, full_reads: int
+) -> None:
+    src = _Spans(StoreSource(demo_store))
+    clock = [300 * 10**9]
+    loop = AnalysisLoop(
+        src,  # type: ignore[arg-type]
+        IncidentBook(Store(":memory:")),
+        horizon_s=120,
+        reread_s=10.0,
+        clock_ns=lambda: clock[0],
+        full_read_s=full_read_s,
+    )
+    for now_s in (300, 315, 330, 345, 360, 375):
+        clock[0] = now_s * 10**9
+        src.starts.clear()
+        loop.run_once()
+        full = min(src.starts) < now_s - 60  # the horizon and its history, not the last 10 s
+        full_reads -= full
+    assert full_reads == 0
+
+
 class _Limited(_Counting):
     """Refuses fleet-wide window reads as a PromQL engine over its sample limit does."""
 

@@ -14,6 +14,7 @@ from analysis.analyzer import Analyzer
 from analysis.diagnose import Diagnosis, diagnose
 from analysis.incidents import IncidentBook
 from analysis.loop import AnalysisLoop
+from analysis.pass_reads import PassReads
 from evaluation.accuracy import load_outputs
 from simulator import output
 from simulator.scenario import (
@@ -186,6 +187,22 @@ def test_the_live_loop_keeps_one_incident_per_indicator_and_the_filter_finds_it(
     # a second pass continues the same incidents instead of opening others
     loop.run_once()
     assert len(book.find(model="chat", indicator="tpot")) == 1
+
+
+def test_batched_pass_reads_give_each_gpu_its_token_windows_from_one_read(runs: Any) -> None:
+    store, _ = runs["decode"]
+    src = StoreSource(store)
+    rng = TimeRange(START + 100 * S, START + 320 * S)
+    gpus = sorted(
+        {str(g) for g in pc.unique(src.token_windows(rng, 1.0).column("gpu")).to_pylist()}
+    )
+    reads = PassReads(src)
+    for lengths in (False, True):
+        for g in gpus:
+            assert reads.token_windows(rng, 1.0, g, lengths=lengths).equals(
+                src.token_windows(rng, 1.0, g, lengths=lengths)
+            )
+    assert gpus and reads.reads == 2  # one fleet-wide read with, one without token lengths
 
 
 def test_models_without_token_counts_keep_e2e_only(runs: Any) -> None:
