@@ -21,6 +21,7 @@ the time of one diagnosis call. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -39,10 +40,13 @@ from promserver import PROMETHEUS, start_prometheus  # noqa: E402
 from window_rules import backfill_window_rules  # noqa: E402
 
 from analysis.diagnose import Diagnosis, diagnose  # noqa: E402
+from analysis.spikes import SpikeParams  # noqa: E402
 from collectors.prometheus import PrometheusSource  # noqa: E402
+from cotenant.config import load_config  # noqa: E402
 from evaluation.accuracy import SETTLE_NS, load_outputs  # noqa: E402
 from evaluation.agent_series import agent_openmetrics, write_openmetrics  # noqa: E402
 from simulator import output  # noqa: E402
+from simulator.scenario import Scenario  # noqa: E402
 from simulator.scenario_load import load_scenario  # noqa: E402
 from store.queries import TimeRange  # noqa: E402
 from store.source import MetricSource, StoreSource  # noqa: E402
@@ -59,6 +63,21 @@ def _rank(d: Diagnosis, f: dict[str, Any]) -> int | None:
     return None
 
 
+def params_at(step_s: float) -> SpikeParams:
+    """The detector's parameters central serve runs with at ``[analysis] step_s`` (the
+    degradation test's length is in seconds: ``degradation_s`` over the window width)."""
+    return load_config(env={"COTENANT_ANALYSIS_STEP_S": f"{step_s:g}"}).analysis.spike_params()
+
+
+def with_lead(s: Scenario, lead_s: float) -> Scenario:
+    """``s`` with ``lead_s`` more seconds of its normal traffic before its faults (a running
+    fleet has history: with 5 s windows the detector's baseline needs minutes of it)."""
+    if lead_s <= 0:
+        return s
+    faults = tuple(dataclasses.replace(f, start_s=f.start_s + lead_s) for f in s.faults)
+    return dataclasses.replace(s, duration_s=s.duration_s + lead_s, faults=faults)
+
+
 def score(
     source: MetricSource, s: Any, start: int, truth: list[dict[str, Any]], step_s: float
 ) -> tuple[list[dict[str, Any]], float]:
@@ -69,7 +88,9 @@ def score(
     calls = 0
     for m in s.models:
         try:
-            diags += diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms, step_s=step_s)
+            diags += diagnose(
+                source, m.name, rng, slo_ms=m.slo_p99_ms, step_s=step_s, params=params_at(step_s)
+            )
         except Exception as exc:  # a model with no windows at this step: no incident
             if "served no requests" not in str(exc):
                 raise
@@ -123,6 +144,13 @@ def main() -> None:
     p.add_argument("--scrape", type=float, default=15.0, help="scrape interval (s)")
     p.add_argument("--steps", default="15,5", help="fleet window widths to score (s)")
     p.add_argument(
+        "--lead",
+        type=float,
+        default=600.0,
+        help="seconds of normal traffic added before every scenario's faults, for both modes "
+        "(a running fleet has history; 0: from a cold start)",
+    )
+    p.add_argument(
         "--rules",
         action="store_true",
         help="backfill the loop's window rules (fleet.rules.yml, cotenant-fleet-windows) too, "
@@ -142,7 +170,7 @@ def main() -> None:
     emb_call: list[float] = []
     t_sim = time.perf_counter()
     for i, f in enumerate(files):
-        s = load_scenario(f)
+        s = with_lead(load_scenario(f), args.lead)
         start = base + i * SLOT_NS
         sim = output.run(s, start_ns=start)
         truth = output.truth(s, sim, start_ns=start)
