@@ -73,16 +73,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors import promql, promql_recorded
-from collectors.promql import GPU_BY, MAX_POINTS, POD_BY, QUANTILES, Grid
+from collectors.promql import GPU_BY, POD_BY, QUANTILES, Grid
 from collectors.promql_client import Fields, PromClient, PromQLClient, Series
 from collectors.promql_frames import div, merge, table, windows_with_data
+from collectors.promql_joins import Joins
 from collectors.settings import PrometheusSettings
 from store.errors import UsageError
 from store.frames import (
@@ -127,8 +128,7 @@ class PrometheusSource:
         self.url = self._api.url
         self.timeout_s = timeout_s
         self._scrape_ns = int(scrape_interval_s * 1e9)
-        self._model_gpu = dict(model_gpu or {})
-        self._default_gpu = default_gpu
+        self._joins = Joins(self._api, model_gpu, default_gpu)
         self._has_spans: bool | None = None
 
     def close(self) -> None:
@@ -178,7 +178,7 @@ class PrometheusSource:
             )
             if blocks:
                 break
-        reasons = self._clock_reasons(g, sel) if blocks else {}
+        reasons = self._joins.clock_reasons(g, sel) if blocks else {}
         # One GPU can be exposed twice (a node running both an agent and the DCGM exporter:
         # their series differ in instance, and perhaps Hostname): a UUID names one GPU, so its
         # series are averaged into one row, under the first of its hosts in sort order.
@@ -218,7 +218,7 @@ class PrometheusSource:
             blocks = self._api.blocks(query, g, by)
             if blocks:
                 break
-        models = self._pod_models(g) if blocks else {}
+        models = self._joins.pod_models(g) if blocks else {}
         out = []
         for ident, f in blocks.items():
             dev = promql.gpu_of(ident)
@@ -264,7 +264,7 @@ class PrometheusSource:
             mine = {i[0] for i in idents if i[0]} - taken  # preferred family wins
             keyed += [(i, {}) for i in idents if i[0] in mine]
             taken |= mine
-        pairs = self._place(keyed, Grid(hi - step, step, 1))
+        pairs = self._joins.place(keyed, Grid(hi - step, step, 1))
         return sorted((str(m), str(g or "")) for m, g in pairs)
 
     def request_windows(
@@ -305,7 +305,7 @@ class PrometheusSource:
             taken |= mine
         nan = np.full(g.n, np.nan)
         out = []
-        for key, fs in self._place(keyed, g).items():
+        for key, fs in self._joins.place(keyed, g).items():
             f = merge(fs, means=())
             rate = f.get("rate", nan)
             cols = {
@@ -348,7 +348,7 @@ class PrometheusSource:
         by = ("model_name", "", "namespace", "pod")
         blocks = self._api.blocks(promql.token_query("", window, lengths=lengths), g, by)
         vllm = ((i, f) for i, f in blocks.items() if i[0] not in mine)
-        for key, fs in self._place(vllm, g).items():
+        for key, fs in self._joins.place(vllm, g).items():
             placed[key] += fs
         nan = np.full(g.n, np.nan)
         out = []
@@ -410,59 +410,7 @@ class PrometheusSource:
         by = ("model_name", "", "namespace", "pod")
         blocks = self._api.blocks(promql.serving_query(m, gauge_w, rate_w), g, by)
         out = []
-        for key, fs in self._place(blocks.items(), g).items():
+        for key, fs in self._joins.place(blocks.items(), g).items():
             f = merge(fs, means=("kv_cache_usage",))
             out.append((key, f, windows_with_data(f)))
         return table(SERVING_WINDOWS, g, ("model", "gpu"), out)
-
-    # -- joins -------------------------------------------------------------------------------
-
-    def _clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
-        """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where
-        none). Raw samples, because PromQL has no bitwise OR over time."""
-        bits: dict[tuple[str, str], np.ndarray] = {}
-        seen: dict[tuple[str, str], np.ndarray] = {}
-        for c in range(0, g.n, MAX_POINTS):
-            lo, hi = g.w0 + c * g.step, g.w0 + min(g.n, c + MAX_POINTS) * g.step
-            for labels, ts, vals in self._api.at(
-                promql.clock_reasons_query(promql.duration(hi - lo), sel), hi
-            ):
-                ident = tuple(labels.get(b, "") for b in GPU_BY)
-                key = (promql.host_of(ident), promql.gpu_of(ident))
-                k = (ts - g.w0 - 1) // g.step  # (w, w + step], as the range queries see it
-                ok = ~np.isnan(vals) & (k >= 0) & (k < g.n)
-                acc = bits.setdefault(key, np.zeros(g.n, np.int64))
-                np.bitwise_or.at(acc, k[ok], vals[ok].astype(np.int64))
-                seen.setdefault(key, np.zeros(g.n, bool))[k[ok]] = True
-        return {key: np.where(seen[key], v, np.nan) for key, v in bits.items()}
-
-    def _pod_gpus(self, g: Grid) -> dict[tuple[str, str], str]:
-        """(namespace, pod) -> the GPU its DCGM series name (the first, when several)."""
-        found: dict[tuple[str, str], list[str]] = defaultdict(list)
-        query = promql.pod_gpus_query(promql.duration(g.end - g.w0))
-        for labels, _ in self.instant(query, g.end):
-            pod = (labels.get("namespace", ""), labels.get("pod", ""))
-            found[pod].append(labels.get("UUID") or labels.get("gpu", ""))
-        return {pod: sorted(gpus)[0] for pod, gpus in found.items()}
-
-    def _pod_models(self, g: Grid) -> dict[tuple[str, str], str]:
-        """(namespace, pod) -> the model its serving series name."""
-        query = promql.pod_models_query(promql.duration(g.end - g.w0))
-        return {
-            (lb.get("namespace", ""), lb.get("pod", "")): lb.get("model_name") or lb["model"]
-            for lb, _ in self.instant(query, g.end)
-            if lb.get("model_name") or lb.get("model")
-        }
-
-    def _place(
-        self, keyed: Iterable[tuple[tuple[str, ...], Fields]], g: Grid
-    ) -> dict[tuple[str, str], list[Fields]]:
-        """(model, own gpu, namespace, pod) identities -> (model, gpu), in the order of the
-        module docstring; identities without a model are dropped."""
-        keyed = [(ident, f) for ident, f in keyed if ident[0]]
-        pods = self._pod_gpus(g) if any(i[3] and not i[1] for i, _ in keyed) else {}
-        out: dict[tuple[str, str], list[Fields]] = defaultdict(list)
-        for (mdl, own, ns, pod), f in keyed:
-            dev = own or pods.get((ns, pod)) or self._model_gpu.get(mdl, self._default_gpu)
-            out[(mdl, dev)].append(f)
-        return out
