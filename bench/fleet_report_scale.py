@@ -22,8 +22,10 @@ queries span 20,160 minutes, cut in chunks of 10,000 points.
 Measured per N, in a fresh child process that is central serve's report path (as in
 ``tests/e2e/test_fleet_report.py``): ``report_builder(cfg, store, partial(fleet.import_rollups,
 store)).build(week)`` — its wall time, its CPU, its peak RSS (``VmHWM``), Prometheus' CPU
-(``/proc/<pid>/stat``), the bytes Prometheus sent (its ``prometheus_http_response_size_bytes``)
-and the queries it answered; then each rollup query on its own over one 10,000-point chunk with
+(``/proc/<pid>/stat``), the bytes Prometheus sent (its ``prometheus_http_response_size_bytes``:
+gzip-compressed, as the client asks) and the queries it answered, and the time spent in
+``import_rollups``, in ``fleet_rollups`` and in ``PrometheusSource.on_grid`` (HTTP, Prometheus,
+JSON); then each rollup query on its own over one 10,000-point chunk with
 ``stats=all``: the peak samples Prometheus held (its ``--query.max-samples`` limit is 50 M
 by default; a query over it is refused). Prints one JSON object.
 """
@@ -334,7 +336,6 @@ def run(nodes: int, procs: int, offset_s: float, tmp: Path) -> dict[str, Any]:
         handler = 'handler="/api/v1/query_range"'
         b0 = _prom_metric(prom.url, "prometheus_http_response_size_bytes_sum", handler)
         q0 = _prom_metric(prom.url, "prometheus_http_requests_total", handler)
-        s0 = _prom_metric(prom.url, "prometheus_engine_query_samples_total", "")
         p0 = proc_cpu(pid)
         child = subprocess.run(
             [sys.executable, __file__, "--_report", prom.url, str(week), str(tmp / "c.duckdb")],
@@ -352,9 +353,6 @@ def run(nodes: int, procs: int, offset_s: float, tmp: Path) -> dict[str, Any]:
         )
         out["range_queries"] = int(
             _prom_metric(prom.url, "prometheus_http_requests_total", handler) - q0
-        )
-        out["samples_loaded"] = int(
-            _prom_metric(prom.url, "prometheus_engine_query_samples_total", "") - s0
         )
         out["one_chunk_queries"] = query_stats(prom.url, week.start_ns // S + 60)
     return out
