@@ -295,7 +295,9 @@ def query_stats(url: str, w0_s: float) -> dict[str, Any]:
     return out
 
 
-def run(nodes: int, procs: int, offset_s: float, tmp: Path) -> dict[str, Any]:
+def run(
+    nodes: int, procs: int, offset_s: float, tmp: Path, max_samples: int | None = None
+) -> dict[str, Any]:
     from promserver import PROMETHEUS, start_prometheus
     from window_rules import proc_cpu
 
@@ -329,7 +331,13 @@ def run(nodes: int, procs: int, offset_s: float, tmp: Path) -> dict[str, Any]:
         "week": str(week),
     }
     with start_prometheus(
-        tmp / "prom", [], blocks=blocks, extra_args=("--storage.tsdb.retention.time=60d",)
+        tmp / "prom",
+        [],
+        blocks=blocks,
+        extra_args=(
+            "--storage.tsdb.retention.time=60d",
+            *([f"--query.max-samples={max_samples}"] if max_samples else []),
+        ),
     ) as prom:
         pid = prom.proc.pid
         time.sleep(5)  # let the head settle after loading the blocks
@@ -366,6 +374,13 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--procs", type=int, default=20, help="processes per GPU")
     ap.add_argument("--offset", type=float, default=17.25, help="the group's offset, s")
+    ap.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help="Prometheus' --query.max-samples (default: its own, 50 M): a lower one shows, at a "
+        "small N, the refusal a larger fleet meets",
+    )
     a = ap.parse_args()
     rev = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -374,7 +389,7 @@ def main() -> None:
     runs = []
     for n in a.nodes:
         with tempfile.TemporaryDirectory(prefix="fleet-report-") as d:
-            runs.append(run(n, a.procs, a.offset, Path(d)))
+            runs.append(run(n, a.procs, a.offset, Path(d), a.max_samples))
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     print(
         json.dumps(
