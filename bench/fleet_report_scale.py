@@ -257,18 +257,17 @@ def query_stats(url: str, w0_s: float) -> dict[str, Any]:
     """Each rollup query over one 10,000-point chunk at a 60 s step with ``stats=all``."""
     from collectors.prometheus_rollups import (
         GPU_SERIES,
-        PHASE_SERIES,
-        PROCESS_SERIES,
+        PROCESS_SM,
+        PROCESS_SM_MIN,
         REQUEST_SERIES,
         minute_query,
     )
 
     cases = {
         "requests (count)": minute_query(REQUEST_SERIES["count"][0], ("model", "gpu")),
-        "phases": minute_query(PHASE_SERIES, ("model", "gpu", "phase")),
         "gpu (sm_util)": minute_query(GPU_SERIES["sm_util"][0], ("host", "gpu")),
-        "process (sm_util)": minute_query(
-            PROCESS_SERIES["sm_util"][0], ("host", "gpu", "pid", "process", "model")
+        "process (sm_util, no model, > 1 %)": minute_query(
+            PROCESS_SM, ("host", "gpu", "pid", "process", "model"), above=PROCESS_SM_MIN
         ),
     }
     out: dict[str, Any] = {}

@@ -2,32 +2,36 @@
 
 The weekly report (:mod:`reports.compute`) reads ``request_rollup_1m``, ``gpu_rollup_1m`` and
 ``process_rollup_1m``. In fleet mode nothing is ingested centrally, so central serve fills those
-tables for the weeks it reports from the per-minute series that ``rules/fleet.rules.yml`` and
-``rules/cotenant.rules.yml`` record (:mod:`alerts.rules_fleet`): one range query per series at
-a 60 s step, whatever the number of nodes — a week over a whole cluster is a dozen queries.
+tables for the weeks it reports from the per-minute series that ``rules/fleet.rules.yml``
+records (:mod:`alerts.rules_fleet`): one range query per column at a 60 s step, whatever the
+number of nodes.
+
+Only what the report reads is imported (``store.report_queries``): per (model, GPU) minute the
+requests, errors and p99 of the latency, TTFT and TPOT; per GPU minute its utilisations, PCIe,
+memory and throttling; per process minute only the SM share of processes that serve no model,
+over 1 % (filtered in PromQL: they are most of a fleet's series). Other columns stay null;
+the recording rules keep them for dashboards and ad-hoc PromQL. ``clock_event_reasons`` is
+``0x40`` (a thermal slowdown bit) in minutes where any thermal or power reason was active, 0
+otherwise: which reason is not kept. Utilisations come back in percent, as the store holds them.
 
 Each recorded sample is the value over the clock minute before the minute it was recorded in
 (:func:`alerts.rules_fleet.minute_of`); minute ``[m, m + 60 s)`` is read at ``m + 120 s - 1 ms``
 (the latest sample of the minute after it, whatever the group's offset within its interval).
-Columns with no recording rule are null (``latency_max_ms``,
-``batch_size_mean``, token sums, per-minute maxima other than memory); ``clock_event_reasons`` is
-``0x40`` (a thermal slowdown bit) in minutes where any thermal or power reason was active, 0
-otherwise: which reason is not kept. Utilisations come back in percent, as the store holds them.
+Rows are built column-wise from the answers' arrays (a week of a node is ~10^5 rows).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from collectors import promql
 from collectors.prometheus import PrometheusSource
 from store.queries import TimeRange
-from store.schema import PHASES, arrow_schema
+from store.schema import arrow_schema
 
 MINUTE_S = 60.0
 THROTTLED_BIT = 0x40
@@ -36,60 +40,30 @@ REQUEST_SERIES: dict[str, tuple[str, float]] = {
     # column -> (recorded series, scale to the store's unit)
     "count": ("cotenant:requests:increase_minute", 1.0),
     "errors": ("cotenant:request_errors:increase_minute", 1.0),
-    "latency_sum_ms": ("cotenant:request_latency_seconds:sum_minute", 1e3),
-    "p50_ms": ("cotenant:request_latency_seconds:p50_minute", 1e3),
-    "p90_ms": ("cotenant:request_latency_seconds:p90_minute", 1e3),
-    "p95_ms": ("cotenant:request_latency_seconds:p95_minute", 1e3),
     "p99_ms": ("cotenant:request_latency_seconds:p99_minute", 1e3),
     "ttft_p99_ms": ("cotenant:time_to_first_token_seconds:p99_minute", 1e3),
     "tpot_p99_ms": ("cotenant:time_per_output_token_seconds:p99_minute", 1e3),
 }
-PHASE_SERIES = "cotenant:request_phase_seconds:sum_minute"
 GPU_SERIES: dict[str, tuple[str, float]] = {
     "sm_util": ("cotenant:gpu_sm_utilization:avg_minute", 100.0),
     "mem_util": ("cotenant:gpu_memory_bandwidth_utilization:avg_minute", 100.0),
     "pcie_tx_bps": ("cotenant:gpu_pcie_bytes_per_second:avg_minute", 1.0),  # TX + RX
     "mem_used_bytes_max": ("cotenant:gpu_memory_used_bytes:max_minute", 1.0),
     "mem_total_bytes": ("cotenant:gpu_memory_total_bytes:max_minute", 1.0),
-    "power_w": ("cotenant:gpu_power_watts:avg_minute", 1.0),
     "clock_event_reasons": ("cotenant:gpu_throttled:max_minute", THROTTLED_BIT),
 }
-PROCESS_SERIES: dict[str, tuple[str, float]] = {
-    "sm_util": ("cotenant:process_sm_utilization:avg_minute", 100.0),
-    "mem_used_bytes_max": ("cotenant:process_memory_used_bytes:max_minute", 1.0),
-    "cpu_cores": ("cotenant:process_cpu_cores:avg_minute", 1.0),
-}
+PROCESS_SM = 'cotenant:process_sm_utilization:avg_minute{model=""}'
+"""Processes that serve no model (the report's co-tenants besides models)."""
+PROCESS_SM_MIN = 0.01
+"""The report counts a process as a tenant from 1 % SM in a minute."""
 
 
-def minute_query(series: str, by: tuple[str, ...]) -> str:
-    """The recorded ``series`` of each minute, summed ``by`` these labels: only a sample
-    recorded within the minute (a plain selector would repeat the last one for the 5 minutes
-    of Prometheus' lookback after a series stops)."""
-    return f"sum by ({', '.join(by)}) (last_over_time({series}[1m]))"
-
-
-def _read(
-    source: PrometheusSource,
-    rng: TimeRange,
-    series: dict[str, tuple[str, float]],
-    keys: tuple[str, ...],
-) -> dict[tuple[Any, ...], dict[str, float]]:
-    """(minute_ns, *key labels) -> column -> value, for every series' query."""
-    rows: dict[tuple[Any, ...], dict[str, float]] = defaultdict(dict)
-    # The rule group is evaluated at an offset within its minute (a hash of the group), and
-    # the sample recorded at t holds the clock minute before floor(t / 60 s): minute m is the
-    # latest sample in [m + 60 s - 1 ms, m + 120 s - 1 ms] (any offset in [0, 60 s) lands
-    # there, and an earlier evaluation at m + 60 s - 1 ms is older than it).
-    g = promql.grid(rng, MINUTE_S)
-    shifted = promql.Grid(g.w0 + READ_LAG_NS, g.step, g.n)
-    for col, (name, scale) in series.items():
-        # summed by the key labels: adds up nodes (requests); one series per key otherwise
-        for labels, ts, vals in source.on_grid(minute_query(name, keys), shifted):
-            key = tuple(labels.get(k, "") for k in keys)
-            for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
-                if np.isfinite(v):
-                    rows[(int(t) - READ_LAG_NS, *key)][col] = v * scale
-    return rows
+def minute_query(series: str, by: tuple[str, ...], above: float | None = None) -> str:
+    """The recorded ``series`` of each minute, summed ``by`` these labels (only those
+    ``above`` a value, when given): only a sample recorded within the minute (a plain selector
+    would repeat the last one for the 5 minutes of Prometheus' lookback after a series stops)."""
+    q = f"sum by ({', '.join(by)}) (last_over_time({series}[1m]))"
+    return q if above is None else f"{q} > {above!r}"
 
 
 # on_grid evaluates at each window's end: windows start 60 s - 1 ms after the minute's, so
@@ -97,15 +71,70 @@ def _read(
 READ_LAG_NS = 60_000_000_000 - 1_000_000
 
 
-def _table(name: str, rows: Iterable[dict[str, Any]]) -> pa.Table:
+def _column(
+    source: PrometheusSource,
+    g: promql.Grid,
+    query: str,
+    keys: tuple[str, ...],
+    col: str,
+    scale: float,
+) -> pd.DataFrame | None:
+    """One query's answer as rows ``(minute_ns, *keys, col)``; None when it has none."""
+    shifted = promql.Grid(g.w0 + READ_LAG_NS, g.step, g.n)
+    parts = []
+    for labels, ts, vals in source.on_grid(query, shifted):
+        ok = np.isfinite(vals)
+        n = int(ok.sum())
+        if n == 0:
+            continue
+        frame: dict[str, Any] = {"minute_ns": ts[ok] - READ_LAG_NS}
+        for k in keys:
+            frame[k] = np.full(n, labels.get(k, ""), dtype=object)
+        frame[col] = vals[ok] * scale
+        parts.append(pd.DataFrame(frame))
+    if not parts:
+        return None
+    return pd.concat(parts, ignore_index=True).set_index(["minute_ns", *keys])
+
+
+def _read(
+    source: PrometheusSource,
+    rng: TimeRange,
+    series: dict[str, tuple[str, float]],
+    keys: tuple[str, ...],
+    above: float | None = None,
+) -> pd.DataFrame:
+    """Rows ``(minute_ns, *keys, *columns)`` of every minute any of ``series`` holds."""
+    g = promql.grid(rng, MINUTE_S)
+    cols = [
+        c
+        for col, (name, scale) in series.items()
+        if (c := _column(source, g, minute_query(name, keys, above), keys, col, scale)) is not None
+    ]
+    if not cols:
+        return pd.DataFrame(columns=["minute_ns", *keys, *series])
+    return (
+        cols[0].join(cols[1:], how="outer").reset_index()
+        if len(cols) > 1
+        else (cols[0].reset_index())
+    )
+
+
+def _table(name: str, frame: pd.DataFrame) -> pa.Table:
+    """``frame`` as ``name``'s Arrow schema: missing columns null, integers rounded."""
     schema = arrow_schema(name)
-    data = list(rows)
+    n = len(frame)
     cols = []
     for f in schema:
-        vals = [r.get(f.name) for r in data]
+        if f.name not in frame.columns:
+            cols.append(pa.nulls(n, f.type))
+            continue
+        v = frame[f.name]
         if pa.types.is_integer(f.type):
-            vals = [None if v is None else round(v) for v in vals]
-        cols.append(pa.array(vals, f.type))
+            num = pd.to_numeric(v, errors="coerce")
+            cols.append(pa.array(num.round().astype("Int64"), f.type))
+        else:
+            cols.append(pa.array(v.to_numpy(), f.type, from_pandas=True))
     return pa.Table.from_arrays(cols, schema=schema)
 
 
@@ -115,44 +144,21 @@ def fleet_rollups(source: PrometheusSource, lo_ns: int, hi_ns: int) -> dict[str,
     lo = lo_ns - lo_ns % 60_000_000_000
     rng = TimeRange(lo, max(lo + 1, hi_ns))
     req = _read(source, rng, REQUEST_SERIES, ("model", "gpu"))
-    for (minute, model, gpu, phase), f in _read(
-        source, rng, {"phase_sum": (PHASE_SERIES, 1e3)}, ("model", "gpu", "phase")
-    ).items():
-        if phase in PHASES:
-            req[(minute, model, gpu)][f"{phase}_sum"] = f["phase_sum"]
-    requests = []
-    for (minute, model, gpu), f in sorted(req.items()):
-        n = f.get("count")
-        if not n or n <= 0:
-            continue
-        row: dict[str, Any] = {"minute_ns": minute, "model": model, "gpu": gpu, **f}
-        row.setdefault("errors", 0.0)
-        for p in PHASES:
-            s = f.get(f"{p}_sum")
-            row[f"{p}_ms"] = None if s is None else s / n
-        requests.append(row)
-    gpus = [
-        {"minute_ns": m, "host": h, "gpu": g, "samples": 1, **f}
-        for (m, h, g), f in sorted(_read(source, rng, GPU_SERIES, ("host", "gpu")).items())
-    ]
-    procs = []
-    for (m, h, g, pid, name, model), f in sorted(
-        _read(source, rng, PROCESS_SERIES, ("host", "gpu", "pid", "process", "model")).items()
-    ):
-        procs.append(
-            {
-                "minute_ns": m,
-                "host": h,
-                "gpu": g or None,
-                "pid": int(pid) if pid.isdigit() else None,
-                "process_name": name,
-                "model": model or None,
-                "samples": 1,
-                **f,
-            }
-        )
+    req = req[pd.to_numeric(req["count"], errors="coerce").fillna(0) > 0].copy()
+    req["errors"] = pd.to_numeric(req["errors"], errors="coerce").fillna(0.0)
+    gpus = _read(source, rng, GPU_SERIES, ("host", "gpu"))
+    gpus["samples"] = 1
+    keys = ("host", "gpu", "pid", "process", "model")
+    procs = _read(source, rng, {"sm_util": (PROCESS_SM, 100.0)}, keys, above=PROCESS_SM_MIN)
+    procs = procs.rename(columns={"process": "process_name"})
+    procs["gpu"] = procs["gpu"].replace("", None)
+    procs["model"] = None
+    procs["pid"] = pd.to_numeric(procs["pid"], errors="coerce")
+    procs["samples"] = 1
     return {
-        "request_rollup_1m": _table("request_rollup_1m", requests),
-        "gpu_rollup_1m": _table("gpu_rollup_1m", gpus),
+        "request_rollup_1m": _table(
+            "request_rollup_1m", req.sort_values(["minute_ns", "model", "gpu"])
+        ),
+        "gpu_rollup_1m": _table("gpu_rollup_1m", gpus.sort_values(["minute_ns", "host", "gpu"])),
         "process_rollup_1m": _table("process_rollup_1m", procs),
     }
