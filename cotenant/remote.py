@@ -12,8 +12,8 @@ def call_api(
     url: str, path: str, *, body: dict[str, Any] | None = None, timeout_s: float = 60.0
 ) -> dict[str, Any]:
     """GET ``path`` (POST ``body`` as JSON when given) on the cotenant at ``url``; its JSON
-    answer. Raises SourceError when it cannot be reached and CotenantError with its message
-    for any answer other than 200."""
+    answer. Raises SourceError when it cannot be reached or does not answer within
+    ``timeout_s``, and CotenantError with its message for any answer other than 200."""
     import httpx
 
     target = url.rstrip("/") + path
@@ -22,6 +22,12 @@ def call_api(
             r = httpx.get(target, timeout=timeout_s)
         else:
             r = httpx.post(target, json=body, timeout=timeout_s)
+    except httpx.TimeoutException as exc:
+        raise SourceError(
+            f"cotenant at {url} did not answer {path} within {timeout_s:g} s: it may still be "
+            "working on it (a fleet's weekly report reads Prometheus first); wait longer",
+            url=url,
+        ) from exc
     except httpx.HTTPError as exc:
         raise SourceError(
             f"cannot reach cotenant at {url}: {exc} (is it running?)", url=url

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cotenant.argtypes import seconds
 from cotenant.remote import call_api
 from store.errors import ReportError
 
@@ -36,6 +37,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--store", metavar="PATH", help="DuckDB store file to read")
     p.add_argument(
         "--url", metavar="URL", help="a running cotenant's API, e.g. http://127.0.0.1:8050"
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=600.0,
+        metavar="DURATION",
+        help="with --url: how long to wait for the report (default 10m; a fleet's week is read "
+        "from Prometheus first: docs/fleet.md)",
     )
     p.set_defaults(func=cmd_report)
 
@@ -71,8 +80,8 @@ def report_builder(
     )
 
 
-def _via_url(url: str, week: str) -> dict[str, Any]:
-    return call_api(url, f"/api/v1/reports/{week}/summary", timeout_s=120)
+def _via_url(url: str, week: str, timeout_s: float) -> dict[str, Any]:
+    return call_api(url, f"/api/v1/reports/{week}/summary", timeout_s=timeout_s)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -90,7 +99,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.url and args.store:
         raise ReportError("give either --store or --url, not both")
     if args.url:
-        summary = WeekSummary.from_dict(_via_url(args.url, str(week)))
+        summary = WeekSummary.from_dict(_via_url(args.url, str(week), args.timeout))
         paths = write_report(summary, out, formats)
     else:
         path = args.store or cfg.store.path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -143,3 +144,23 @@ def _at(text: str) -> WeeklyTime:
     if at is None:
         raise AssertionError(f"{text!r} did not parse")
     return at
+
+
+def test_report_from_a_url_waits_its_timeout_and_says_what_to_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A serve that takes long over a report (a fleet's week is read from Prometheus first):
+    ``--timeout`` bounds the wait, and the message says it may still be working."""
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        args = ["report", "--url", url, "--week", "2026-W48", "--timeout", "1s"]
+        assert main(args) != 0
+    err = capsys.readouterr().err
+    assert f"cotenant at {url} did not answer" in err and "within 1 s" in err, err
+    assert "wait longer" in err
+    with pytest.raises(SystemExit) as bad:
+        main(["report", "--url", url, "--timeout", "soon"])
+    assert bad.value.code == 2
+    assert "'soon' is not a duration" in capsys.readouterr().err
