@@ -90,43 +90,13 @@ class RequestLog:
     def complete(self, t: float, batch: Batch, ms: SimModel, gpu_id: str) -> None:
         """``batch`` of model ``ms`` on GPU ``gpu_id`` finishes postprocessing at ``t``: one
         row per request, its phases in milliseconds."""
-        launch, h2d_end, k_end, d2h_end = (
-            batch.launch,
-            batch.h2d_end,
-            batch.kernel_end,
-            batch.d2h_end,
-        )
-        m = ms.m
-        o = self._out
-        rids = batch.rids
-        n = len(rids)
-        base = self._start_ns
-        for r in rids:
-            arr = self.arrived[r]
-            o["ts_start_ns"].append(base + int(arr * 1e9))
-            o["ts_end_ns"].append(base + int(t * 1e9))
-            o["latency_ms"].append((t - arr) * 1000.0)
-            o["model"].append(m.name)
-            o["tenant"].append(m.tenant or None)
-            o["pid"].append(ms.pid)
-            o["gpu"].append(gpu_id)
-            o["priority"].append(ms.priority)
-            o["batch_size"].append(n)
-            ctx, gen = self.tokens[r]
-            o["prompt_tokens"].append(ctx if ctx >= 0 else None)
-            o["output_tokens"].append(gen if gen >= 0 else None)
-            o["queue_ms"].append((launch - self.ready[r] + self.gate_wait[r]) * 1000.0)
-            o["lock_wait_ms"].append(self.lock_wait[r] * 1000.0)
-            o["preprocess_ms"].append(self.preprocess[r] * 1000.0)
-            o["h2d_ms"].append((h2d_end - launch) * 1000.0)
-            o["compute_ms"].append((k_end - h2d_end) * 1000.0)
-            o["d2h_ms"].append((d2h_end - k_end) * 1000.0)
-            o["postprocess_ms"].append((t - d2h_end) * 1000.0)
-            o["lock_name"].append(self.lock_name[r])
-            o["lock_holder"].append(self.lock_holder[r])
-            o["ttft_ms"].append(None)
-            o["rid"].append(r)
-            o["replica"].append(ms.replica)
+        h2d_ms = (batch.h2d_end - batch.launch) * 1000.0
+        compute_ms = (batch.kernel_end - batch.h2d_end) * 1000.0
+        d2h_ms = (batch.d2h_end - batch.kernel_end) * 1000.0
+        post_ms = (t - batch.d2h_end) * 1000.0
+        n = len(batch.rids)
+        for r in batch.rids:
+            self._row(t, r, batch.launch, ms, gpu_id, n, h2d_ms, compute_ms, d2h_ms, post_ms, None)
 
     def complete_llm(
         self, t: float, rid: int, batch: Batch, ms: SimModel, gpu_id: str, decode_batch: int
@@ -134,10 +104,30 @@ class RequestLog:
         """Request ``rid`` of LLM model ``ms`` emits its last token at ``t``; its prefill ran
         in ``batch`` (first token at the batch's ``d2h_end``). ``compute`` holds prefill and
         decode; ``batch_size`` is the decode batch it joined (``decode_batch`` sequences)."""
+        ttft_ms = (batch.d2h_end - self.arrived[rid]) * 1000.0
+        h2d_ms = (batch.h2d_end - batch.launch) * 1000.0
+        compute_ms = (t - batch.h2d_end) * 1000.0
+        self._row(t, rid, batch.launch, ms, gpu_id, decode_batch, h2d_ms, compute_ms, 0.0, 0.0,
+                  ttft_ms)  # fmt: skip
+
+    def _row(
+        self,
+        t: float,
+        rid: int,
+        launch: float,
+        ms: SimModel,
+        gpu_id: str,
+        batch_size: int,
+        h2d_ms: float,
+        compute_ms: float,
+        d2h_ms: float,
+        post_ms: float,
+        ttft_ms: float | None,
+    ) -> None:
+        """One completed request's row: ends at ``t``, launched at ``launch`` (seconds)."""
         m = ms.m
         o = self._out
         arr = self.arrived[rid]
-        first = batch.d2h_end
         o["ts_start_ns"].append(self._start_ns + int(arr * 1e9))
         o["ts_end_ns"].append(self._start_ns + int(t * 1e9))
         o["latency_ms"].append((t - arr) * 1000.0)
@@ -146,20 +136,20 @@ class RequestLog:
         o["pid"].append(ms.pid)
         o["gpu"].append(gpu_id)
         o["priority"].append(ms.priority)
-        o["batch_size"].append(decode_batch)
+        o["batch_size"].append(batch_size)
         ctx, gen = self.tokens[rid]
-        o["prompt_tokens"].append(ctx)
-        o["output_tokens"].append(gen)
-        o["queue_ms"].append((batch.launch - self.ready[rid] + self.gate_wait[rid]) * 1000.0)
+        o["prompt_tokens"].append(ctx if ctx >= 0 else None)
+        o["output_tokens"].append(gen if gen >= 0 else None)
+        o["queue_ms"].append((launch - self.ready[rid] + self.gate_wait[rid]) * 1000.0)
         o["lock_wait_ms"].append(self.lock_wait[rid] * 1000.0)
         o["preprocess_ms"].append(self.preprocess[rid] * 1000.0)
-        o["h2d_ms"].append((batch.h2d_end - batch.launch) * 1000.0)
-        o["compute_ms"].append((t - batch.h2d_end) * 1000.0)
-        o["d2h_ms"].append(0.0)
-        o["postprocess_ms"].append(0.0)
+        o["h2d_ms"].append(h2d_ms)
+        o["compute_ms"].append(compute_ms)
+        o["d2h_ms"].append(d2h_ms)
+        o["postprocess_ms"].append(post_ms)
         o["lock_name"].append(self.lock_name[rid])
         o["lock_holder"].append(self.lock_holder[rid])
-        o["ttft_ms"].append((first - arr) * 1000.0)
+        o["ttft_ms"].append(ttft_ms)
         o["rid"].append(rid)
         o["replica"].append(ms.replica)
 
