@@ -167,7 +167,7 @@ def fleet_rollups(source: PrometheusSource, lo_ns: int, hi_ns: int) -> dict[str,
     keys = ("host", "gpu", "pid", "process", "model")
     procs = _read(source, rng, {"sm_util": (PROCESS_SM, 100.0)}, keys, above=PROCESS_SM_MIN)
     procs = procs.rename(columns={"process": "process_name"})
-    procs["gpu"] = procs["gpu"].replace("", None)
+    procs["gpu"] = procs["gpu"].where(procs["gpu"] != "", None)  # a host-only process
     procs["model"] = None
     procs["pid"] = pd.to_numeric(procs["pid"], errors="coerce")
     procs["samples"] = 1

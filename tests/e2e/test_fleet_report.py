@@ -168,3 +168,12 @@ def test_ttft_and_tpot_attainment_of_an_llm_from_recording_rules_match_embedded_
     assert g.ttft_attainment == pytest.approx(w.ttft_attainment, abs=0.05), (w, g)
     assert g.tpot_attainment == pytest.approx(w.tpot_attainment, abs=0.05), (w, g)
     assert g.requests == pytest.approx(w.requests, rel=0.05), (w, g)
+    # the GPU's co-tenants: models, and the training job that serves none (its SM share is
+    # imported only for processes without a model, over 1 %)
+    gpus_want = {x.gpu: x for x in want.gpus}
+    gpus_got = {x.gpu: x for x in got.gpus}
+    assert set(gpus_got) == set(gpus_want)
+    for gpu, x in gpus_want.items():
+        assert "train-job" in x.processes, x
+        assert (gpus_got[gpu].models, gpus_got[gpu].processes) == (x.models, x.processes)
+        assert gpus_got[gpu].cotenancy_h == pytest.approx(x.cotenancy_h, abs=2 / 60)
