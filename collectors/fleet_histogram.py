@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from collectors.ingest_metrics import model_gpu_groups
 from store.schema import PHASE_COLUMNS, PHASES
 
 TOTAL_BUCKETS_S: tuple[float, ...] = tuple(
@@ -110,12 +111,8 @@ class FleetHistogram:
         n = table.num_rows
         if n == 0:
             return
-        keys = pc.binary_join_element_wise(
-            pc.fill_null(table["model"], ""), pc.fill_null(table["gpu"], ""), "\x00"
-        )
-        enc = pc.dictionary_encode(keys).combine_chunks()
-        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        groups = [tuple(str(k).split("\x00", 1)) for k in enc.dictionary.to_pylist()]
+        codes, found = model_gpu_groups(table)
+        groups = [(model, gpu) for model, gpu in found]
         ng = len(groups)
         tnb, pnb = len(self._tb) + 1, len(self._pb) + 1
         lat = _seconds(table, "latency_ms")

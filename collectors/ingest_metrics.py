@@ -67,12 +67,7 @@ class RequestDurationHistogram:
         """Add every row of a ``requests`` batch (milliseconds) to the histogram."""
         if table.num_rows == 0:
             return
-        keys = pc.binary_join_element_wise(
-            pc.fill_null(table["model"], ""), pc.fill_null(table["gpu"], ""), "\x00"
-        )
-        enc = pc.dictionary_encode(keys).combine_chunks()
-        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        groups = [str(k).split("\x00", 1) for k in enc.dictionary.to_pylist()]
+        codes, groups = model_gpu_groups(table)
         ng, nb, npz = len(groups), self._nb, len(self._phases)
         counts = np.zeros((ng, npz, nb), dtype=np.int64)
         sums = np.zeros((ng, npz), dtype=np.float64)
@@ -159,12 +154,7 @@ class TokenHistograms:
         t = table.filter(has)
         if t.num_rows == 0:
             return
-        keys = pc.binary_join_element_wise(
-            pc.fill_null(t["model"], ""), pc.fill_null(t["gpu"], ""), "\x00"
-        )
-        enc = pc.dictionary_encode(keys).combine_chunks()
-        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        groups = [str(k).split("\x00", 1) for k in enc.dictionary.to_pylist()]
+        codes, groups = model_gpu_groups(t)
         ng, width = len(groups), int(self._offsets[-1])
         counts = np.zeros((ng, width), dtype=np.int64)
         sums = np.zeros((ng, len(TOKEN_SERIES)), dtype=np.float64)
@@ -203,6 +193,16 @@ def token_values(t: pa.Table) -> tuple[np.ndarray, ...]:
     with np.errstate(invalid="ignore"):
         tpot = np.where(out > 1, (lat - ttft) / np.fmax(out - 1, 1), np.nan)
     return ttft, tpot, _floats(t["prompt_tokens"]), out
+
+
+def model_gpu_groups(t: pa.Table) -> tuple[np.ndarray, list[list[str]]]:
+    """Each row's group code (int64) and the groups' ``[model, gpu]`` (nulls as "")."""
+    keys = pc.binary_join_element_wise(
+        pc.fill_null(t["model"], ""), pc.fill_null(t["gpu"], ""), "\x00"
+    )
+    enc = pc.dictionary_encode(keys).combine_chunks()
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, [str(k).split("\x00", 1) for k in enc.dictionary.to_pylist()]
 
 
 def _floats(col: pa.ChunkedArray) -> np.ndarray:
