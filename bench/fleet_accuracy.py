@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -63,6 +64,7 @@ def _rank(d: Diagnosis, f: dict[str, Any]) -> int | None:
     return None
 
 
+@functools.cache
 def params_at(step_s: float) -> SpikeParams:
     """The detector's parameters central serve runs with at ``[analysis] step_s`` (the
     degradation test's length is in seconds: ``degradation_s`` over the window width)."""
