@@ -140,8 +140,55 @@ def _records() -> list[Record]:
             "cotenant:process_cpu_cores:avg_minute",
             "avg by (host, pid, process, model) (avg_over_time(cotenant_process_cpu_cores[1m]))",
         ),
+        *_per_model(),
+        ("cotenant:gpu_tenants:count_minute", _TENANTS),
     ]
     return [Record(name, minute_of(expr)) for name, expr in raw]
+
+
+_TENANTS = (
+    "count by (gpu) (\n"
+    "  group by (gpu, tenant) (label_replace(\n"
+    f'    sum by (model, gpu) (increase({HIST}_count{{phase="total"}}[1m])) > 0,\n'
+    '    "tenant", "$1", "model", "(.*)"))\n'
+    "  or\n"
+    "  group by (gpu, tenant) (label_replace(\n"
+    '    avg_over_time(cotenant_gpu_process_sm_utilization_ratio{model=""}[1m]) > 0.01,\n'
+    '    "tenant", "$1", "process", "(.*)"))\n'
+    ")"
+)
+"""A GPU's tenants in the minute: models with requests on it and, by name, processes that
+serve no model above 1 % SM (the weekly report's co-tenancy, as embedded mode counts it)."""
+
+
+def _per_model() -> list[tuple[str, str]]:
+    """Per-model minutes, recorded only where they hold something (a model with no request in
+    the minute has no sample): the weekly report reduces a week of them in Prometheus with
+    plain range functions (``count_over_time`` = minutes with requests, ``max_over_time``,
+    ``quantile_over_time``) instead of subqueries over every (model, GPU) series."""
+    return [
+        (
+            "cotenant:model_requests:increase_minute",
+            f'sum by (model) (increase({HIST}_count{{phase="total"}}[1m])) > 0',
+        ),
+        (
+            "cotenant:model_request_errors:increase_minute",
+            "sum by (model) (increase(cotenant_request_errors_total[1m])) > 0",
+        ),
+        # the max over the model's GPUs (an upper bound of the pooled p99: the minute met
+        # its SLO only when every GPU did); NaN (no request on any GPU) is not recorded
+        (
+            "cotenant:model_request_latency_seconds:p99_max_minute",
+            f"max by (model) ({_quantile(0.99)}) >= 0",
+        ),
+        *(
+            (
+                f"cotenant:model_{name}:p99_max_minute",
+                f"max by (model) ({_quantile(0.99, f'cotenant_{name}_bucket')}) >= 0",
+            )
+            for name in ("time_to_first_token_seconds", "time_per_output_token_seconds")
+        ),
+    ]
 
 
 def fleet_groups(s: RuleSettings) -> list[dict[str, Any]]:

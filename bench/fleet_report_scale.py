@@ -7,27 +7,25 @@ The history is what ``rules/fleet.rules.yml``'s group ``cotenant-fleet-rollups``
 recorded over the last complete ISO week — not raw agent series with the rules evaluated over
 them: one sample per minute per series, minute ``M`` recorded at ``M + 60 s + --offset`` s,
 with the labels the rules keep (:mod:`alerts.rules_fleet`). Per node, 8 GPUs x 4 models (each
-GPU's models are its own, as in ``bench/fleet_scale.py``; one model of four is generative):
+GPU's models are its own, as in ``bench/fleet_scale.py``: 32 distinct models a node, the worst
+case for per-model queries; one model of four is generative):
 
 * per (model, GPU): requests, errors, latency sum ``{node,model,gpu}``; p50/p90/p95/p99
   ``{model,gpu}``; TTFT and TPOT p99 (generative models); four phases' sums ``{...,phase}``;
-* per GPU: the eight ``cotenant:gpu_*`` series ``{host,gpu}``;
+* per model: requests, p99 (max over GPUs), TTFT / TPOT p99 (generative), errors only in
+  minutes with errors ``{model}``;
+* per GPU: the eight ``cotenant:gpu_*`` series ``{host,gpu}`` and its tenants ``{gpu}``;
 * per process (``--procs`` per GPU: one per model, the rest co-tenants without a model): SM
   share and memory ``{host,gpu,pid,process,model}``, host CPU ``{host,pid,process,model}``.
 
 The week before is empty (generating it would double the history); the report still reads
-both weeks (``ReportBuilder.build`` prepares ``[previous week start, week end)``), so the
-queries span 20,160 minutes, cut in chunks of 10,000 points.
+both weeks (``ReportBuilder.build`` reads the week before's totals).
 
 Measured per N, in a fresh child process that is central serve's report path (as in
-``tests/e2e/test_fleet_report.py``): ``report_builder(cfg, store, partial(fleet.import_rollups,
-store)).build(week)`` — its wall time, its CPU, its peak RSS (``VmHWM``), Prometheus' CPU
-(``/proc/<pid>/stat``), the bytes Prometheus sent (its ``prometheus_http_response_size_bytes``:
-gzip-compressed, as the client asks) and the queries it answered, and the time spent in
-``import_rollups``, in ``fleet_rollups`` and in ``PrometheusSource.on_grid`` (HTTP, Prometheus,
-JSON); then each rollup query on its own over one 10,000-point chunk with
-``stats=all``: the peak samples Prometheus held (its ``--query.max-samples`` limit is 50 M
-by default; a query over it is refused). Prints one JSON object.
+``tests/e2e/test_fleet_report.py``): ``report_builder(cfg, store, fleet.week_rollups)
+.build(week)`` — its wall time, its CPU, its peak RSS (``VmHWM``), Prometheus' CPU
+(``/proc/<pid>/stat``), the bytes Prometheus sent and the queries it answered, and each
+PromQL query's wall time (the slowest listed). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -100,6 +98,13 @@ def _families(nodes: int, procs: int) -> list[tuple[str, list[tuple[str, str]]]]
                         _lb(node=host, model=model, gpu=uuid, phase=p),
                         "phase",
                     )
+                ml = _lb(model=model)
+                add("cotenant:model_requests:increase_minute", ml, "count")
+                add("cotenant:model_request_errors:increase_minute", ml, "errors")
+                add("cotenant:model_request_latency_seconds:p99_max_minute", ml, "p99")
+                if m == 0:
+                    for t in ("time_to_first_token_seconds", "time_per_output_token_seconds"):
+                        add(f"cotenant:model_{t}:p99_max_minute", ml, "p99")
             gl = _lb(host=host, gpu=uuid)
             for name, kind in (
                 ("cotenant:gpu_sm_utilization:avg_minute", "ratio"),
@@ -112,6 +117,7 @@ def _families(nodes: int, procs: int) -> list[tuple[str, list[tuple[str, str]]]]
                 ("cotenant:gpu_throttled:max_minute", "flag"),
             ):
                 add(name, gl, kind)
+            add("cotenant:gpu_tenants:count_minute", _lb(gpu=uuid), f"tenants{procs}")
             for k in range(procs):
                 pid = str(10_000 + 100 * g + k)
                 model = f"model-{k}-n{n}-g{g}" if k < MODELS else ""
@@ -151,6 +157,8 @@ def _values(kind: str, rng: np.random.Generator, n: int) -> list[str]:
         v = np.round(rng.uniform(100, 600, n), 1)
     elif kind == "clock":
         v = np.round(rng.uniform(0.8, 1.0, n), 3)
+    elif kind.startswith("tenants"):  # models and co-tenant processes (all over 1 % SM)
+        v = np.full(n, float(kind[len("tenants") :]))
     elif kind == "flag":
         v = (rng.uniform(size=n) < 0.01).astype(float)
     else:  # cpu
@@ -169,8 +177,15 @@ def history(path: Path, nodes: int, procs: int, lo_ns: int, minutes: int, offset
             for labels, kind in series:
                 pre = f"{name}{labels} "
                 vals = _values(kind, rng, minutes)
-                f.write("".join([pre + v + st for v, st in zip(vals, stamps, strict=True)]))
-                written += minutes
+                # the per-model errors are recorded only in minutes with errors
+                sparse = name == "cotenant:model_request_errors:increase_minute"
+                lines = [
+                    pre + v + st
+                    for v, st in zip(vals, stamps, strict=True)
+                    if not (sparse and v == "0.0")
+                ]
+                f.write("".join(lines))
+                written += len(lines)
         f.write("# EOF\n")
     return written
 
@@ -186,7 +201,7 @@ def _prom_metric(url: str, name: str, match: str) -> float:
 
 def report_child(url: str, week: str, db: str) -> None:
     """Central serve's report path, alone in this process: prints wall, CPU and peak RSS."""
-    from functools import partial
+    import threading
 
     from prometheus_client import CollectorRegistry
 
@@ -198,38 +213,31 @@ def report_child(url: str, week: str, db: str) -> None:
 
     cfg = load_config(
         env={"COTENANT_PROMETHEUS_URL": url, "COTENANT_PROMETHEUS_SCRAPE_INTERVAL_S": "15",
-             "COTENANT_PROMETHEUS_TIMEOUT_S": "600"}
+             "COTENANT_PROMETHEUS_TIMEOUT_S": "600", "COTENANT_RULES_SLO_DEFAULT_MS": "50"}
     )  # fmt: skip
-    import cotenant.fleet as fleet_mod
-
     store = Store(Path(db))
     fleet = Fleet(cfg, CollectorRegistry())
-    # where serve's time goes: wrapped, not replaced (the product path runs as it is)
-    spent = {"fleet_rollups_s": 0.0, "on_grid_s": 0.0, "import_rollups_s": 0.0}
+    # each query's wall time: wrapped, not replaced (the product path runs as it is)
+    spent: list[tuple[float, str]] = []
+    lock = threading.Lock()
+    instant = fleet.prometheus.instant
 
-    def timed(fn: Any, key: str) -> Any:
-        def call(*args: Any, **kw: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                spent[key] += time.perf_counter() - t
+    def timed(query: str, at_ns: int | None = None) -> Any:
+        t = time.perf_counter()
+        try:
+            return instant(query, at_ns)
+        finally:
+            with lock:
+                spent.append((time.perf_counter() - t, query))
 
-        return call
-
-    fleet_mod.fleet_rollups = timed(fleet_mod.fleet_rollups, "fleet_rollups_s")  # type: ignore[assignment]
-    fleet.prometheus.on_grid = timed(fleet.prometheus.on_grid, "on_grid_s")  # type: ignore[method-assign]
-    importer = timed(partial(fleet.import_rollups, store), "import_rollups_s")
+    fleet.prometheus.instant = timed  # type: ignore[method-assign]
     rss0 = _vm("VmRSS")
     c0, w0 = time.process_time(), time.perf_counter()
-    summary = report_builder(cfg, store, importer).build(parse_week(week))
+    summary = report_builder(cfg, store, fleet.week_rollups).build(parse_week(week))
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    rows = {
-        t: store.cursor().execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-        for t in ("request_rollup_1m", "gpu_rollup_1m", "process_rollup_1m")
-    }
     fleet.close()
     store.close()
+    spent.sort(reverse=True)
     print(
         json.dumps(
             {
@@ -237,10 +245,13 @@ def report_child(url: str, week: str, db: str) -> None:
                 "serve_cpu_s": round(cpu, 2),
                 "rss_before_mib": rss0,
                 "peak_rss_mib": _vm("VmHWM"),
-                "rows": rows,
-                **{k: round(v, 2) for k, v in spent.items()},
+                "queries": len(spent),
+                "query_wall_s_sum": round(sum(t for t, _ in spent), 2),
+                "slowest_queries": [[round(t, 2), q[:160]] for t, q in spent[:8]],
                 "models_in_report": len(summary.models),
+                "models_with_slo_minutes": sum(m.minutes > 0 for m in summary.models),
                 "gpus_in_report": len(summary.gpus),
+                "gpus_with_cotenancy": sum(g.cotenancy_h > 0 for g in summary.gpus),
             }
         )
     )
@@ -251,47 +262,6 @@ def _vm(key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1]) // 1024
     return -1
-
-
-def query_stats(url: str, w0_s: float) -> dict[str, Any]:
-    """Each rollup query over one 10,000-point chunk at a 60 s step with ``stats=all``."""
-    from collectors.prometheus_rollups import (
-        GPU_SERIES,
-        PROCESS_SM,
-        PROCESS_SM_MIN,
-        REQUEST_SERIES,
-        minute_query,
-    )
-
-    cases = {
-        "requests (count)": minute_query(REQUEST_SERIES["count"][0], ("model", "gpu")),
-        "gpu (sm_util)": minute_query(GPU_SERIES["sm_util"][0], ("host", "gpu")),
-        "process (sm_util, no model, > 1 %)": minute_query(
-            PROCESS_SM, ("host", "gpu", "pid", "process", "model"), above=PROCESS_SM_MIN
-        ),
-    }
-    out: dict[str, Any] = {}
-    for name, q in cases.items():
-        t0 = time.perf_counter()
-        r = httpx.get(
-            f"{url}/api/v1/query_range",
-            params={"query": q, "start": w0_s, "end": w0_s + 9_999 * 60, "step": "60",
-                    "stats": "all"},
-            timeout=600,
-        )  # fmt: skip
-        body = r.json()
-        if body.get("status") != "success":
-            out[name] = {"error": body.get("error", r.text[:300]), "wall_s": None}
-            continue
-        st = body["data"].get("stats", {}).get("samples", {})
-        out[name] = {
-            "series": len(body["data"]["result"]),
-            "peak_samples": st.get("peakSamples"),
-            "total_queryable_samples": st.get("totalQueryableSamples"),
-            "response_mib": round(len(r.content) / 2**20, 1),
-            "wall_s": round(time.perf_counter() - t0, 2),
-        }
-    return out
 
 
 def run(
@@ -340,7 +310,7 @@ def run(
     ) as prom:
         pid = prom.proc.pid
         time.sleep(5)  # let the head settle after loading the blocks
-        handler = 'handler="/api/v1/query_range"'
+        handler = 'handler="/api/v1/query"'
         b0 = _prom_metric(prom.url, "prometheus_http_response_size_bytes_sum", handler)
         q0 = _prom_metric(prom.url, "prometheus_http_requests_total", handler)
         p0 = proc_cpu(pid)
@@ -358,10 +328,9 @@ def run(
             / 2**20,
             1,
         )
-        out["range_queries"] = int(
+        out["instant_queries"] = int(
             _prom_metric(prom.url, "prometheus_http_requests_total", handler) - q0
         )
-        out["one_chunk_queries"] = query_stats(prom.url, week.start_ns // S + 60)
     return out
 
 

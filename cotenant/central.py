@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -165,8 +164,8 @@ def _reports(
     """``/api/v1/reports/{week}/summary``, and the weekly scheduler when ``[report] schedule``
     is set (None otherwise)."""
     # fleet mode: the report's rollups come from Prometheus' recording rules
-    prepare = None if fleet is None else partial(fleet.import_rollups, store)
-    builder = report_builder(config, store, prepare)
+    rollups = None if fleet is None else fleet.week_rollups
+    builder = report_builder(config, store, rollups)
     api.include_router(reports_router(builder))
     at = parse_schedule(config.report.schedule)
     if at is None:

@@ -8,8 +8,8 @@
 * ``drill``: :class:`cotenant.fleet_drill.AgentDrill`, the slowest requests of an incident's
   victim from the agent that owns its GPU: ``GET /api/v1/incidents/{id}/requests`` and the
   dashboard's incident page.
-* ``import_rollups``: the weekly report's per-minute rollups, read from the recording rules
-  (``rules/fleet.rules.yml``) into central's store before each report.
+* ``week_rollups``: the weekly report's week, reduced inside Prometheus over the recording
+  rules of ``rules/fleet.rules.yml`` (:mod:`collectors.prometheus_week`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from analysis.analyzer import Analyzer
 from collectors.prometheus import PrometheusSource
-from collectors.prometheus_rollups import fleet_rollups
+from collectors.prometheus_week import PromQLWeekRollups
 from cotenant.config import Config
 from cotenant.fleet_drill import AgentDrill
-from store.bulk_load import replace_rollups
-from store.db import Store
 from store.errors import QueryError
 from store.http_json import SafeJSONResponse
 from store.source_watch import WatchedSource
@@ -59,6 +57,7 @@ class Fleet:
         self.drill = AgentDrill(
             self.prometheus, pc.agent_url_template, timeout_s=pc.agent_timeout_s
         )
+        self.week_rollups = PromQLWeekRollups(self.prometheus)
         self._clock = clock_ns
         registry.register(self)
 
@@ -68,16 +67,6 @@ class Fleet:
 
     def status(self) -> dict[str, Any]:
         return {"mode": "fleet", "prometheus": self.source.status()}
-
-    def import_rollups(self, store: Store, lo_ns: int, hi_ns: int) -> int:
-        """Replace ``store``'s rollups of ``[lo_ns, min(hi_ns, now))`` by those Prometheus'
-        recording rules hold (``collectors.prometheus_rollups``); the weekly report calls it
-        before reading them. Returns the rows written; SourceError when Prometheus is down
-        (the report then fails, saying so)."""
-        hi = min(hi_ns, self._clock())
-        if hi <= lo_ns:
-            return 0
-        return replace_rollups(store, fleet_rollups(self.prometheus, lo_ns, hi), lo_ns, hi)
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(

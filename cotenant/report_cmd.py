@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cotenant.argtypes import seconds
@@ -16,6 +15,7 @@ if TYPE_CHECKING:
     from cotenant.config import Config
     from reports.compute import ReportBuilder
     from store.db import Store
+    from store.week_rollups import WeekRollups
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,15 +49,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=cmd_report)
 
 
-def report_builder(
-    cfg: Config, store: Store, prepare: Callable[[int, int], object] | None = None
-) -> ReportBuilder:
+def report_builder(cfg: Config, store: Store, rollups: WeekRollups | None = None) -> ReportBuilder:
     """The weekly report's builder over ``store`` (``cotenant report`` and serve's API and
     schedule): the SLOs recorded in the store (:mod:`store.slo_record`) under
     ``[analysis] slo_ms``, and ``[rules] slo_default_ms`` for the SLOs, the
     saturation thresholds the alerts use (``[rules]``), and the dashboard link
-    (``[report] dashboard_url``, else ``[server]``). ``prepare``: see ReportBuilder (fleet
-    mode's rollups from Prometheus)."""
+    (``[report] dashboard_url``, else ``[server]``). ``rollups``: see ReportBuilder (fleet
+    mode reduces the week in Prometheus)."""
     from reports.compute import ReportBuilder
     from reports.job import dashboard_base
     from reports.summary import Thresholds
@@ -76,7 +74,7 @@ def report_builder(
             pcie_saturated_bps=rules.pcie_saturated_bps,
             memory_full=rules.memory_pressure,
         ),
-        prepare=prepare,
+        rollups=rollups,
     )
 
 

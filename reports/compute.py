@@ -1,9 +1,10 @@
-"""Compute a :class:`reports.summary.WeekSummary` from the store with DuckDB aggregations.
+"""Compute a :class:`reports.summary.WeekSummary`: a week reduced where it is stored.
 
-The aggregations are :class:`store.report_queries.ReportQueries`: they read only the per-minute
-rollups, ``incidents``, ``actions`` and ``audit`` — never raw requests — so a week costs the
-same at 1 or 1,000 requests per second. Each section is one aggregation query; Python only
-shapes the (small) results.
+The per-minute rollups are read through :class:`store.week_rollups.WeekRollups` (DuckDB over
+the store's rollup tables in embedded mode, PromQL over the recording rules in fleet mode);
+incidents, actions and the audit through :class:`store.report_queries.ReportQueries`. Neither
+reads raw requests, so a week costs the same at 1 or 1,000 requests per second; each section
+is one aggregation, and Python only shapes the (small) results.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from reports.summary import (
 )
 from store.db import Store
 from store.report_queries import ReportQueries
+from store.week_rollups import Slos, StoreWeekRollups, WeekRollups
 
 MINUTE_NS = 60_000_000_000
 
@@ -66,15 +68,15 @@ class ReportBuilder:
         thresholds: Thresholds | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
-        prepare: Callable[[int, int], object] | None = None,
+        rollups: WeekRollups | None = None,
     ) -> None:
         """``indicator_slo_ms``: TTFT / TPOT SLOs of generative models, ``ttft`` / ``tpot``
-        -> model -> ms (``AnalysisSettings.indicator_slos()``). ``prepare(lo_ns, hi_ns)`` is
-        called before each build with the span the build reads (the week before and the
-        week): fleet mode fills the rollups there from Prometheus' recording rules."""
+        -> model -> ms (``AnalysisSettings.indicator_slos()``). ``rollups``: where the
+        week's minutes are reduced (default: ``store``'s rollup tables; fleet mode passes
+        Prometheus')."""
         self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self._store = store
-        self._prepare = prepare
+        self._rollups: WeekRollups = rollups or StoreWeekRollups(store)
         self._slo = dict(slo_ms or {})
         self._default_slo = default_slo_ms
         self._base = dashboard_url.rstrip("/")
@@ -86,10 +88,8 @@ class ReportBuilder:
         q = ReportQueries(self._store)
         lo, hi = week.start_ns, week.end_ns
         prev = week.previous()
-        if self._prepare is not None:
-            self._prepare(prev.start_ns, hi)
         models = self._models(q, lo, hi)
-        before = self._models(q, prev.start_ns, prev.end_ns)
+        before = self._models(q, prev.start_ns, prev.end_ns, detail=False)
         totals, last = _totals(models), _totals(before)
         matrix, culprits, causes = _causes(q, lo, hi, {m.model for m in models})
         s = WeekSummary(
@@ -107,8 +107,8 @@ class ReportBuilder:
             culprits=culprits,
             causes=causes,
             worst=self._worst(q, lo, hi),
-            gpus=gpu_weeks(q, lo, hi, self._t),
-            actions=(actions := action_rows(q, lo, hi)),
+            gpus=gpu_weeks(self._rollups, lo, hi, self._t),
+            actions=(actions := action_rows(q, self._rollups, lo, hi)),
             action_counts=count_actions(actions),
             recommendations=[],
         )
@@ -119,41 +119,39 @@ class ReportBuilder:
         """The per-model SLOs (ms) this builder judges attainment against."""
         return dict(self._slo)
 
-    def _slos(self, models: list[str]) -> dict[str, float]:
-        """Model -> p99 SLO (ms) of those of ``models`` that have one (> 0)."""
-        out: dict[str, float] = {}
-        for m in models:
-            v = self._slo.get(m, self._default_slo if self._default_slo > 0 else None)
-            if v is not None and v > 0:
-                out[m] = float(v)
-        return out
-
-    def _models(self, q: ReportQueries, lo: int, hi: int) -> list[ModelWeek]:
-        names = q.model_names(lo, hi)
-        tokens = {str(r["model"]): r for r in q.token_slo_weeks(lo, hi, self._ind_slo)}
-        return [
-            _with_tokens(m, tokens.get(m.model), self._ind_slo)
-            for m in self._e2e_models(q, lo, hi, names)
-        ]
-
-    def _e2e_models(self, q: ReportQueries, lo: int, hi: int, names: list[str]) -> list[ModelWeek]:
-        return [
-            ModelWeek(
-                model=str(r["model"]),
-                requests=int(r["requests"]),
-                errors=int(r["errors"]),
-                minutes=int(r["minutes"]),
-                slo_ms=r["slo_ms"],
-                slo_minutes_met=int(r["met"]),
-                slo_attainment=(
-                    None if r["slo_ms"] is None or not r["minutes"] else r["met"] / r["minutes"]
-                ),
-                incidents=int(r["incidents"]),
-                impacted_minutes=float(r["impacted_minutes"]),
-                peak_to_median_rate=None if r["burst"] is None else float(r["burst"]),
+    def _models(
+        self, q: ReportQueries, lo: int, hi: int, *, detail: bool = True
+    ) -> list[ModelWeek]:
+        """Every model with requests or incidents in ``[lo, hi)``, sorted; TTFT / TPOT
+        attainment only with ``detail`` (the week before's totals need neither)."""
+        slos = Slos({k: float(v) for k, v in self._slo.items()}, self._default_slo)
+        minutes = self._rollups.model_weeks(lo, hi, slos, detail=detail)
+        incidents = q.incident_totals(lo, hi)
+        tokens = (
+            {str(r["model"]): r for r in self._rollups.token_slo_weeks(lo, hi, self._ind_slo)}
+            if detail
+            else {}
+        )
+        out = []
+        for name in sorted(set(minutes) | set(q.incident_models(lo, hi))):
+            r = minutes.get(name, {})
+            slo, n, met = slos.of(name), int(r.get("minutes", 0)), int(r.get("met", 0))
+            k, impacted = incidents.get(name, (0, 0.0))
+            burst = r.get("burst")
+            m = ModelWeek(
+                model=name,
+                requests=int(r.get("requests", 0)),
+                errors=int(r.get("errors", 0)),
+                minutes=n,
+                slo_ms=slo,
+                slo_minutes_met=met if slo is not None else 0,
+                slo_attainment=None if slo is None or not n else met / n,
+                incidents=k,
+                impacted_minutes=impacted,
+                peak_to_median_rate=None if burst is None else float(burst),
             )
-            for r in q.model_weeks(lo, hi, names, self._slos(names))
-        ]
+            out.append(_with_tokens(m, tokens.get(name), self._ind_slo))
+        return out
 
     def _worst(self, q: ReportQueries, lo: int, hi: int) -> list[IncidentRow]:
         return [

@@ -1,10 +1,14 @@
-"""The GPU and Actions sections of the weekly report: one aggregation each, by
-:class:`store.report_queries.ReportQueries`."""
+"""The GPU and Actions sections of the weekly report: the GPUs' hours from the week's rollups
+(:class:`store.week_rollups.WeekRollups`), the actions from the store
+(:class:`store.report_queries.ReportQueries`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from reports.summary import ActionCounts, ActionRow, GpuWeek, Thresholds
 from store.report_queries import ReportQueries
+from store.week_rollups import GpuThresholds, WeekRollups
 
 MINUTE_NS = 60_000_000_000
 THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
@@ -17,17 +21,19 @@ APPLIED_STATES = ("applied", "verified", "rolled_back", "expired")
 HELD_STATES = ("verified", "expired")
 
 
-def gpu_weeks(q: ReportQueries, lo: int, hi: int, t: Thresholds) -> list[GpuWeek]:
+def gpu_weeks(rollups: WeekRollups, lo: int, hi: int, t: Thresholds) -> list[GpuWeek]:
     """Per GPU: hours saturated (SM, DRAM, PCIe), throttled, near memory-full, and its
-    co-tenancy, from ``gpu_rollup_1m``, ``request_rollup_1m`` and ``process_rollup_1m``."""
-    rows = q.gpu_weeks(
+    co-tenancy, from the GPU, request and process rollups."""
+    rows = rollups.gpu_weeks(
         lo,
         hi,
-        sm_saturated=t.sm_saturated,
-        dram_saturated=t.dram_saturated,
-        pcie_saturated_bps=t.pcie_saturated_bps,
-        memory_full=t.memory_full,
-        throttle_bits=THROTTLE_BITS,
+        GpuThresholds(
+            sm=t.sm_saturated,
+            dram=t.dram_saturated,
+            pcie_bps=t.pcie_saturated_bps,
+            memory_full=t.memory_full,
+            throttle_bits=THROTTLE_BITS,
+        ),
     )
     return [
         GpuWeek(
@@ -47,11 +53,22 @@ def gpu_weeks(q: ReportQueries, lo: int, hi: int, t: Thresholds) -> list[GpuWeek
     ]
 
 
-def action_rows(q: ReportQueries, lo: int, hi: int) -> list[ActionRow]:
+def action_rows(q: ReportQueries, rollups: WeekRollups, lo: int, hi: int) -> list[ActionRow]:
     """Actions created in ``[lo, hi)`` with the victim's p99 before and after: the control
     loop's own verification numbers (``params.verification``) where it measured them, else
     the rollups' count-weighted p99 over :data:`ACTION_WINDOW_NS` before creation and from
     the time it was applied (``params.applied_ns``, else the audit's ``applied`` event)."""
+
+    def p99(r: dict[str, Any], key: str, lo_ns: int) -> float | None:
+        if r[key] is not None or r["victim"] is None:
+            return None if r[key] is None else float(r[key])
+        return rollups.p99_estimate(str(r["victim"]), lo_ns, lo_ns + ACTION_WINDOW_NS)
+
+    rows = q.actions(lo, hi)
+    for r in rows:
+        r["p99_before_ms"] = p99(r, "p99_before_ms", int(r["created_ns"]) - ACTION_WINDOW_NS)
+        if r["state"] in APPLIED_STATES:
+            r["p99_after_ms"] = p99(r, "p99_after_ms", int(r["applied_ns"]))
     return [
         ActionRow(
             id=str(r["id"]),
@@ -65,7 +82,7 @@ def action_rows(q: ReportQueries, lo: int, hi: int) -> list[ActionRow]:
             p99_after_ms=None if r["state"] not in APPLIED_STATES else r["p99_after_ms"],
             held_back=bool(r["held_back"]),
         )
-        for r in q.actions(lo, hi, ACTION_WINDOW_NS)
+        for r in rows
     ]
 
 

@@ -1,7 +1,7 @@
 """Fill a store in one go from Arrow tables, bypassing the writer's queue.
 
 For stores that a simulation or a benchmark builds before anything reads them (an in-memory
-store of a simulated run, a week of rollup rows): there is no ingest to protect, so the rows
+store of a simulated run): there is no ingest to protect, so the rows
 are inserted at once on the caller's thread. A running service writes through
 :class:`store.writer.Writer` instead.
 """
@@ -34,36 +34,3 @@ def append_tables(store: Store, tables: Mapping[str, pa.Table]) -> None:
                 cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _cotenant_bulk")
             finally:
                 cur.unregister("_cotenant_bulk")
-
-
-ROLLUP_TABLES = ("request_rollup_1m", "gpu_rollup_1m", "process_rollup_1m")
-
-
-def replace_rollups(store: Store, tables: Mapping[str, pa.Table], lo_ns: int, hi_ns: int) -> int:
-    """Replace the rows of each rollup table whose minute starts in ``[lo_ns, hi_ns)`` by
-    ``tables[name]`` (fleet mode: rollups read from Prometheus), one transaction per table;
-    returns the rows inserted. UsageError for a table that is not a rollup."""
-    unknown = [name for name in tables if name not in ROLLUP_TABLES]
-    if unknown:
-        raise UsageError(f"not rollup tables: {', '.join(unknown)}")
-    n = 0
-    with store.cursor() as cur:
-        for name, table in tables.items():
-            cur.execute("BEGIN")
-            try:
-                cur.execute(
-                    f"DELETE FROM {name} WHERE minute_ns >= $lo AND minute_ns < $hi",
-                    {"lo": lo_ns, "hi": hi_ns},
-                )
-                if table.num_rows:
-                    cur.register("_cotenant_rollups", table)
-                    try:
-                        cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _cotenant_rollups")
-                    finally:
-                        cur.unregister("_cotenant_rollups")
-                cur.execute("COMMIT")
-            except Exception:
-                cur.execute("ROLLBACK")
-                raise
-            n += table.num_rows
-    return n

@@ -3,9 +3,9 @@
 
 A scenario's agent series (``evaluation.agent_series``) are backfilled into Prometheus with
 promtool; ``promtool tsdb create-blocks-from rules`` evaluates the shipped recording rules over
-them (as a running Prometheus would have, once a minute); central serve's
-``Fleet.import_rollups`` reads them back into its store, and the report built on them is
-compared with the report embedded mode builds from the same simulation's raw rows.
+them (as a running Prometheus would have, once a minute); central serve's report reduces the
+week in PromQL over them (``Fleet.week_rollups``), and is compared with the report embedded
+mode builds from the same simulation's raw rows.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +109,7 @@ def _reports(tmp_path: Path, scenario: str, folder: str, env: dict[str, str]) ->
             )
             fleet = Fleet(fleet_cfg, CollectorRegistry())
             try:
-                builder = report_builder(fleet_cfg, central, partial(fleet.import_rollups, central))
+                builder = report_builder(fleet_cfg, central, fleet.week_rollups)
                 got = builder.build(week)
             finally:
                 fleet.close()
