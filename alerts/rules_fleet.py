@@ -28,6 +28,15 @@ names a trailing minute in ``cotenant.rules.yml``):
 * ``cotenant:process_sm_utilization:avg_minute``, ``cotenant:process_memory_used_bytes:
   max_minute`` ``{host,gpu,pid,process,model}`` and ``cotenant:process_cpu_cores:avg_minute
   {host,pid,process,model}``.
+* per model, only in minutes that hold something (the weekly report reduces them in
+  Prometheus with plain range functions: :mod:`collectors.prometheus_week`):
+  ``cotenant:model_requests:increase_minute``, ``cotenant:model_request_errors:increase_minute``,
+  ``cotenant:model_request_latency_seconds:p99_max_minute`` and the TTFT / TPOT
+  ``cotenant:model_time_to_first_token_seconds:p99_max_minute``,
+  ``cotenant:model_time_per_output_token_seconds:p99_max_minute`` ``{model}`` (the p99 of the
+  model's slowest GPU);
+* ``cotenant:gpu_tenants:count_minute {gpu}`` — models with requests and processes serving no
+  model over 1 % SM on the GPU.
 
 The group is evaluated every minute (``interval: 1m``) whatever the global interval. The
 file's second group, ``cotenant-fleet-windows`` (:mod:`alerts.rules_windows`), holds what

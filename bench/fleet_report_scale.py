@@ -18,7 +18,7 @@ case for per-model queries; one model of four is generative):
 * per process (``--procs`` per GPU: one per model, the rest co-tenants without a model): SM
   share and memory ``{host,gpu,pid,process,model}``, host CPU ``{host,pid,process,model}``.
 
-The week before is empty (generating it would double the history); the report still reads
+The week before is empty unless ``--weeks 2`` (it doubles the history); the report reads
 both weeks (``ReportBuilder.build`` reads the week before's totals).
 
 Measured per N, in a fresh child process that is central serve's report path (as in
@@ -265,7 +265,12 @@ def _vm(key: str) -> int:
 
 
 def run(
-    nodes: int, procs: int, offset_s: float, tmp: Path, max_samples: int | None = None
+    nodes: int,
+    procs: int,
+    offset_s: float,
+    tmp: Path,
+    max_samples: int | None = None,
+    weeks: int = 1,
 ) -> dict[str, Any]:
     from promserver import PROMETHEUS, start_prometheus
     from window_rules import proc_cpu
@@ -275,9 +280,10 @@ def run(
     promtool = str(Path(PROMETHEUS).with_name("promtool"))
     week = last_complete_week(time.time_ns())
     minutes = int((week.end_ns - week.start_ns) // MIN_NS)
+    first = week.start_ns - (weeks - 1) * (week.end_ns - week.start_ns)
     om = tmp / "week.om"
     t0 = time.perf_counter()
-    samples = history(om, nodes, procs, week.start_ns, minutes, offset_s)
+    samples = history(om, nodes, procs, first, minutes * weeks, offset_s)
     written_s, om_mib = time.perf_counter() - t0, om.stat().st_size / 2**20
     t0 = time.perf_counter()
     blocks = tmp / "blocks"
@@ -292,7 +298,8 @@ def run(
     om.unlink()
     out: dict[str, Any] = {
         "nodes": nodes,
-        "series": samples // minutes,
+        "weeks_of_history": weeks,
+        "series": samples // (minutes * weeks),
         "samples": samples,
         "openmetrics_mib": round(om_mib),
         "written_s": round(written_s, 1),
@@ -341,6 +348,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--procs", type=int, default=20, help="processes per GPU")
+    ap.add_argument(
+        "--weeks",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="weeks of history: 2 fills the week before too (the report reads its totals)",
+    )
     ap.add_argument("--offset", type=float, default=17.25, help="the group's offset, s")
     ap.add_argument(
         "--max-samples",
@@ -357,7 +371,7 @@ def main() -> None:
     runs = []
     for n in a.nodes:
         with tempfile.TemporaryDirectory(prefix="fleet-report-") as d:
-            runs.append(run(n, a.procs, a.offset, Path(d), a.max_samples))
+            runs.append(run(n, a.procs, a.offset, Path(d), a.max_samples, a.weeks))
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     print(
         json.dumps(

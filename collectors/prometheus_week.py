@@ -36,7 +36,7 @@ import re
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, overload
 
 from collectors import promql
 from collectors.prometheus import PrometheusSource
@@ -44,6 +44,7 @@ from store.week_rollups import GpuThresholds, Slos
 
 MINUTE_NS = 60_000_000_000
 MS_NS = 1_000_000
+DAY_NS = 1440 * MINUTE_NS
 THROTTLED_BIT = 0x40
 """``cotenant:gpu_throttled:max_minute`` is 1 while a thermal or power clock-event reason was
 active (which one is not kept): it stands for these reasons, counted when the report's
@@ -89,9 +90,12 @@ class PromQLWeekRollups:
     raises :class:`store.errors.SourceError` when Prometheus cannot answer (the report then
     fails, saying so)."""
 
-    def __init__(self, source: PrometheusSource, workers: int = 4) -> None:
+    def __init__(self, source: PrometheusSource, workers: int = 4, chunk_ns: int = DAY_NS) -> None:
+        """``workers``: queries in flight at once; ``chunk_ns``: the span of each subquery
+        counting minutes (a day; whole minutes, at least one)."""
         self._source = source
         self._workers = max(1, workers)
+        self._chunk = max(MINUTE_NS, chunk_ns - chunk_ns % MINUTE_NS)
         self._closed: bool | None = None
 
     def closed_windows(self) -> bool:
@@ -130,6 +134,19 @@ class PromQLWeekRollups:
         a, b = self._span(lo, hi)
         return self._width(b - a), b + 2 * MINUTE_NS - MS_NS
 
+    def _minutes_where(self, name: str, cond: str, lo: int, hi: int) -> dict[str, tuple[str, int]]:
+        """Queries counting the minutes of ``[lo, hi)`` where ``cond`` (an expression over
+        :meth:`minute` selections) holds, a chunk (a day) each (``name#0``, ``name#1``, …;
+        their sum is the count): a subquery holds all its steps of every series it selects at
+        once, and Prometheus refuses a query over ``--query.max-samples`` (50 M) — a week of
+        2,048 models' minutes is 41 M, a day's 6 M."""
+        a, b = self._span(lo, hi)
+        out = {}
+        for i, d in enumerate(range(a, b, self._chunk)):
+            rng, at = self._sub(d, min(d + self._chunk, b))
+            out[f"{name}#{i}"] = (f"count_over_time(({cond})[{rng}:1m])", at)
+        return out
+
     def _ask(self, queries: Mapping[str, tuple[str, int]]) -> dict[str, Answer]:
         """Each named ``(query, at_ns)``, a few at a time."""
         if not queries:
@@ -140,18 +157,19 @@ class PromQLWeekRollups:
             return dict(zip(names, answers, strict=True))
 
     def _counts_within(
-        self, series: str, slos: Slos, rng: str, at: int
+        self, name: str, series: str, slos: Slos, lo: int, hi: int
     ) -> dict[str, tuple[str, int]]:
         """Queries counting, per model, the minutes whose ``series`` is within the model's
-        SLO: one per distinct SLO value, and one for the models under the default."""
+        SLO: one per distinct SLO value, and one for the models under the default (keys
+        ``name…#chunk``)."""
         out: dict[str, tuple[str, int]] = {}
         groups = [(v, models_selector(ms)) for v, ms in slos.groups()]
         if slos.default > 0:
             named = list(slos.explicit)
             groups.append((slos.default, models_selector(named, negate=True) if named else ""))
         for i, (v, sel) in enumerate(groups):
-            q = f"count_over_time(({self.minute(series, sel)} <= {v / 1e3!r})[{rng}:1m])"
-            out[f"met{i}"] = (q, at)
+            cond = f"{self.minute(series, sel)} <= {v / 1e3!r}"
+            out |= self._minutes_where(f"{name}{i}", cond, lo, hi)
         return out
 
     # -- WeekRollups ---------------------------------------------------------------------
@@ -160,11 +178,10 @@ class PromQLWeekRollups:
         self, lo: int, hi: int, slos: Slos, *, detail: bool = True
     ) -> dict[str, dict[str, Any]]:
         rng, at = self._raw(lo, hi)
-        srng, sat = self._sub(lo, hi)
         queries = {
             "requests": (f"sum_over_time({M_REQUESTS}[{rng}])", at),
             "minutes": (f"count_over_time({M_REQUESTS}[{rng}])", at),
-            **self._counts_within(M_P99["e2e"], slos, srng, sat),
+            **self._counts_within("met", M_P99["e2e"], slos, lo, hi),
         }
         if detail:
             queries |= {
@@ -173,10 +190,7 @@ class PromQLWeekRollups:
                 "median": (f"quantile_over_time(0.5, {M_REQUESTS}[{rng}])", at),
             }
         got = {k: _by_model(v) for k, v in self._ask(queries).items()}
-        met: dict[str, float] = {}
-        for k, v in got.items():
-            if k.startswith("met"):
-                met.update(v)
+        met = _summed(got, "met")
         out: dict[str, dict[str, Any]] = {}
         for m in sorted(set(got["requests"]) | set(got["minutes"])):
             busiest, median = got.get("busiest", {}).get(m), got.get("median", {}).get(m)
@@ -196,7 +210,6 @@ class PromQLWeekRollups:
         if not names:
             return []
         rng, at = self._raw(lo, hi)
-        srng, sat = self._sub(lo, hi)
         queries: dict[str, tuple[str, int]] = {}
         for ind in ("ttft", "tpot"):
             series = M_P99[ind]
@@ -205,43 +218,37 @@ class PromQLWeekRollups:
                 at,
             )
             slos = Slos({k: float(v) for k, v in slo_ms.get(ind, {}).items()})
-            for k, q in self._counts_within(series, slos, srng, sat).items():
-                queries[f"{ind}:{k}"] = q
-        got = self._ask(queries)
+            queries |= self._counts_within(f"{ind}:met", series, slos, lo, hi)
+        got = {k: _by_model(v) for k, v in self._ask(queries).items()}
         rows = []
         for m in names:
             row: dict[str, Any] = {"model": m}
             for ind in ("ttft", "tpot"):
-                row[f"{ind}_minutes"] = round(_by_model(got[f"{ind}:minutes"]).get(m, 0.0))
-                row[f"{ind}_met"] = sum(
-                    round(_by_model(v).get(m, 0.0))
-                    for k, v in got.items()
-                    if k.startswith(f"{ind}:met")
-                )
+                row[f"{ind}_minutes"] = round(got[f"{ind}:minutes"].get(m, 0.0))
+                row[f"{ind}_met"] = round(_summed(got, f"{ind}:met").get(m, 0.0))
             if row["ttft_minutes"] + row["tpot_minutes"] > 0:
                 rows.append(row)
         return rows
 
     def gpu_weeks(self, lo: int, hi: int, t: GpuThresholds) -> list[dict[str, Any]]:
         rng, at = self._raw(lo, hi)
-        srng, sat = self._sub(lo, hi)
-
-        def hours(cond: str) -> tuple[str, int]:
-            return f"count_over_time(({cond})[{srng}:1m])", sat
-
+        m = self.minute
+        conds = {
+            "sm_h": f"{m(GPU['sm'])} >= {t.sm / 100.0!r}",
+            "dram_h": f"{m(GPU['dram'])} >= {t.dram!r}",
+            "pcie_h": f"{m(GPU['pcie'])} >= {t.pcie_bps!r}",
+            "memory_full_h": (
+                f"{m(GPU['used'])} >= on (host, gpu) {t.memory_full!r} * {m(GPU['total'])}"
+            ),
+            "cotenancy_h": f"{m(TENANTS)} >= 2",
+        }
+        if t.throttle_bits & THROTTLED_BIT:
+            conds["throttled_h"] = f"{m(GPU['throttled'])} > 0"
         queries = {
             "sampled": (
                 f"count_over_time({GPU['sm']}[{rng}]) or count_over_time({GPU['used']}[{rng}])",
                 at,
             ),
-            "sm_h": hours(f"{self.minute(GPU['sm'])} >= {t.sm / 100.0!r}"),
-            "dram_h": hours(f"{self.minute(GPU['dram'])} >= {t.dram!r}"),
-            "pcie_h": hours(f"{self.minute(GPU['pcie'])} >= {t.pcie_bps!r}"),
-            "memory_full_h": hours(
-                f"{self.minute(GPU['used'])} >= on (host, gpu) "
-                f"{t.memory_full!r} * {self.minute(GPU['total'])}"
-            ),
-            "cotenancy_h": hours(f"{self.minute(TENANTS)} >= 2"),
             "models": (f"group by (gpu, model) (max_over_time({REQUESTS}[{rng}]) > 0)", at),
             "processes": (
                 f"group by (gpu, process) "
@@ -249,34 +256,33 @@ class PromQLWeekRollups:
                 at,
             ),
         }
-        if t.throttle_bits & THROTTLED_BIT:
-            queries["throttled_h"] = hours(f"{self.minute(GPU['throttled'])} > 0")
+        for k, cond in conds.items():
+            queries |= self._minutes_where(k, cond, lo, hi)
         got = self._ask(queries)
-        per_gpu: dict[str, dict[str, Any]] = {}
-        for key in ("cotenancy_h", "models", "processes"):
-            for labels, v in got[key]:
-                g = per_gpu.setdefault(labels.get("gpu", ""), {"models": [], "processes": []})
-                if key == "cotenancy_h":
-                    g[key] = v / 60.0
-                else:
-                    g[key].append(labels.get(key[:-1] if key == "models" else "process", ""))
-
-        def by_gpu(key: str) -> dict[tuple[str, str], float]:
-            return {(lb.get("host", ""), lb.get("gpu", "")): v for lb, v in got.get(key, [])}
-
-        sums = {k: by_gpu(k) for k in ("sm_h", "dram_h", "pcie_h", "throttled_h", "memory_full_h")}
+        hours = {
+            k: {key: v / 60.0 for key, v in _summed(got, k, ("host", "gpu")).items()}
+            for k in ("sm_h", "dram_h", "pcie_h", "throttled_h", "memory_full_h")
+        }
+        co = _summed(got, "cotenancy_h", ("gpu",))
+        names: dict[str, dict[str, set[str]]] = {}
+        for key, label in (("models", "model"), ("processes", "process")):
+            for lb, _ in got[key]:
+                names.setdefault(lb.get("gpu", ""), {}).setdefault(key, set()).add(
+                    lb.get(label, "")
+                )
         rows = []
-        for (host, gpu), n in sorted(by_gpu("sampled").items(), key=lambda kv: kv[0][::-1]):
-            g = per_gpu.get(gpu, {})
+        sampled = _summed(got, "sampled", ("host", "gpu"))
+        for (host, gpu), n in sorted(sampled.items(), key=lambda kv: kv[0][::-1]):
+            g = names.get(gpu, {})
             rows.append(
                 {
                     "gpu": gpu,
                     "host": host or None,
                     "hours_sampled": n / 60.0,
-                    **{k: v.get((host, gpu), 0.0) / 60.0 for k, v in sums.items()},
-                    "models": sorted(set(g.get("models", []))),
-                    "processes": sorted(set(g.get("processes", []))),
-                    "cotenancy_h": float(g.get("cotenancy_h", 0.0)),
+                    **{k: v.get((host, gpu), 0.0) for k, v in hours.items()},
+                    "models": sorted(g.get("models", ())),
+                    "processes": sorted(g.get("processes", ())),
+                    "cotenancy_h": co.get((gpu,), 0.0) / 60.0,
                 }
             )
         return rows
@@ -297,3 +303,34 @@ class PromQLWeekRollups:
 
 def _by_model(answer: Answer) -> dict[str, float]:
     return {lb.get("model", ""): v for lb, v in answer if math.isfinite(v)}
+
+
+@overload
+def _summed(got: Mapping[str, Mapping[str, float]], name: str) -> dict[str, float]: ...
+
+
+@overload
+def _summed(
+    got: Mapping[str, Answer], name: str, by: tuple[str, ...]
+) -> dict[tuple[str, ...], float]: ...
+
+
+def _summed(
+    got: Mapping[str, Any], name: str, by: tuple[str, ...] | None = None
+) -> dict[Any, float]:
+    """The answers of ``name`` and of its chunks (``name#0``, ``name…#1``: every key that is
+    ``name`` or starts with it and has a ``#`` after it) added up: per model (answers already
+    by model) or per ``by`` labels."""
+    out: dict[Any, float] = {}
+    for k, answer in got.items():
+        if not (k == name or (k.startswith(name) and "#" in k[len(name) :])):
+            continue
+        items = (
+            answer.items()
+            if by is None
+            else ((tuple(lb.get(b, "") for b in by), v) for lb, v in answer)
+        )
+        for key, v in items:
+            if math.isfinite(v):
+                out[key] = out.get(key, 0.0) + v
+    return out

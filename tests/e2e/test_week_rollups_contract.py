@@ -42,6 +42,7 @@ S = 1_000_000_000
 MIN = 60 * S
 PROMTOOL = str(Path(PROMETHEUS).with_name("promtool"))
 N_MIN = 24  # minutes of data; the range asked for is minutes 2 .. 21
+CHUNK_NS = 7 * MIN  # minutes are counted in chunks (a day in serve): 7, 7 and 6 here
 MODELS = {"a.b-1": ("GPU-0", "GPU-1"), "axb-1": ("GPU-1",), "c": ("GPU-0",)}
 OFFSETS_S = (0.0, 30.0, 59.999)
 THRESHOLDS = GpuThresholds(sm=90.0, dram=0.8, pcie_bps=1e10, memory_full=0.9, throttle_bits=0x40)
@@ -196,7 +197,7 @@ def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         with _victoria(tmp, rows) as url:
             source = PrometheusSource(url, 30.0)
             try:
-                yield t0, StoreWeekRollups(store), PromQLWeekRollups(source)
+                yield t0, StoreWeekRollups(store), PromQLWeekRollups(source, chunk_ns=CHUNK_NS)
             finally:
                 source.close()
                 store.close()
@@ -211,7 +212,7 @@ def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     with start_prometheus(tmp / "prom", [], blocks=tmp / "blocks") as prom:
         source = PrometheusSource(prom.url, 30.0)
         try:
-            yield t0, StoreWeekRollups(store), PromQLWeekRollups(source)
+            yield t0, StoreWeekRollups(store), PromQLWeekRollups(source, chunk_ns=CHUNK_NS)
         finally:
             source.close()
             store.close()
