@@ -205,6 +205,7 @@ def report_child(url: str, week: str, db: str) -> None:
 
     from prometheus_client import CollectorRegistry
 
+    from collectors.prometheus import PrometheusSource
     from cotenant.config import load_config
     from cotenant.fleet import Fleet
     from cotenant.report_cmd import report_builder
@@ -213,24 +214,24 @@ def report_child(url: str, week: str, db: str) -> None:
 
     cfg = load_config(
         env={"COTENANT_PROMETHEUS_URL": url, "COTENANT_PROMETHEUS_SCRAPE_INTERVAL_S": "15",
-             "COTENANT_PROMETHEUS_TIMEOUT_S": "600", "COTENANT_RULES_SLO_DEFAULT_MS": "50"}
+             "COTENANT_RULES_SLO_DEFAULT_MS": "50"}
     )  # fmt: skip
-    store = Store(Path(db))
-    fleet = Fleet(cfg, CollectorRegistry())
     # each query's wall time: wrapped, not replaced (the product path runs as it is)
     spent: list[tuple[float, str]] = []
     lock = threading.Lock()
-    instant = fleet.prometheus.instant
+    instant = PrometheusSource.instant
 
-    def timed(query: str, at_ns: int | None = None) -> Any:
+    def timed(self: PrometheusSource, query: str, at_ns: int | None = None) -> Any:
         t = time.perf_counter()
         try:
-            return instant(query, at_ns)
+            return instant(self, query, at_ns)
         finally:
             with lock:
                 spent.append((time.perf_counter() - t, query))
 
-    fleet.prometheus.instant = timed  # type: ignore[method-assign]
+    PrometheusSource.instant = timed  # type: ignore[method-assign]
+    store = Store(Path(db))
+    fleet = Fleet(cfg, CollectorRegistry())
     rss0 = _vm("VmRSS")
     c0, w0 = time.process_time(), time.perf_counter()
     summary = report_builder(cfg, store, fleet.week_rollups).build(parse_week(week))

@@ -90,6 +90,13 @@ class PrometheusSettings:
     agent_timeout_s: float = key(
         3.0, "timeout of one drill-down call to an agent", min=0.1, max=60.0
     )
+    report_timeout_s: float = key(
+        300.0,
+        "timeout of one PromQL query of the weekly report (each reduces a day or a week of the "
+        "whole fleet's minutes in Prometheus)",
+        min=1.0,
+        max=3600.0,
+    )
 
 
 @dataclass(frozen=True)

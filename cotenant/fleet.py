@@ -57,13 +57,16 @@ class Fleet:
         self.drill = AgentDrill(
             self.prometheus, pc.agent_url_template, timeout_s=pc.agent_timeout_s
         )
-        self.week_rollups = PromQLWeekRollups(self.prometheus)
+        # the report's queries each reduce a day or a week of the fleet: their own timeout
+        self._report_source = PrometheusSource(pc.url, pc.report_timeout_s)
+        self.week_rollups = PromQLWeekRollups(self._report_source)
         self._clock = clock_ns
         registry.register(self)
 
     def close(self) -> None:
         self.drill.close()
         self.prometheus.close()
+        self._report_source.close()
 
     def status(self) -> dict[str, Any]:
         return {"mode": "fleet", "prometheus": self.source.status()}
