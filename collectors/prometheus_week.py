@@ -26,7 +26,9 @@ Prometheus 3 and closed in Prometheus 2, so a window is 1 ms shorter on an engin
 are closed — found once by asking it (:meth:`PromQLWeekRollups.closed_windows`) — or a sample
 recorded on the window's first millisecond would count in two minutes.
 
-Queries run a few at a time (``workers``): Prometheus answers each on its own goroutines.
+Minute counts are read a day per subquery and added up: a subquery holds all its steps of
+every series it selects at once, under Prometheus' ``--query.max-samples``. Queries run a few
+at a time (``workers``), each under ``[prometheus] report_timeout_s``.
 """
 
 from __future__ import annotations
