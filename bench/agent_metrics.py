@@ -17,7 +17,8 @@ Run ``.venv/bin/python bench/agent_metrics.py`` (``--help`` for sizes). Two part
   time, with each thread's share and FakeNvml's own (its Python stands in for the driver).
   Goal: <= 2 % of a core at 200 req/s. The senders run in another process, so their cost is
   not counted. The agent's store runs as ``cotenant agent`` runs it (hourly rollups, samples
-  appended every ``[agent] flush_interval_s``).
+  appended every ``[agent] flush_interval_s``, durable exports spooled as ``[agent] spool``
+  says).
 
 Prints one JSON object; docs/performance.md records the figures with the command.
 """
@@ -74,6 +75,7 @@ def _agent(
             # flush_interval_s; cotenant/cli.py)
             "COTENANT_STORE_ROLLUP_INTERVAL_S": "3600",
             "COTENANT_STORE_FLUSH_INTERVAL_S": str(AgentSettings.flush_interval_s),
+            "COTENANT_STORE_SPOOL": str(AgentSettings.spool).lower(),
             # any other key from the environment, e.g. COTENANT_STORE_ROLLUP_INTERVAL_S
             **{k: v for k, v in os.environ.items() if k.startswith("COTENANT_")},
         }

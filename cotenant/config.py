@@ -76,6 +76,12 @@ class AgentSettings:
         "is); samples are also on /metrics, the store keeps them only for drill-down",
         min=0.01,
     )
+    spool: bool = key(
+        True,
+        "store.spool for the agent: durable exports are acknowledged once spooled to an fsync'd "
+        "log and loaded into the store every flush_interval_s (a drill-down flushes first, so "
+        "it sees every acknowledged request)",
+    )
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ from store.errors import Overloaded, StoreError
 from store.maintenance import Maintenance
 from store.schema import APPEND_TABLES, arrow_schema
 from store.settings import StoreSettings
+from store.spool import AckLog, Mark
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,12 @@ class Writer:
         maintenance: Maintenance | None = None,
         observer: WriteObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spool: AckLog | None = None,
     ) -> None:
+        """``spool``: acknowledge durable batches once they are in this log, and load them
+        into the store with the other appends (module docstring, "Spooled acknowledgement");
+        what a previous process spooled but did not load is loaded here, before this returns
+        (:class:`StoreError` if that fails)."""
         self._store = store
         self._max_rows = max_rows
         self._max_bytes = max_bytes
@@ -170,6 +176,9 @@ class Writer:
         self._closing = False
         self._flushers = 0
         self._schemas = {t: arrow_schema(t) for t in APPEND_TABLES}
+        self._spool = spool
+        if spool is not None:
+            self._recover(spool)
         self._thread = threading.Thread(target=self._run, name="cotenant-writer", daemon=True)
         self._thread.start()
 
@@ -307,14 +316,15 @@ class Writer:
                 self.queued_rows,
             )
 
-    def _take(self) -> list[_Item]:
+    def _take(self) -> tuple[list[_Item], bool]:
         """Wait for work, then take it off the queue: everything when a batch is full, a
         flush or close is waiting, or the oldest non-durable row has waited
         ``flush_interval_s``; otherwise, once a group commit is due, only the durable batches.
         Non-durable rows (NVML and procfs samples, ``queued`` exports) thus wait for their own
         interval instead of each adding an append (a few ms of DuckDB CPU) to the next durable
         commit. Returns [] when ``flush_interval_s`` passed with nothing to take (the caller
-        runs maintenance)."""
+        runs maintenance). The flag: whether this is everything queued (not a group commit).
+        """
         with self._cond:
             wake = self._clock() + self._flush_interval_s  # maintenance runs at least this often
             everything = True
@@ -351,14 +361,19 @@ class Writer:
             self._queued_rows -= rows
             self._queued_bytes -= nbytes
             self._durable_since = None
-            return items
+            return items, everything
 
     def _run(self) -> None:
         while True:
-            items = self._take()
+            items, everything = self._take()
             if items:
                 try:
-                    self._write(items)
+                    if self._spool is None:
+                        self._write(items)
+                    elif everything:
+                        self._load(items, self._spool)
+                    else:
+                        self._spool_group(items, self._spool)
                 finally:  # no waiter is left hanging, whatever happened
                     for _, _, receipt, _ in items:
                         if not receipt.settled:
@@ -371,7 +386,104 @@ class Writer:
             if self._maintenance is not None:
                 self._maintenance.tick(final=done)
             if done:
+                if self._spool is not None:
+                    self._spool.close()
                 return
+
+    def _spool_group(self, items: list[_Item], spool: AckLog) -> None:
+        """A group commit under a spool: make the durable batches durable in the log, settle
+        their receipts, and queue them again (as rows nobody waits for) for the next load.
+        If the log cannot take them, commit them to the store as without a spool."""
+        try:
+            spool.append([(table, batch) for table, batch, _, _ in items])
+        except StoreError as exc:
+            log.error("%s; committing to the store instead", exc)
+            self._write(items)
+            return
+        for _, _, receipt, _ in items:
+            receipt.settle()
+        self._requeue(items)
+
+    def _requeue(self, items: list[_Item]) -> None:
+        """Put spooled (acknowledged) batches back in the queue, due at the flush interval."""
+        with self._cond:
+            for table, batch, receipt, _ in items:
+                self._queue.append((table, batch, receipt, False))
+                self._queued_rows += batch.num_rows
+                self._queued_bytes += batch.nbytes
+            if self._flush_due is None:
+                self._flush_due = self._clock() + self._flush_interval_s
+
+    def _load(self, items: list[_Item], spool: AckLog) -> None:
+        """Everything queued, under a spool: the tables holding spooled batches (receipt
+        already settled) in one transaction that also records the spool as loaded up to its
+        end (so a restart never loads them twice), the others as :meth:`_write` does. If that
+        transaction fails, the spooled batches are queued again (they are acknowledged)."""
+        mark = spool.end
+        spooled_tables = {table for table, _, receipt, _ in items if receipt.settled}
+        if not spooled_tables:
+            self._write(items)
+            return
+        self._write([item for item in items if item[0] not in spooled_tables])
+        ours = [item for item in items if item[0] in spooled_tables]
+        try:
+            with self._store.cursor() as cur:
+                self._commit_loaded(cur, ours, mark, spool)
+        except Exception as exc:  # the data path must not kill the writer thread
+            log.exception("loading %d spooled batches failed; kept for the next flush", len(ours))
+            waiting = [item for item in ours if not item[2].settled]
+            for table in {item[0] for item in waiting}:
+                self._failed(table, [(b, r) for t, b, r, _ in waiting if t == table], exc)
+            self._requeue([item for item in ours if item[2].committed])
+            return
+        spool.loaded(mark)
+        for _, _, receipt, _ in ours:
+            if not receipt.settled:
+                receipt.settle()
+
+    def _commit_loaded(
+        self, cur: duckdb.DuckDBPyConnection, items: list[_Item], mark: Mark, spool: AckLog
+    ) -> None:
+        """Append ``items`` (one statement per table) and ``mark`` in one transaction."""
+        by_table: dict[str, list[pa.Table]] = {}
+        for table, batch, _, _ in items:
+            by_table.setdefault(table, []).append(batch)
+        t0 = time.perf_counter()
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            combined = {t: pa.concat_tables(bs) for t, bs in by_table.items()}
+            for table, data in combined.items():
+                _append(cur, table, data)
+            spool.mark_loaded(cur, mark)
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        seconds = time.perf_counter() - t0
+        for table, data in combined.items():
+            if self._observer is not None:
+                self._observer.rows_written(table, data.num_rows, seconds)
+            if self._maintenance is not None:
+                self._maintenance.mark_dirty(table, _minutes(table, data))
+
+    def _recover(self, spool: AckLog) -> None:
+        """Load what a previous process spooled (acknowledged) but did not load."""
+        with self._store.cursor() as cur:
+            batches, mark = spool.recover(cur)
+            items: list[_Item] = []
+            for table, batch in batches:
+                if table not in self._schemas:
+                    raise StoreError(f"the spool holds rows for {table}, which takes no appends")
+                items.append(
+                    (table, _conform(table, batch, self._schemas[table]), Receipt(), False)
+                )
+            if items:
+                self._commit_loaded(cur, items, mark, spool)
+                log.info(
+                    "loaded %d acknowledged rows left in the spool by the last run",
+                    sum(b.num_rows for _, b, _, _ in items),
+                )
+        spool.loaded(mark)
 
     def _write(self, items: list[_Item]) -> None:
         by_table: dict[str, list[tuple[pa.Table, Receipt]]] = {}
