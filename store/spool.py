@@ -74,8 +74,9 @@ class AckLog(Protocol):
         ...
 
     def recover(self, cur: duckdb.DuckDBPyConnection) -> tuple[list[tuple[str, pa.Table]], Mark]:
-        """At start: the batches past the stored mark (to be loaded, then :meth:`mark_loaded`
-        with the returned mark), and that mark."""
+        """At start, outside a transaction, before any :meth:`mark_loaded`: the batches past
+        the stored mark (to be loaded, then :meth:`mark_loaded` with the returned mark), and
+        that mark."""
         ...
 
 
@@ -131,6 +132,8 @@ class Spool:
 
     def recover(self, cur: duckdb.DuckDBPyConnection) -> tuple[list[tuple[str, pa.Table]], Mark]:
         row = cur.execute("SELECT value FROM meta WHERE key = ?", [MARK_KEY]).fetchone()
+        if row is None:
+            cur.execute("INSERT INTO meta VALUES (?, '0:0')", [MARK_KEY])
         mark_gen, mark_off = _parse_mark(None if row is None else str(row[0]))
         batches: list[tuple[str, pa.Table]] = []
         end = (mark_gen, mark_off)

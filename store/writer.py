@@ -451,7 +451,8 @@ class Writer:
         t0 = time.perf_counter()
         cur.execute("BEGIN TRANSACTION")
         try:
-            combined = {t: pa.concat_tables(bs) for t, bs in by_table.items()}
+            # one chunk: DuckDB scans 25 chunks of 40 rows ~2 ms slower than one of 1,000
+            combined = {t: pa.concat_tables(bs).combine_chunks() for t, bs in by_table.items()}
             for table, data in combined.items():
                 _append(cur, table, data)
             spool.mark_loaded(cur, mark)
