@@ -73,6 +73,10 @@ class AckLog(Protocol):
         """After the transaction that recorded ``mark`` committed: drop what it covers."""
         ...
 
+    def close(self) -> None:
+        """Release the open file (the writer has stopped)."""
+        ...
+
     def recover(self, cur: duckdb.DuckDBPyConnection) -> tuple[list[tuple[str, pa.Table]], Mark]:
         """At start, outside a transaction, before any :meth:`mark_loaded`: the batches past
         the stored mark (to be loaded, then :meth:`mark_loaded` with the returned mark), and
@@ -96,7 +100,7 @@ class Spool:
         return (self._generation, self._offset)
 
     def append(self, batches: Sequence[tuple[str, pa.Table]]) -> None:
-        chunks = []
+        chunks: list[bytes] = []
         for table, rows in batches:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, rows.schema) as w:
