@@ -118,7 +118,10 @@ class Spool:
                 raise OSError(f"short write: {written} of {len(data)} bytes")
             os.fdatasync(self._fd)
         except OSError as exc:
-            # the file may now end in a partial record: start the next group on a new one
+            # the file may now end in a partial record: start the next group on a new one.
+            # (If only the fdatasync failed, the record may be whole: the writer commits these
+            # rows to DuckDB instead, and a crash before the next load deletes this file would
+            # load them twice; at-least-once, as an export retried after a 503.)
             self._close()
             raise StoreError(f"could not spool {len(data)} bytes: {exc}") from exc
         self._offset += len(data)
