@@ -56,6 +56,14 @@ TOTAL_BUCKETS_S: tuple[float, ...] = tuple(
 """1 ms .. 65.536 s, three edges per doubling (see the module docstring)."""
 PHASE_BUCKETS_S: tuple[float, ...] = tuple(4**k / 1000 for k in range(0, 8))
 """1 ms .. 16.384 s, one edge per factor 4."""
+FOLD_ROWS = 20_000
+"""Rows kept unfolded at most (:meth:`FleetHistogram.observe_requests`): bounds their memory
+(~6 MB) when nothing scrapes."""
+_FOLDED_COLUMNS = (
+    "ts_end_ns", "latency_ms", "trace_id", "model", "gpu", "status", *PHASE_COLUMNS,
+    "lock_name", "lock_holder",
+)  # fmt: skip
+"""The ``requests`` columns the series are built from."""
 MAX_LOCK_SERIES = 20
 NAME = "cotenant_request_duration_seconds"
 
@@ -103,14 +111,39 @@ class FleetHistogram:
         self._locks: dict[tuple[str, str, str, str], list[float]] = {}
         self._lock_keys: dict[str, int] = {}
         self._mutex = threading.Lock()
+        self._waiting: list[pa.Table] = []  # batches not folded yet (observe_requests)
+        self._waiting_rows = 0
         # (model, gpu, phase index or -1 for total) -> bucket line prefixes, count, sum prefixes
         self._prefixes: dict[tuple[str, str, int], tuple[list[str], str, str]] = {}
 
     def observe_requests(self, table: pa.Table) -> None:
-        """Add a ``requests`` batch (milliseconds, as the store holds them)."""
+        """Add a ``requests`` batch (milliseconds, as the store holds them).
+
+        The batch is kept and folded into the counts, with every batch kept since, when the
+        series are next read (a scrape) or :data:`FOLD_ROWS` rows are waiting: numpy's
+        per-call cost is most of the work at ~40 rows an export, so folding a scrape
+        interval's exports at once costs a fraction of folding each (bench/agent_metrics.py).
+        What a read sees is the same either way."""
         n = table.num_rows
         if n == 0:
             return
+        kept = table.select(_FOLDED_COLUMNS)
+        with self._mutex:
+            self._waiting.append(kept)
+            self._waiting_rows += n
+            if self._waiting_rows >= FOLD_ROWS:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Fold the waiting batches into the counts; call with ``_mutex`` held. Each batch
+        counts a (model, GPU)'s phase only if one of its requests of that pair spent time in
+        it, exactly as when the batches are folded one by one."""
+        if not self._waiting:
+            return
+        sizes = [t.num_rows for t in self._waiting]
+        table = pa.concat_tables(self._waiting).combine_chunks()
+        self._waiting, self._waiting_rows = [], 0
+        n = table.num_rows
         codes, found = model_gpu_groups(table)
         groups = [(model, gpu) for model, gpu in found]
         ng = len(groups)
@@ -120,55 +153,59 @@ class FleetHistogram:
         flat = codes * tnb + tidx
         total = np.bincount(flat, minlength=ng * tnb).reshape(ng, tnb)
         sums = np.zeros((ng, 1 + len(PHASES)))
-        seen = np.zeros((ng, 1 + len(PHASES)), dtype=np.int64)
         sums[:, 0] = np.bincount(codes, weights=lat, minlength=ng)
         failed = pc.fill_null(pc.equal(table["status"], "error"), False)
         errors = np.bincount(
             codes, weights=failed.to_numpy(zero_copy_only=False).astype(np.float64), minlength=ng
         )
         # every phase at once: one searchsorted and one bincount over (pair, phase, bucket),
-        # not one per phase (at ~40 rows an export, numpy's per-call cost is most of the work)
+        # not one per phase
         npz = len(PHASES)
         v = np.column_stack([_seconds(table, c) for c in PHASE_COLUMNS])  # (n, phases)
         pidx = np.searchsorted(self._pb, v, side="left")
         cell = codes[:, None] * npz + np.arange(npz)  # (n, phases): pair x phase
-        phase_counts = np.bincount((cell * pnb + pidx).ravel(), minlength=ng * npz * pnb).reshape(
-            ng, npz, pnb
+        # (batch, pair, phase) used by one of the batch's requests; a row counts in a phase's
+        # buckets when its batch used that phase for its pair
+        per_batch = np.repeat(np.arange(len(sizes)), sizes) * ng + codes  # (n,)
+        bcell = (per_batch[:, None] * npz + np.arange(npz)).ravel()
+        used = np.bincount(bcell, weights=(v > 0).ravel(), minlength=len(sizes) * ng * npz) > 0
+        counted = used[bcell]
+        phase_counts = (
+            np.bincount((cell * pnb + pidx).ravel(), weights=counted, minlength=ng * npz * pnb)
+            .astype(np.int64)
+            .reshape(ng, npz, pnb)
         )
         sums[:, 1:] = np.bincount(cell.ravel(), weights=v.ravel(), minlength=ng * npz).reshape(
             ng, npz
         )
-        seen[:, 1:] = np.bincount(
-            cell.ravel(), weights=(v > 0).ravel(), minlength=ng * npz
-        ).reshape(ng, npz)
+        spent = (  # (pairs, phases): used by some batch
+            np.bincount(cell.ravel(), weights=counted, minlength=ng * npz).reshape(ng, npz) > 0
+        )
         # the newest request of each (pair, bucket): last occurrence in the batch
         rev = flat[::-1]
         uniq, first_rev = np.unique(rev, return_index=True)
         last = n - 1 - first_rev
-        trace = table["trace_id"].to_pylist() if "trace_id" in table.column_names else None
+        trace = table["trace_id"].to_pylist()
         end = table["ts_end_ns"].to_numpy(zero_copy_only=False)
-        spent = seen[:, 1:] > 0  # (pairs, phases): a phase is counted in a batch that used it
-        with self._mutex:
-            pairs = [self._pair(g) for g in groups]
-            rows = np.fromiter((pair.index for pair in pairs), dtype=np.int64, count=ng)
-            self._total[rows] += total  # rows are distinct: fancy-index += is exact
-            self._sums[rows] += sums
-            self._phase[rows] += phase_counts * spent[:, :, None]
-            for g, pair in enumerate(pairs):
-                pair.errors += float(errors[g])
-            for g, p in zip(*np.nonzero(spent), strict=True):
-                if pairs[g].phases[p] is None:  # its first use: expose its series from now
-                    pairs[g].phases[p] = self._phase[pairs[g].index, p]
-            if trace is not None:
-                for key, i in zip(uniq.tolist(), last.tolist(), strict=True):
-                    tid = trace[i]
-                    if tid:
-                        pairs[key // tnb].exemplars[key % tnb] = (
-                            str(tid),
-                            float(lat[i]),
-                            float(end[i]) / 1e9,
-                        )
-            self._observe_locks(table)
+        pairs = [self._pair(g) for g in groups]
+        rows = np.fromiter((pair.index for pair in pairs), dtype=np.int64, count=ng)
+        self._total[rows] += total  # rows are distinct: fancy-index += is exact
+        self._sums[rows] += sums
+        self._phase[rows] += phase_counts
+        for g, pair in enumerate(pairs):
+            pair.errors += float(errors[g])
+        for g, p in zip(*np.nonzero(spent), strict=True):
+            if pairs[g].phases[p] is None:  # its first use: expose its series from now
+                pairs[g].phases[p] = self._phase[pairs[g].index, p]
+        for key, i in zip(uniq.tolist(), last.tolist(), strict=True):
+            tid = trace[i]
+            if tid:
+                pairs[key // tnb].exemplars[key % tnb] = (
+                    str(tid),
+                    float(lat[i]),
+                    float(end[i]) / 1e9,
+                )
+        self._observe_locks(table)
 
     def _pair(self, key: tuple[str, ...]) -> _Pair:
         pair = self._pairs.get((key[0], key[1]))
@@ -220,6 +257,7 @@ class FleetHistogram:
     def series(self) -> int:
         """Samples the next scrape will expose (for the size figures of docs/performance.md)."""
         with self._mutex:
+            self._fold()
             n = 0
             for pair in self._pairs.values():
                 n += len(self._tles) + 2
@@ -245,6 +283,7 @@ class FleetHistogram:
         """The histogram family as exposition text (OpenMetrics with exemplars, or the classic
         text format), without the final ``# EOF``."""
         with self._mutex:
+            self._fold()
             snap = [
                 (k, p.total.copy(), [None if c is None else c.copy() for c in p.phases],
                  p.sums.tolist(), dict(p.exemplars) if openmetrics else {})
@@ -272,6 +311,7 @@ class FleetHistogram:
     def collect(self) -> Iterator[Metric]:
         """The error and lock-wait counters (the histogram is :meth:`render`'s)."""
         with self._mutex:
+            self._fold()
             locks = [(k, list(v)) for k, v in self._locks.items()]
             errors = [(k, p.errors) for k, p in self._pairs.items()]
         node = self.node

@@ -7,7 +7,9 @@
   model completed in a range, slowest first, from the agent's local store. ``since`` and
   ``until`` are required ('now', '15m' ago, ISO 8601 or Unix s), the range at most
   ``agent.drill_max_range_h``, ``limit`` 1..1000 (default 20). Bad input answers 400 naming
-  the parameter; the answer names the node.
+  the parameter; the answer names the node. The agent's writer is flushed first
+  (``before_read``): with ``[agent] spool`` an acknowledged export waits in the spool for up
+  to ``flush_interval_s``, and a drill-down must see every acknowledged request.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ def create_agent_api(
     node: str,
     max_range_s: float,
     histogram: FleetHistogram | None = None,
+    before_read: Callable[[], object] | None = None,
 ) -> FastAPI:
     """The agent's app. ``readiness()`` returns None when ready, else the reason it is not;
-    ``histogram``'s text is appended to the registry's exposition."""
+    ``histogram``'s text is appended to the registry's exposition; ``before_read()`` runs
+    before each drill-down query (the writer's flush: acknowledged rows become visible)."""
     app = FastAPI(
         title="cotenant agent",
         version="0.1.0",
@@ -100,6 +104,8 @@ def create_agent_api(
             )
         if not 1 <= limit <= MAX_SLOWEST:
             raise QueryError(f"limit: {limit} must be between 1 and {MAX_SLOWEST}")
+        if before_read is not None:
+            before_read()
         rows = slowest_requests(store, TimeRange(lo, hi), model, gpu=gpu, limit=limit)
         return SafeJSONResponse(
             {"node": node, "model": model, "count": len(rows), "requests": rows}

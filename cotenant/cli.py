@@ -55,6 +55,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raw_retention_h=ag.raw_retention_h,
         rollup_interval_s=cfg.store.rollup_interval_s if ag.rollups else 3600.0,
         flush_interval_s=ag.flush_interval_s,
+        spool=ag.spool,
     )
     cfg = dataclasses.replace(cfg, store=store)
     tail = None

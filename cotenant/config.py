@@ -71,10 +71,16 @@ class AgentSettings:
     )
     flush_interval_s: float = key(
         5.0,
-        "store.flush_interval_s for the agent: how long its NVML and procfs samples wait to be "
-        "appended to its store together (durable exports are committed at once whatever this "
-        "is); samples are also on /metrics, the store keeps them only for drill-down",
+        "store.flush_interval_s for the agent: how long its NVML and procfs samples, and the "
+        "spooled exports (agent.spool), wait to be appended to its store together; samples "
+        "are also on /metrics, the store keeps them only for drill-down",
         min=0.01,
+    )
+    spool: bool = key(
+        True,
+        "store.spool for the agent: durable exports are acknowledged once spooled to an fsync'd "
+        "log and loaded into the store every flush_interval_s (a drill-down flushes first, so "
+        "it sees every acknowledged request)",
     )
 
 

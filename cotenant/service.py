@@ -48,7 +48,9 @@ from store.errors import NvmlUnavailable
 from store.http_json import SafeJSONResponse
 from store.maintenance import Maintenance
 from store.queries import pending_spans, replace_pending_spans
+from store.settings import StoreSettings
 from store.slo_record import record_slos
+from store.spool import Spool
 from store.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,7 @@ class Service:
             retry_after_s=config.otlp.retry_after_s,
             maintenance=self.maintenance,
             observer=self.metrics,
+            spool=self._open_spool(sc),
         )
         self.resolver = GpuResolver(config.gpu.model_gpu, config.gpu.default_gpu)
         self.normalizer = Normalizer(self.resolver, pending_ttl_s=config.otlp.pending_ttl_s)
@@ -164,6 +167,7 @@ class Service:
                 node=self.node,
                 max_range_s=config.agent.drill_max_range_h * 3600,
                 histogram=self.fleet_histogram,
+                before_read=lambda: self.writer.flush(timeout_s=sc.ack_timeout_s),
             )
         else:
             self.central = build_central(
@@ -175,6 +179,13 @@ class Service:
                 on_incident=on_incident,
             )
             self.api = self.central.api
+
+    def _open_spool(self, sc: StoreSettings) -> Spool | None:
+        """The durable-ack spool beside the store file (``store.spool`` under ``ack =
+        durable``; none for an in-memory store, whose rows do not outlive the process)."""
+        if not sc.spool or sc.ack != "durable" or self.store.path == ":memory:":
+            return None
+        return Spool(Path(self.store.path + ".spool"))
 
     def _open_nvml(self, api: Any | None) -> NvmlCollector | None:
         """The NVML collector, opened; None (after one warning) where NVML is unavailable."""

@@ -30,6 +30,13 @@ class StoreSettings:
         "rows of the last flush_interval_s are lost if the process is killed)",
         choices=("durable", "queued"),
     )
+    spool: bool = key(
+        False,
+        "under ack = durable, acknowledge once the export's rows are in an fsync'd append-only "
+        "log beside the store file (<path>.spool/) instead of once DuckDB committed them: far "
+        "less CPU per export; the rows reach the store every flush_interval_s (readers see "
+        "them then), a restart loads what the log still holds",
+    )
     group_commit_s: float = key(
         0.025,
         "under ack = durable, longest the writer waits for concurrent exports still being "

@@ -20,6 +20,16 @@ takes only the durable batches: rows nobody waits for (NVML and procfs samples, 
 ``ack = "queued"``) stay queued until the oldest of them has waited ``flush_interval_s``, so a
 commit per export does not also cost an append per sample table.
 
+**Spooled acknowledgement.** With a ``spool`` (:mod:`store.spool`; ``store.spool``), a durable
+:meth:`submit` appends its batch to the fsync'd log on the caller's thread (under the queue's
+lock) and settles the receipt at once: the rows are then queued like samples, and loaded with
+everything else every ``flush_interval_s`` (or at :meth:`flush` / :meth:`close`), in one
+transaction per load that also records how far the log is loaded. An export thus costs a
+``write`` + ``fdatasync`` (~0.2 ms of CPU) instead of a DuckDB commit (~3 ms), and readers of
+the store see its rows up to ``flush_interval_s`` later (the agent's drill-down flushes
+first). If the log cannot take a batch, it waits for a commit as without a spool; if a load
+fails, its spooled batches stay queued (and in the log) for the next.
+
 **Who else writes, and why that is safe.** This thread is the only one that writes the
 high-volume tables (``requests``, ``gpu_samples``, ``process_samples``), the rollups and
 ``meta``, and the only one that expires old rows. It is not the only writer: in ``cotenant
@@ -78,6 +88,7 @@ from store.errors import Overloaded, StoreError
 from store.maintenance import Maintenance
 from store.schema import APPEND_TABLES, arrow_schema
 from store.settings import StoreSettings
+from store.spool import AckLog, Mark
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +158,12 @@ class Writer:
         maintenance: Maintenance | None = None,
         observer: WriteObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spool: AckLog | None = None,
     ) -> None:
+        """``spool``: acknowledge durable batches once they are in this log, and load them
+        into the store with the other appends (module docstring, "Spooled acknowledgement");
+        what a previous process spooled but did not load is loaded here, before this returns
+        (:class:`StoreError` if that fails)."""
         self._store = store
         self._max_rows = max_rows
         self._max_bytes = max_bytes
@@ -170,6 +186,10 @@ class Writer:
         self._closing = False
         self._flushers = 0
         self._schemas = {t: arrow_schema(t) for t in APPEND_TABLES}
+        self._spool = spool
+        self._mark: Mark = (0, 0)  # the spool's end when everything queued was last taken
+        if spool is not None:
+            self._recover(spool)
         self._thread = threading.Thread(target=self._run, name="cotenant-writer", daemon=True)
         self._thread.start()
 
@@ -266,6 +286,9 @@ class Writer:
                 raise Overloaded("store is shutting down", self._retry_after_s)
             if not self._has_room(n, nbytes):
                 raise Overloaded(self._full_message(), self._retry_after_s)
+            if durable and self._spooled(table, batch):
+                receipt.settle()  # durable now; queued for the next load like samples
+                durable = False
             self._queue.append((table, batch, receipt, durable))
             self._queued_rows += n
             self._queued_bytes += nbytes
@@ -277,6 +300,21 @@ class Writer:
                 self._durable_since = self._clock()
                 self._cond.notify()
         return receipt
+
+    def _spooled(self, table: str, batch: pa.Table) -> bool:
+        """Under the lock: append ``batch`` to the spool, if there is one. On the caller's
+        thread and under the lock, so that the log's end (:meth:`_take` reads it as the load's
+        mark) never covers a record whose rows are not in the queue yet, and no hop to the
+        writer thread is paid per export. False (the batch then waits for a commit, as
+        without a spool) when there is no spool or it could not take the batch."""
+        if self._spool is None:
+            return False
+        try:
+            self._spool.append([(table, batch)])
+        except StoreError as exc:
+            log.error("%s; committing to the store instead", exc)
+            return False
+        return True
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is written; True if it was in time."""
@@ -307,14 +345,15 @@ class Writer:
                 self.queued_rows,
             )
 
-    def _take(self) -> list[_Item]:
+    def _take(self) -> tuple[list[_Item], bool]:
         """Wait for work, then take it off the queue: everything when a batch is full, a
         flush or close is waiting, or the oldest non-durable row has waited
         ``flush_interval_s``; otherwise, once a group commit is due, only the durable batches.
         Non-durable rows (NVML and procfs samples, ``queued`` exports) thus wait for their own
         interval instead of each adding an append (a few ms of DuckDB CPU) to the next durable
         commit. Returns [] when ``flush_interval_s`` passed with nothing to take (the caller
-        runs maintenance)."""
+        runs maintenance). The flag: whether this is everything queued (not a group commit).
+        """
         with self._cond:
             wake = self._clock() + self._flush_interval_s  # maintenance runs at least this often
             everything = True
@@ -338,6 +377,8 @@ class Writer:
                 self._queue.clear()
                 rows, nbytes = self._queued_rows, self._queued_bytes
                 self._flush_due = None
+                if self._spool is not None:  # every spooled record is among the items
+                    self._mark = self._spool.end
             else:
                 items = [item for item in self._queue if item[3]]
                 if len(items) < len(self._queue):
@@ -351,14 +392,17 @@ class Writer:
             self._queued_rows -= rows
             self._queued_bytes -= nbytes
             self._durable_since = None
-            return items
+            return items, everything
 
     def _run(self) -> None:
         while True:
-            items = self._take()
+            items, everything = self._take()
             if items:
                 try:
-                    self._write(items)
+                    if self._spool is None or not everything:
+                        self._write(items)
+                    else:
+                        self._load(items, self._spool, self._mark)
                 finally:  # no waiter is left hanging, whatever happened
                     for _, _, receipt, _ in items:
                         if not receipt.settled:
@@ -371,7 +415,91 @@ class Writer:
             if self._maintenance is not None:
                 self._maintenance.tick(final=done)
             if done:
+                if self._spool is not None:
+                    self._spool.close()
                 return
+
+    def _requeue(self, items: list[_Item]) -> None:
+        """Put spooled (acknowledged) batches back in the queue, due at the flush interval."""
+        with self._cond:
+            for table, batch, receipt, _ in items:
+                self._queue.append((table, batch, receipt, False))
+                self._queued_rows += batch.num_rows
+                self._queued_bytes += batch.nbytes
+            if self._flush_due is None:
+                self._flush_due = self._clock() + self._flush_interval_s
+
+    def _load(self, items: list[_Item], spool: AckLog, mark: Mark) -> None:
+        """Everything queued, under a spool: the tables holding spooled batches (receipt
+        already settled) in one transaction that also records the spool as loaded up to its
+        end (so a restart never loads them twice), the others as :meth:`_write` does. If that
+        transaction fails, the spooled batches are queued again (they are acknowledged)."""
+        spooled_tables = {table for table, _, receipt, _ in items if receipt.settled}
+        if not spooled_tables:
+            self._write(items)
+            return
+        self._write([item for item in items if item[0] not in spooled_tables])
+        ours = [item for item in items if item[0] in spooled_tables]
+        try:
+            with self._store.cursor() as cur:
+                self._commit_loaded(cur, ours, mark, spool)
+        except Exception as exc:  # the data path must not kill the writer thread
+            log.exception("loading %d spooled batches failed; kept for the next flush", len(ours))
+            waiting = [item for item in ours if not item[2].settled]
+            for table in {item[0] for item in waiting}:
+                self._failed(table, [(b, r) for t, b, r, _ in waiting if t == table], exc)
+            self._requeue([item for item in ours if item[2].committed])
+            return
+        with self._cond:  # producers append to the spool under it
+            spool.loaded(mark)
+        for _, _, receipt, _ in ours:
+            if not receipt.settled:
+                receipt.settle()
+
+    def _commit_loaded(
+        self, cur: duckdb.DuckDBPyConnection, items: list[_Item], mark: Mark, spool: AckLog
+    ) -> None:
+        """Append ``items`` (one statement per table) and ``mark`` in one transaction."""
+        by_table: dict[str, list[pa.Table]] = {}
+        for table, batch, _, _ in items:
+            by_table.setdefault(table, []).append(batch)
+        t0 = time.perf_counter()
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            # one chunk: DuckDB scans 25 chunks of 40 rows ~2 ms slower than one of 1,000
+            combined = {t: pa.concat_tables(bs).combine_chunks() for t, bs in by_table.items()}
+            for table, data in combined.items():
+                _append(cur, table, data)
+            spool.mark_loaded(cur, mark)
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        seconds = time.perf_counter() - t0
+        for table, data in combined.items():
+            if self._observer is not None:
+                self._observer.rows_written(table, data.num_rows, seconds)
+            if self._maintenance is not None:
+                self._maintenance.mark_dirty(table, _minutes(table, data))
+
+    def _recover(self, spool: AckLog) -> None:
+        """Load what a previous process spooled (acknowledged) but did not load."""
+        with self._store.cursor() as cur:
+            batches, mark = spool.recover(cur)
+            items: list[_Item] = []
+            for table, batch in batches:
+                if table not in self._schemas:
+                    raise StoreError(f"the spool holds rows for {table}, which takes no appends")
+                items.append(
+                    (table, _conform(table, batch, self._schemas[table]), Receipt(), False)
+                )
+            if items:
+                self._commit_loaded(cur, items, mark, spool)
+                log.info(
+                    "loaded %d acknowledged rows left in the spool by the last run",
+                    sum(b.num_rows for _, b, _, _ in items),
+                )
+        spool.loaded(mark)
 
     def _write(self, items: list[_Item]) -> None:
         by_table: dict[str, list[tuple[pa.Table, Receipt]]] = {}

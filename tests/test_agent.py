@@ -125,7 +125,9 @@ def test_series_carry_node_exemplars_lock_waits_and_only_phases_seen() -> None:
     assert h.series == (49 + 1 + 2) + 3 * (8 + 1 + 2) + 1 + 2  # histogram, errors, locks
 
 
-def _agent(tmp: Path, fake: FakeNvml) -> tuple[Service, threading.Thread, str, str]:
+def _agent(
+    tmp: Path, fake: FakeNvml, env: dict[str, str] | None = None
+) -> tuple[Service, threading.Thread, str, str]:
     cfg = load_config(
         env={
             "COTENANT_SERVER_PORT": "0",
@@ -137,6 +139,7 @@ def _agent(tmp: Path, fake: FakeNvml) -> tuple[Service, threading.Thread, str, s
             "COTENANT_NVML_HOST": "node-a",
             "COTENANT_AGENT_NODE": "node-a",
             "COTENANT_PROCFS_INTERVAL_S": "0.1",
+            **(env or {}),
         }
     )
     svc = Service(cfg, nvml=fake, role="agent")
@@ -224,6 +227,45 @@ def test_a_running_agent_exposes_what_central_diagnosis_reads_and_drills_down(
         # an agent has no analysis, dashboard or actuators
         assert httpx.get(f"{api}/api/v1/incidents", timeout=5).status_code == 404
         assert httpx.get(f"{api}/", timeout=5).status_code == 404
+    finally:
+        svc.stop()
+        thread.join(60)
+
+
+def test_a_spooled_agent_drills_down_into_every_acknowledged_request(tmp_path: Path) -> None:
+    # [agent] spool: acknowledged once in the spool; an hour-long flush interval, so only the
+    # drill-down's flush can bring the rows into the store before it reads
+    fake = FakeNvml()
+    gpu = fake.add_gpu()
+    env = {"COTENANT_STORE_SPOOL": "true", "COTENANT_STORE_FLUSH_INTERVAL_S": "3600"}
+    svc, thread, api, otlp = _agent(tmp_path, fake, env)
+    try:
+        f = SpanFactory({"service.name": "tts", "host.name": "node-a"})
+        now = time.time_ns()
+        ids = [
+            f.ours(
+                "tts",
+                now - (10 - i) * 100 * MS,
+                10.0 + i,
+                [("queue", 0, 1), ("compute", 1, 5)],
+                attrs={"cotenant.gpu": gpu, "cotenant.tenant": "t1"},
+            )[0]
+            for i in range(5)
+        ]
+        exporter = OTLPSpanExporter(endpoint=otlp, timeout=10)
+        assert exporter.export(f.take()).name == "SUCCESS"
+        exporter.shutdown()
+        assert list((tmp_path / "agent.duckdb.spool").glob("*.log"))  # acknowledged from it
+        r = httpx.get(
+            f"{api}/api/v1/slowest",
+            params={"model": "tts", "since": "5m", "until": "now", "limit": 10},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        rows = r.json()["requests"]
+        assert sorted(x["trace_id"] for x in rows) == sorted(ids)
+        assert set(arrow_schema("requests").names) <= set(rows[0])  # every column
+        assert rows[0]["tenant"] == "t1" and rows[0]["compute_ms"] == pytest.approx(4.0)
     finally:
         svc.stop()
         thread.join(60)
