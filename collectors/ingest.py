@@ -16,7 +16,8 @@ from collectors.ingest_metrics import IngestMetrics
 from collectors.normalize import Normalizer, NormalizeResult
 from store.errors import Overloaded, StoreError, UsageError
 from store.settings import StoreSettings
-from store.writer import Receipt, Writer
+from store.write_batches import Receipt
+from store.writer import Writer
 
 ACKS = ("durable", "queued")
 

@@ -218,7 +218,7 @@ def _fmt(b: float) -> str:
 
 
 class IngestMetrics:
-    """All ingest-side series; implements :class:`store.writer.WriteObserver`."""
+    """All ingest-side series; implements :class:`store.write_batches.WriteObserver`."""
 
     def __init__(
         self, registry: CollectorRegistry, *, durations: RequestObserver | None = None

@@ -77,10 +77,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from store.db import Store
@@ -89,52 +87,9 @@ from store.maintenance import Maintenance
 from store.schema import APPEND_TABLES, arrow_schema
 from store.settings import StoreSettings
 from store.spool import AckLog, Mark
+from store.write_batches import Receipt, WriteObserver, append_batch, conform, touched_minutes
 
 log = logging.getLogger(__name__)
-
-MINUTE_NS = 60_000_000_000
-
-
-class WriteObserver(Protocol):
-    """What the writer reports, for /metrics."""
-
-    def rows_written(self, table: str, rows: int, seconds: float) -> None: ...
-
-    def write_failed(self, table: str, rows: int) -> None: ...
-
-
-class Receipt:
-    """What became of one submitted batch: :meth:`wait` for its commit."""
-
-    __slots__ = ("_done", "_error")
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._error: str | None = None
-
-    def settle(self, error: str | None = None) -> None:
-        """Called by the writer: committed (``error`` None), or the append failed."""
-        self._error = error
-        self._done.set()
-
-    @property
-    def settled(self) -> bool:
-        """Whether the append is over (committed or failed)."""
-        return self._done.is_set()
-
-    @property
-    def committed(self) -> bool:
-        return self._done.is_set() and self._error is None
-
-    def wait(self, timeout_s: float) -> bool:
-        """True once the rows are committed; False if that did not happen within
-        ``timeout_s`` (they may still be). Raises :class:`StoreError` (with the append's error)
-        when the append failed: the rows are not stored."""
-        if not self._done.wait(timeout_s):
-            return False
-        if self._error is not None:
-            raise StoreError(self._error)
-        return True
 
 
 _Item = tuple[str, pa.Table, Receipt, bool]  # table, rows, receipt, durable
@@ -279,7 +234,7 @@ class Writer:
             return receipt
         # Conform here, on the caller's thread: a malformed batch found only by the writer
         # would make it drop every acknowledged batch written together with it.
-        batch = _conform(table, batch, self._schemas[table])
+        batch = conform(table, batch, self._schemas[table])
         nbytes = batch.nbytes
         with self._cond:
             if self._closing:
@@ -469,7 +424,7 @@ class Writer:
             # one chunk: DuckDB scans 25 chunks of 40 rows ~2 ms slower than one of 1,000
             combined = {t: pa.concat_tables(bs).combine_chunks() for t, bs in by_table.items()}
             for table, data in combined.items():
-                _append(cur, table, data)
+                append_batch(cur, table, data)
             spool.mark_loaded(cur, mark)
             cur.execute("COMMIT")
         except BaseException:
@@ -480,7 +435,7 @@ class Writer:
             if self._observer is not None:
                 self._observer.rows_written(table, data.num_rows, seconds)
             if self._maintenance is not None:
-                self._maintenance.mark_dirty(table, _minutes(table, data))
+                self._maintenance.mark_dirty(table, touched_minutes(table, data))
 
     def _recover(self, spool: AckLog) -> None:
         """Load what a previous process spooled (acknowledged) but did not load."""
@@ -490,9 +445,7 @@ class Writer:
             for table, batch in batches:
                 if table not in self._schemas:
                     raise StoreError(f"the spool holds rows for {table}, which takes no appends")
-                items.append(
-                    (table, _conform(table, batch, self._schemas[table]), Receipt(), False)
-                )
+                items.append((table, conform(table, batch, self._schemas[table]), Receipt(), False))
             if items:
                 self._commit_loaded(cur, items, mark, spool)
                 log.info(
@@ -523,7 +476,7 @@ class Writer:
         t0 = time.perf_counter()
         try:
             combined = pa.concat_tables([b for b, _ in entries])
-            _append(cur, table, combined)
+            append_batch(cur, table, combined)
         except Exception as exc:  # the data path must not kill the writer thread
             self._failed(table, entries, exc)
             return
@@ -532,7 +485,7 @@ class Writer:
         if self._observer is not None:
             self._observer.rows_written(table, rows, time.perf_counter() - t0)
         if self._maintenance is not None:
-            self._maintenance.mark_dirty(table, _minutes(table, combined))
+            self._maintenance.mark_dirty(table, touched_minutes(table, combined))
 
     def _failed(self, table: str, entries: list[tuple[pa.Table, Receipt]], exc: Exception) -> None:
         rows = sum(b.num_rows for b, _ in entries)
@@ -541,47 +494,3 @@ class Writer:
             self._observer.write_failed(table, rows)
         for _, receipt in entries:
             receipt.settle(f"writing {rows} rows to {table} failed: {exc}")
-
-
-def _append(cur: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
-    """Append ``data`` (conformed to ``table``'s schema) in one statement.
-
-    DuckDB finds ``_cotenant_batch`` among this frame's locals (a replacement scan) instead of
-    through ``register``/``unregister``, which cost about 1 ms of CPU per append, a third of
-    a small append (bench/agent_metrics.py, ``--part overhead``).
-    """
-    _cotenant_batch = data  # read by DuckDB's replacement scan
-    cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _cotenant_batch")
-
-
-def _conform(table: str, batch: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``batch`` with exactly ``schema``'s columns and types, or :class:`StoreError`."""
-    if batch.schema.equals(schema):
-        return batch
-    missing = [c for c in schema.names if c not in batch.column_names]
-    extra = [c for c in batch.column_names if c not in schema.names]
-    if missing or extra:
-        raise StoreError(
-            f"batch for {table} does not match its schema (missing columns: "
-            f"{', '.join(missing) or 'none'}; unknown columns: {', '.join(extra) or 'none'})"
-        )
-    try:
-        return batch.select(schema.names).cast(schema)
-    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise StoreError(f"batch for {table} has values of the wrong type: {exc}") from exc
-
-
-def _minutes(table: str, data: pa.Table) -> np.ndarray:
-    """Distinct minute starts (ns) touched by ``data``, for rollup refresh."""
-    col = {"requests": "ts_end_ns"}.get(table, "ts_ns")
-    if col not in data.column_names:
-        return np.empty(0, dtype=np.int64)
-    column = data.column(col)
-    # nulls would turn the column into float64 (NaN, and ns rounded to the wrong minute)
-    ts = (column.drop_null() if column.null_count else column).to_numpy(zero_copy_only=False)
-    if ts.size == 0:
-        return np.empty(0, dtype=np.int64)
-    lo, hi = int(ts.min()) // MINUTE_NS, int(ts.max()) // MINUTE_NS
-    if lo == hi:  # the usual batch (a fraction of a second of rows): no sort
-        return np.array([lo * MINUTE_NS], dtype=np.int64)
-    return np.unique(ts // MINUTE_NS) * MINUTE_NS
