@@ -51,6 +51,9 @@ from store.schema import arrow_schema
 _STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 
 REQUEST_SCHEMA = arrow_schema("requests")
+_EMPTY = REQUEST_SCHEMA.empty_table()
+"""The result of an export without rows: built once (``Schema.empty_table`` takes ~0.4 ms,
+more than the rest of a 40-request export's table); Arrow tables are immutable."""
 
 
 @dataclass
@@ -117,7 +120,7 @@ class Normalizer:
     def normalize(self, request: Any) -> NormalizeResult:
         """Normalize an ``ExportTraceServiceRequest``; never raises for bad spans."""
         now = self._clock()
-        res = NormalizeResult(requests=REQUEST_SCHEMA.empty_table())
+        res = NormalizeResult(requests=_EMPTY)
         children: dict[Key, list[Child]] = {}
         roots: list[tuple[SpanShape, Any, Attrs, Attrs]] = []
         by_name, shapes = self._by_name, self._shapes
