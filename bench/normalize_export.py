@@ -89,8 +89,9 @@ def measure(requests: int, repeats: int) -> dict[str, Any]:
 
 def _run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=f"{root}:{ROOT / 'tests'}")
+    argv = ["--requests", str(args.requests), "--repeats", str(args.repeats)]
     out = subprocess.run(
-        [sys.executable, __file__, "--requests", str(args.requests), "--repeats", str(args.repeats)],
+        [sys.executable, __file__, *argv],
         env=env,
         check=True,
         capture_output=True,

@@ -215,6 +215,7 @@ class Normalizer:
 
 
 _LOCK_NAME, _LOCK_HOLDER = "cotenant.lock.name", "cotenant.lock.holder"
+_LOCK_KEYS = frozenset({_LOCK_NAME, _LOCK_HOLDER})
 
 
 def _lock_of(kvs: Iterable[Any]) -> dict[str, Any]:
@@ -224,7 +225,7 @@ def _lock_of(kvs: Iterable[Any]) -> dict[str, Any]:
     name = holder = None
     for kv in kvs:
         key = kv.key
-        if key == _LOCK_NAME or key == _LOCK_HOLDER:
+        if key in _LOCK_KEYS:
             v = kv.value
             kind = v.WhichOneof("value")
             value = as_str(getattr(v, kind)) if kind in SCALAR_KINDS else None
