@@ -33,23 +33,24 @@ def critical_path(start_ns: int, end_ns: int, children: Sequence[Sequence[Any]])
     if not children:
         out[OTHER] = end_ns - start_ns
         return out
-    cands = sorted(children, key=_END, reverse=True)
+    # one pass over the children, latest end first: the next child booked is the first one
+    # left that starts before ``t``; one passed over (it starts at or after ``t``) can never
+    # be booked later, as ``t`` only moves back
+    other = 0
     t = end_ns
-    while cands and t > start_ns:
-        # hot path: a plain loop beats next() over a generator here
-        for i, c in enumerate(cands):  # noqa: B007
-            if c[1] < t:
-                break
-        else:
+    for c in sorted(children, key=_END, reverse=True):
+        if t <= start_ns:
             break
-        phase, c_start, c_end = c[0], c[1], c[2]
+        c_start = c[1]
+        if c_start >= t:
+            continue
+        c_end = c[2]
         stop = c_end if c_end < t else t
         if stop <= start_ns:
             break
-        out[OTHER] += t - stop
+        other += t - stop
         begin = c_start if c_start > start_ns else start_ns
-        out[phase] += stop - begin
+        out[c[0]] += stop - begin
         t = begin
-        del cands[i]
-    out[OTHER] += t - start_ns
+    out[OTHER] += other + t - start_ns
     return out

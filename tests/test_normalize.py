@@ -54,6 +54,26 @@ def test_ours_decomposes_on_the_critical_path_and_phases_sum_to_latency() -> Non
     assert (r["lock_name"], r["lock_holder"]) == ("kv-cache", "sdxl")
 
 
+def test_lock_attributes_are_read_as_the_other_attributes_are() -> None:
+    # the lock.wait child's two keys are read without decoding its other attributes: the
+    # same values as attributes() + as_str give (last of a repeated key, scalars as text,
+    # arrays None)
+    f = SpanFactory({})
+    f.ours("llama", T0, 10.0, [("lock.wait", 1, 4)], lock=("kv", "sdxl"))
+    req = f.otlp()
+    [wait] = [s for s in req.resource_spans[0].scope_spans[0].spans if s.name == "lock.wait"]
+    del wait.attributes[:]
+    wait.attributes.add(key="cotenant.lock.holder", value={"string_value": "first"})
+    wait.attributes.add(key="other", value={"int_value": 3})
+    wait.attributes.add(key="cotenant.lock.name", value={"int_value": 7})
+    wait.attributes.add(key="cotenant.lock.holder", value={"bool_value": True})
+    [r] = rows(Normalizer(GpuResolver()), req)
+    assert (r["lock_name"], r["lock_holder"], r["lock_wait_ms"]) == ("7", "True", 3.0)
+    wait.attributes.add(key="cotenant.lock.name", value={"array_value": {}})
+    [r] = rows(Normalizer(GpuResolver()), req)
+    assert (r["lock_name"], r["lock_holder"]) == (None, "True")
+
+
 def test_children_exported_before_their_root_are_joined() -> None:
     f = SpanFactory()
     root = f.tracer.start_span("request", attributes={"cotenant.model": "m"}, start_time=T0)

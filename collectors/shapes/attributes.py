@@ -15,7 +15,8 @@ from typing import Any
 
 from collectors.shapes.base import Attrs, Rejected
 
-_SCALARS = frozenset({"string_value", "bool_value", "int_value", "double_value", "bytes_value"})
+SCALAR_KINDS = frozenset({"string_value", "bool_value", "int_value", "double_value", "bytes_value"})
+"""The ``AnyValue`` kinds decoded to a Python value; the others (arrays, maps) become None."""
 
 
 def attributes(kvs: Iterable[Any]) -> Attrs:
@@ -26,7 +27,7 @@ def attributes(kvs: Iterable[Any]) -> Attrs:
     for kv in kvs:
         v = kv.value
         kind = v.WhichOneof("value")
-        out[kv.key] = getattr(v, kind) if kind in _SCALARS else None
+        out[kv.key] = getattr(v, kind) if kind in SCALAR_KINDS else None
     return out
 
 

@@ -30,7 +30,8 @@ class OursShape:
 
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
         a = attrs
-        kids = ctx.children(span.trace_id, span.span_id)
+        trace_id, span_id = span.trace_id, span.span_id  # each read builds a new bytes
+        kids = ctx.children(trace_id, span_id)
         start, end, model, host, gpu, pid, status = ctx.identity(
             span, resource, a.get(ATTR_MODEL), a.get("cotenant.gpu")
         )
@@ -46,8 +47,8 @@ class OursShape:
             start,
             end,
             (end - start) / 1e6,
-            span.trace_id.hex(),
-            span.span_id.hex(),
+            trace_id.hex(),
+            span_id.hex(),
             model,
             tenant,
             host,
