@@ -36,7 +36,7 @@ class Server(uvicorn.Server):
     _loop: asyncio.AbstractEventLoop | None = None
     _exit = False
 
-    @property  # type: ignore[override]
+    @property
     def should_exit(self) -> bool:
         return self._exit
 
