@@ -263,6 +263,7 @@ def _cpu_by_thread() -> dict[str, float]:
         tid = int(task.name)
         name = names.get(tid, f"native:{tid}")
         name = "AnyIO worker thread" if name.startswith("AnyIO worker") else name
+        name = "cotenant-otlp-http" if name.startswith("cotenant-otlp-http_") else name
         out[name] = out.get(name, 0.0) + cpu
     return out
 

