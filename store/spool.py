@@ -1,8 +1,8 @@
 """A write-ahead spool for durable acknowledgements: Arrow batches in an fsync'd append-only log.
 
-Under ``store.ack = "durable"`` with ``store.spool`` on, the writer acknowledges a group of
-exports once their rows are in this log (one ``write`` + ``fdatasync`` per group, ~0.1 ms of
-CPU) instead of once DuckDB has committed them (an append and commit of the 31-column
+Under ``store.ack = "durable"`` with ``store.spool`` on, the writer acknowledges an export
+once its rows are in this log (one ``write`` + ``fdatasync``, ~0.5 ms of CPU with the Arrow
+serialisation) instead of once DuckDB has committed them (an append and commit of the 31-column
 ``requests`` table: ~3 ms of CPU per export, bench/agent_metrics.py). The writer loads the
 spooled rows into DuckDB with its other appends every ``flush_interval_s`` and, in the same
 DuckDB transaction, records how far the log is loaded (:meth:`Spool.mark_loaded`; the
@@ -12,8 +12,8 @@ DuckDB transaction, records how far the log is loaded (:meth:`Spool.mark_loaded`
   (:meth:`Spool.recover`);
 * a crash after it but before the loaded log file is deleted cannot load them twice: the
   mark says the file is loaded up to its end;
-* a record cut short by the crash (its group was never acknowledged: acknowledgement follows
-  the ``fdatasync``) fails its length or CRC check and is dropped with everything after it.
+* a record cut short by the crash (never acknowledged: acknowledgement follows the
+  ``fdatasync``) fails its length or CRC check and is dropped with everything after it.
 
 Layout: a directory ``<store file>.spool/`` of files ``<generation>.log`` (generation: 16
 decimal digits, increasing). Each file is a sequence of records ``length (u32 LE) | crc32
@@ -50,9 +50,11 @@ Mark = tuple[int, int]
 
 
 class AckLog(Protocol):
-    """Where the writer makes a group of batches durable before DuckDB has them (the spool
-    here; a replicated log would be another). The writer calls every method from its one
-    thread."""
+    """Where the writer makes batches durable before DuckDB has them (the spool here; a
+    replicated log would be another). The writer serialises the calls: :meth:`append`,
+    :attr:`end` and :meth:`loaded` under its queue lock (``append`` on the producer's thread),
+    :meth:`recover` before its thread starts, :meth:`mark_loaded` and :meth:`close` on its
+    thread (``mark_loaded`` only writes SQL on the given cursor)."""
 
     def append(self, batches: Sequence[tuple[str, pa.Table]]) -> None:
         """Make ``(table, rows)`` batches durable; on return they survive ``kill -9`` and
@@ -85,8 +87,8 @@ class AckLog(Protocol):
 
 
 class Spool:
-    """The :class:`AckLog` in ``directory`` (created if missing). Not thread-safe: the
-    writer thread is its only user."""
+    """The :class:`AckLog` in ``directory`` (created if missing). Not thread-safe by itself:
+    its one user, :class:`store.writer.Writer`, serialises the calls (see :class:`AckLog`)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)

@@ -394,7 +394,8 @@ def test_the_real_proc_is_reread_through_held_descriptors_released_when_processe
     import sys
 
     sink = Sink()
-    c = ProcfsCollector(sink=sink, resolver=GpuResolver(), host="node-1", min_cores=0.2)
+    # a low bar: on a loaded shared machine the burner may get far less than a core
+    c = ProcfsCollector(sink=sink, resolver=GpuResolver(), host="node-1", min_cores=0.02)
     before = _open_fds()
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -405,7 +406,7 @@ def test_the_real_proc_is_reread_through_held_descriptors_released_when_processe
         c.poll_once()  # re-read through the held descriptors: a rate
         (row,) = [r for r in sink.rows() if r["pid"] == burner.pid]
         assert row["process_name"] == "python3 -c" or str(row["process_name"]).endswith(" -c")
-        assert 0.2 <= float(row["cpu_cores"]) <= 1.2  # type: ignore[arg-type]
+        assert 0.02 <= float(row["cpu_cores"]) <= 1.2  # type: ignore[arg-type]
     finally:
         burner.kill()
         burner.wait()

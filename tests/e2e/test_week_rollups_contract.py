@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -45,10 +46,12 @@ N_MIN = 24  # minutes of data; the range asked for is minutes 2 .. 21
 CHUNK_NS = 7 * MIN  # minutes are counted in chunks (a day in serve): 7, 7 and 6 here
 MODELS = {"a.b-1": ("GPU-0", "GPU-1"), "axb-1": ("GPU-1",), "c": ("GPU-0",)}
 OFFSETS_S = (0.0, 30.0, 59.999)
+Both = tuple[int, StoreWeekRollups, PromQLWeekRollups]
+"""The data's first minute (ns), embedded mode's answers, fleet mode's."""
 THRESHOLDS = GpuThresholds(sm=90.0, dram=0.8, pcie_bps=1e10, memory_full=0.9, throttle_bits=0x40)
 
 
-def _minutes(t0: int) -> dict[str, list[dict[str, object]]]:
+def _minutes(t0: int) -> dict[str, list[dict[str, Any]]]:
     """Rollup rows of N_MIN minutes from ``t0``: requests with gaps, bursts and slow minutes,
     two GPUs on two hosts, a co-tenant process that comes and goes."""
     rng = np.random.default_rng(7)
@@ -102,7 +105,7 @@ def _minutes(t0: int) -> dict[str, list[dict[str, object]]]:
     return {"request_rollup_1m": req, "gpu_rollup_1m": gpu, "process_rollup_1m": proc}
 
 
-def _openmetrics(rows: dict[str, list[dict[str, object]]], *, ms: bool = False) -> str:
+def _openmetrics(rows: dict[str, list[dict[str, Any]]], *, ms: bool = False) -> str:
     """The recorded series the fleet rules would hold for these minutes, as OpenMetrics
     (``ms``: Prometheus text with millisecond timestamps, as VictoriaMetrics imports it)."""
     fam: dict[str, list[tuple[str, int, float]]] = {}
@@ -112,27 +115,27 @@ def _openmetrics(rows: dict[str, list[dict[str, object]]], *, ms: bool = False) 
         lb = ",".join(f'{k}="{x}"' for k, x in labels.items())
         fam.setdefault(name, []).append((f"{name}{{{lb}}}", minute + MIN + int(off * 1e9), v))
 
-    per_model: dict[tuple[int, str], list[dict[str, object]]] = {}
+    per_model: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in rows["request_rollup_1m"]:
-        m, model, g = int(r["minute_ns"]), str(r["model"]), str(r["gpu"])  # type: ignore[call-overload]
+        m, model, g = int(r["minute_ns"]), str(r["model"]), str(r["gpu"])
         add(
             "cotenant:requests:increase_minute",
             {"node": "n", "model": model, "gpu": g},
             m,
             float(r["count"]),
-        )  # type: ignore[arg-type]
+        )
         add(
             "cotenant:request_latency_seconds:p99_minute",
             {"model": model, "gpu": g},
             m,
             float(r["p99_ms"]) / 1e3,
-        )  # type: ignore[arg-type]
+        )
         per_model.setdefault((m, model), []).append(r)
     tenants: dict[tuple[int, str], set[str]] = {}
     for (m, model), rs in per_model.items():
         lb = {"model": model}
-        add("cotenant:model_requests:increase_minute", lb, m, float(sum(r["count"] for r in rs)))  # type: ignore[misc]
-        errors = sum(int(r["errors"]) for r in rs)  # type: ignore[call-overload]
+        add("cotenant:model_requests:increase_minute", lb, m, float(sum(r["count"] for r in rs)))
+        errors = sum(int(r["errors"]) for r in rs)
         if errors:
             add("cotenant:model_request_errors:increase_minute", lb, m, float(errors))
         add(
@@ -140,29 +143,29 @@ def _openmetrics(rows: dict[str, list[dict[str, object]]], *, ms: bool = False) 
             lb,
             m,
             max(float(r["p99_ms"]) for r in rs) / 1e3,
-        )  # type: ignore[arg-type]
-        ttft = [float(r["ttft_p99_ms"]) for r in rs if r["ttft_p99_ms"] is not None]  # type: ignore[arg-type]
+        )
+        ttft = [float(r["ttft_p99_ms"]) for r in rs if r["ttft_p99_ms"] is not None]
         if ttft:
             add("cotenant:model_time_to_first_token_seconds:p99_max_minute", lb, m, max(ttft) / 1e3)
         for r in rs:
             tenants.setdefault((m, str(r["gpu"])), set()).add(model)
     for r in rows["gpu_rollup_1m"]:
-        m, lb = int(r["minute_ns"]), {"host": str(r["host"]), "gpu": str(r["gpu"])}  # type: ignore[call-overload]
-        add("cotenant:gpu_sm_utilization:avg_minute", lb, m, float(r["sm_util"]) / 100)  # type: ignore[arg-type]
+        m, lb = int(r["minute_ns"]), {"host": str(r["host"]), "gpu": str(r["gpu"])}
+        add("cotenant:gpu_sm_utilization:avg_minute", lb, m, float(r["sm_util"]) / 100)
         add(
             "cotenant:gpu_memory_bandwidth_utilization:avg_minute",
             lb,
             m,
             float(r["mem_util"]) / 100,
-        )  # type: ignore[arg-type]
-        add("cotenant:gpu_pcie_bytes_per_second:avg_minute", lb, m, float(r["pcie_tx_bps"]))  # type: ignore[arg-type]
-        add("cotenant:gpu_memory_used_bytes:max_minute", lb, m, float(r["mem_used_bytes_max"]))  # type: ignore[arg-type]
-        add("cotenant:gpu_memory_total_bytes:max_minute", lb, m, float(r["mem_total_bytes"]))  # type: ignore[arg-type]
+        )
+        add("cotenant:gpu_pcie_bytes_per_second:avg_minute", lb, m, float(r["pcie_tx_bps"]))
+        add("cotenant:gpu_memory_used_bytes:max_minute", lb, m, float(r["mem_used_bytes_max"]))
+        add("cotenant:gpu_memory_total_bytes:max_minute", lb, m, float(r["mem_total_bytes"]))
         add("cotenant:gpu_throttled:max_minute", lb, m, 1.0 if r["clock_event_reasons"] else 0.0)
     for r in rows["process_rollup_1m"]:
-        m = int(r["minute_ns"])  # type: ignore[call-overload]
+        m = int(r["minute_ns"])
         lb = {"host": "node-1", "gpu": "GPU-1", "pid": "77", "process": "train-job", "model": ""}
-        add("cotenant:process_sm_utilization:avg_minute", lb, m, float(r["sm_util"]) / 100)  # type: ignore[arg-type]
+        add("cotenant:process_sm_utilization:avg_minute", lb, m, float(r["sm_util"]) / 100)
         tenants.setdefault((m, "GPU-1"), set()).add("train-job")
     for (m, g), names in tenants.items():
         add("cotenant:gpu_tenants:count_minute", {"gpu": g}, m, float(len(names)))
@@ -176,7 +179,7 @@ def _openmetrics(rows: dict[str, list[dict[str, object]]], *, ms: bool = False) 
 
 
 @contextlib.contextmanager
-def _victoria(tmp: Path, rows: dict[str, list[dict[str, object]]]) -> Iterator[str]:
+def _victoria(tmp: Path, rows: dict[str, list[dict[str, Any]]]) -> Iterator[str]:
     with start_victoria(tmp / "vm", []) as vm:
         r = httpx.post(f"{vm.url}/api/v1/import/prometheus", content=_openmetrics(rows, ms=True))
         assert r.status_code == 204, r.text
@@ -187,7 +190,9 @@ def _victoria(tmp: Path, rows: dict[str, list[dict[str, object]]]) -> Iterator[s
 @pytest.fixture(
     scope="module", params=["prometheus", pytest.param("victoriametrics", marks=needs_victoria)]
 )
-def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def both(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Both]:
     tmp = tmp_path_factory.mktemp("week-contract")
     t0 = (time.time_ns() // MIN - 6 * 60) * MIN  # six hours ago, on a minute
     rows = _minutes(t0)
@@ -218,7 +223,7 @@ def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             store.close()
 
 
-def test_models_minutes_slos_and_bursts_agree(both) -> None:  # type: ignore[no-untyped-def]
+def test_models_minutes_slos_and_bursts_agree(both: Both) -> None:
     t0, embedded, fleet = both
     lo, hi = t0 + 2 * MIN, t0 + 22 * MIN
     # an explicit SLO for a.b-1, none for c (explicit 0 beats the default), the default for axb-1
@@ -241,7 +246,7 @@ def test_models_minutes_slos_and_bursts_agree(both) -> None:  # type: ignore[no-
     }
 
 
-def test_ttft_attainment_agrees(both) -> None:  # type: ignore[no-untyped-def]
+def test_ttft_attainment_agrees(both: Both) -> None:
     t0, embedded, fleet = both
     lo, hi = t0 + 2 * MIN, t0 + 22 * MIN
     slo = {"ttft": {"c": 100.0}}
@@ -250,7 +255,7 @@ def test_ttft_attainment_agrees(both) -> None:  # type: ignore[no-untyped-def]
     assert fleet.token_slo_weeks(lo, hi, slo) == want
 
 
-def test_gpu_hours_tenants_and_cotenancy_agree(both) -> None:  # type: ignore[no-untyped-def]
+def test_gpu_hours_tenants_and_cotenancy_agree(both: Both) -> None:
     t0, embedded, fleet = both
     lo, hi = t0 + 2 * MIN, t0 + 22 * MIN
     want = embedded.gpu_weeks(lo, hi, THRESHOLDS)
@@ -264,7 +269,7 @@ def test_gpu_hours_tenants_and_cotenancy_agree(both) -> None:  # type: ignore[no
     assert any(w["processes"] == ["train-job"] and w["cotenancy_h"] > 0 for w in want)
 
 
-def test_the_p99_around_an_action_agrees(both) -> None:  # type: ignore[no-untyped-def]
+def test_the_p99_around_an_action_agrees(both: Both) -> None:
     t0, embedded, fleet = both
     # a window that is not on minutes (an action created mid-minute)
     lo, hi = t0 + 5 * MIN + 17 * S, t0 + 12 * MIN + 17 * S
