@@ -48,10 +48,11 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from collectors.fake_nvml import FakeNvml  # noqa: E402
+from cotenant.collectors.fake_nvml import FakeNvml  # noqa: E402
 from cotenant.config import AgentSettings, load_config  # noqa: E402
+from cotenant.core.phases import PHASE_COLUMNS  # noqa: E402
 from cotenant.service import Service  # noqa: E402
-from store.schema import PHASE_COLUMNS, arrow_schema  # noqa: E402
+from cotenant.store.schema import arrow_schema  # noqa: E402
 
 GIB = 1 << 30
 

@@ -33,8 +33,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import httpx  # noqa: E402
 from conftest import start_serve  # noqa: E402
 
-from simulator.scenario_load import find_scenario, load_scenario  # noqa: E402
-from simulator.stream import stream  # noqa: E402
+from cotenant.simulator.scenario_load import find_scenario, load_scenario  # noqa: E402
+from cotenant.simulator.stream import stream  # noqa: E402
 
 
 def call(api: str, method: str, path: str, content: bytes = b"") -> tuple[int, dict[str, Any]]:

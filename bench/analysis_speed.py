@@ -27,12 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.diagnose import diagnose
-from analysis.incidents import IncidentBook
-from analysis.loop import AnalysisLoop
-from evaluation.accuracy import load_outputs
-from simulator import output
-from simulator.scenario import (
+from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.analysis.loop import AnalysisLoop
+from cotenant.core.timerange import TimeRange
+from cotenant.evaluation.accuracy import load_outputs
+from cotenant.simulator import output
+from cotenant.simulator.scenario import (
     GPU_TYPES,
     Arrival,
     Batching,
@@ -43,9 +44,8 @@ from simulator.scenario import (
     Model,
     Scenario,
 )
-from store.db import Store
-from store.queries import TimeRange
-from store.source import StoreSource
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 LLM = Llm(
     prefill_ms_per_1k=1.0,

@@ -37,14 +37,15 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
-from actuators.backends.gateway import GatewayBackend
-from actuators.backends.http import HttpCaller
-from actuators.controller import ActionController, Settings
-from actuators.policy import load_policy
-from analysis.incidents import IncidentBook
-from store.db import Store
-from store.schema import PHASE_COLUMNS, arrow_schema
-from store.source import StoreSource
+from cotenant.actuators.backends.gateway import GatewayBackend
+from cotenant.actuators.backends.http import HttpCaller
+from cotenant.actuators.controller import ActionController, Settings
+from cotenant.actuators.policy import load_policy
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.core.phases import PHASE_COLUMNS
+from cotenant.store.db import Store
+from cotenant.store.schema import arrow_schema
+from cotenant.store.source import StoreSource
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

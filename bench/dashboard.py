@@ -41,15 +41,16 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis.diagnose import diagnose
-from analysis.incidents import IncidentBook
+from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.incidents import IncidentBook
 from cotenant.config import load_config
+from cotenant.core.phases import PHASE_COLUMNS
+from cotenant.core.timerange import TimeRange
 from cotenant.service import Service
-from store.db import Store
-from store.maintenance import Maintenance
-from store.queries import TimeRange
-from store.schema import PHASE_COLUMNS, arrow_schema
-from store.source import StoreSource
+from cotenant.store.db import Store
+from cotenant.store.maintenance import Maintenance
+from cotenant.store.schema import arrow_schema
+from cotenant.store.source import StoreSource
 
 HOUR_NS = 3_600_000_000_000
 MODELS = (("tts", "gpu0"), ("embed", "gpu0"), ("chat", "gpu1"), ("rerank", "gpu1"))
@@ -303,15 +304,15 @@ def _browser_rounds(
     """Per variant (``create_app`` keyword arguments), ``rounds`` times, taking turns: the
     real Service with that dashboard, a fresh Chromium (empty cache: a first visit), one cold
     and one warm load. Returns (cold s, warm s, cold parts) per round."""
-    import dashboard.app
+    import cotenant.dashboard.app
 
-    plain = dashboard.app.create_app
+    plain = cotenant.dashboard.app.create_app
     out: dict[str, list[tuple[float, float, dict[str, float]]]] = {v: [] for v in variants}
     try:
         for _ in range(rounds):
             for name, kw in variants.items():
                 # Service._mount_dashboard imports create_app when it builds the app
-                dashboard.app.create_app = functools.partial(plain, **kw)
+                cotenant.dashboard.app.create_app = functools.partial(plain, **kw)
                 svc = Service(cfg, clock_ns=lambda: end_ns)
                 th = threading.Thread(target=svc.run, kwargs={"banner": None}, daemon=True)
                 th.start()
@@ -327,7 +328,7 @@ def _browser_rounds(
                     th.join(60)
                 out[name].append((cold, warm, parts))
     finally:
-        dashboard.app.create_app = plain
+        cotenant.dashboard.app.create_app = plain
     return out
 
 
@@ -415,7 +416,7 @@ def main() -> int:
     finally:
         svc.stop()
         th.join(60)
-    from dashboard import plotlyjs
+    from cotenant.dashboard import plotlyjs
 
     variants: dict[str, dict[str, Any]] = {
         "before (every script with the page)": {"eager_loading": True},

@@ -40,17 +40,18 @@ sys.path.append(str(ROOT / "tests"))  # after ROOT: tests/alerts is not alerts
 from promserver import PROMETHEUS, start_prometheus  # noqa: E402
 from window_rules import backfill_window_rules  # noqa: E402
 
-from analysis.diagnose import Diagnosis, diagnose  # noqa: E402
-from analysis.spikes import SpikeParams  # noqa: E402
-from collectors.prometheus import PrometheusSource  # noqa: E402
+from cotenant.analysis.diagnose import Diagnosis, diagnose  # noqa: E402
+from cotenant.analysis.spikes import SpikeParams  # noqa: E402
+from cotenant.collectors.prometheus import PrometheusSource  # noqa: E402
 from cotenant.config import load_config  # noqa: E402
-from evaluation.accuracy import SETTLE_NS, load_outputs  # noqa: E402
-from evaluation.agent_series import agent_openmetrics, write_openmetrics  # noqa: E402
-from simulator import output  # noqa: E402
-from simulator.scenario import Scenario  # noqa: E402
-from simulator.scenario_load import load_scenario  # noqa: E402
-from store.queries import TimeRange  # noqa: E402
-from store.source import MetricSource, StoreSource  # noqa: E402
+from cotenant.core.readers import MetricSource  # noqa: E402
+from cotenant.core.timerange import TimeRange  # noqa: E402
+from cotenant.evaluation.accuracy import SETTLE_NS, load_outputs  # noqa: E402
+from cotenant.evaluation.agent_series import agent_openmetrics, write_openmetrics  # noqa: E402
+from cotenant.simulator import output  # noqa: E402
+from cotenant.simulator.scenario import Scenario  # noqa: E402
+from cotenant.simulator.scenario_load import load_scenario  # noqa: E402
+from cotenant.store.source import StoreSource  # noqa: E402
 
 SLOT_NS = 2 * 3600 * 10**9
 PROMTOOL = str(Path(PROMETHEUS).with_name("promtool"))
@@ -141,7 +142,7 @@ def summary(faults: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", type=Path, default=ROOT / "simulator" / "scenarios")
+    p.add_argument("--suite", type=Path, default=ROOT / "cotenant" / "simulator" / "scenarios")
     p.add_argument("--only", default="", help="only files whose name contains this")
     p.add_argument("--scrape", type=float, default=15.0, help="scrape interval (s)")
     p.add_argument("--steps", default="15,5", help="fleet window widths to score (s)")

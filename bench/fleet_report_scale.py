@@ -205,12 +205,12 @@ def report_child(url: str, week: str, db: str) -> None:
 
     from prometheus_client import CollectorRegistry
 
-    from collectors.prometheus import PrometheusSource
+    from cotenant.collectors.prometheus import PrometheusSource
     from cotenant.config import load_config
     from cotenant.fleet import Fleet
     from cotenant.report_cmd import report_builder
-    from reports.isoweek import parse_week
-    from store.db import Store
+    from cotenant.reports.isoweek import parse_week
+    from cotenant.store.db import Store
 
     cfg = load_config(
         env={"COTENANT_PROMETHEUS_URL": url, "COTENANT_PROMETHEUS_SCRAPE_INTERVAL_S": "15",
@@ -276,7 +276,7 @@ def run(
     from promserver import PROMETHEUS, start_prometheus
     from window_rules import proc_cpu
 
-    from reports.isoweek import last_complete_week
+    from cotenant.reports.isoweek import last_complete_week
 
     promtool = str(Path(PROMETHEUS).with_name("promtool"))
     week = last_complete_week(time.time_ns())

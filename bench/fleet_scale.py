@@ -53,12 +53,12 @@ from promserver import PROMETHEUS, start_prometheus  # noqa: E402
 from scipy.stats import norm  # noqa: E402
 from window_rules import backfill_window_rules, proc_cpu, window_rules  # noqa: E402
 
-from analysis.analyzer import Analyzer  # noqa: E402
-from analysis.incidents import IncidentBook  # noqa: E402
-from analysis.loop import AnalysisLoop  # noqa: E402
-from collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S  # noqa: E402
-from collectors.prometheus import PrometheusSource  # noqa: E402
-from store.db import Store  # noqa: E402
+from cotenant.analysis.analyzer import Analyzer  # noqa: E402
+from cotenant.analysis.incidents import IncidentBook  # noqa: E402
+from cotenant.analysis.loop import AnalysisLoop  # noqa: E402
+from cotenant.collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S  # noqa: E402
+from cotenant.collectors.prometheus import PrometheusSource  # noqa: E402
+from cotenant.store.db import Store  # noqa: E402
 
 S = 1_000_000_000
 PROMTOOL = str(Path(PROMETHEUS).with_name("promtool"))

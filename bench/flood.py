@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
     ExportTraceServiceRequest,
 )
 
-from store.db import Store  # noqa: E402
+from cotenant.store.db import Store  # noqa: E402
 
 GOAL_RSS_MB = 400.0
 

@@ -396,9 +396,9 @@ def span_cost(n: int) -> dict[str, float]:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-    from actuators.gateway.finished import FinishedRequest
-    from actuators.gateway.otlp_spans import SpanEncoder
-    from actuators.gateway.telemetry import SpanEmitter
+    from cotenant.gateway.finished import FinishedRequest
+    from cotenant.gateway.otlp_spans import SpanEncoder
+    from cotenant.gateway.telemetry import SpanEmitter
 
     req = dict(
         model="llama-3-8b", replica="r1", tenant="acme", priority=0, method="POST",
@@ -442,7 +442,7 @@ def parser_cost(n: int) -> dict[str, dict[str, float]]:
     taken in turn): the bench's request, the same chunked, and one with 20 headers (an SDK
     client's), each fed to one parser per connection as keep-alive requests are."""
     sys.path.insert(0, str(ROOT))
-    from actuators.gateway.request_parser import PARSERS, make_request_parser
+    from cotenant.gateway.request_parser import PARSERS, make_request_parser
 
     plain = _request(8080)
     chunked = (

@@ -74,7 +74,7 @@ def run_victim(a: argparse.Namespace) -> int:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from collectors.instrument import request
+    from cotenant.collectors.instrument import request
 
     resource = Resource.create(
         {

@@ -63,16 +63,16 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 from spans import SpanFactory  # noqa: E402
 
-from collectors.gpu_resolve import GpuResolver  # noqa: E402
-from collectors.ingest import IngestPipeline  # noqa: E402
-from collectors.ingest_metrics import IngestMetrics  # noqa: E402
-from collectors.normalize import Normalizer  # noqa: E402
-from collectors.otlp_decode import PROTOBUF, decode  # noqa: E402
-from store.db import Store  # noqa: E402
-from store.errors import Overloaded  # noqa: E402
-from store.maintenance import Maintenance  # noqa: E402
-from store.settings import StoreSettings  # noqa: E402
-from store.writer import Writer  # noqa: E402
+from cotenant.collectors.gpu_resolve import GpuResolver  # noqa: E402
+from cotenant.collectors.ingest import IngestPipeline  # noqa: E402
+from cotenant.collectors.ingest_metrics import IngestMetrics  # noqa: E402
+from cotenant.collectors.normalize import Normalizer  # noqa: E402
+from cotenant.collectors.otlp_decode import PROTOBUF, decode  # noqa: E402
+from cotenant.core.errors import Overloaded  # noqa: E402
+from cotenant.store.db import Store  # noqa: E402
+from cotenant.store.maintenance import Maintenance  # noqa: E402
+from cotenant.store.settings import StoreSettings  # noqa: E402
+from cotenant.store.writer import Writer  # noqa: E402
 
 REQUESTS_PER_PAYLOAD = 512
 TEMPLATES = 8  # SDK-built payloads; the rest are re-stamped copies

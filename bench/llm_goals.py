@@ -30,8 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evaluation.accuracy import SETTLE_NS, run_scenario
-from simulator.scenario_load import library, load_scenario
+from cotenant.evaluation.accuracy import SETTLE_NS, run_scenario
+from cotenant.simulator.scenario_load import library, load_scenario
 
 START = 1_767_225_600_000_000_000
 

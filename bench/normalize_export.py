@@ -63,8 +63,8 @@ def measure(requests: int, repeats: int) -> dict[str, Any]:
         ExportTraceServiceRequest,
     )
 
-    from collectors.gpu_resolve import GpuResolver
-    from collectors.normalize import Normalizer
+    from cotenant.collectors.gpu_resolve import GpuResolver
+    from cotenant.collectors.normalize import Normalizer
 
     body = _export(requests)
     norm = Normalizer(GpuResolver())

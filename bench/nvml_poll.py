@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 import pyarrow as pa  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from collectors.fake_nvml import FakeNvml  # noqa: E402
-from collectors.gpu_resolve import GpuResolver  # noqa: E402
-from collectors.nvml import NvmlCollector  # noqa: E402
-from collectors.nvml_metrics import NvmlMetrics  # noqa: E402
-from collectors.settings import NvmlSettings  # noqa: E402
+from cotenant.collectors.fake_nvml import FakeNvml  # noqa: E402
+from cotenant.collectors.gpu_resolve import GpuResolver  # noqa: E402
+from cotenant.collectors.nvml import NvmlCollector  # noqa: E402
+from cotenant.collectors.nvml_metrics import NvmlMetrics  # noqa: E402
+from cotenant.collectors.settings import NvmlSettings  # noqa: E402
 
 SEED = 20240611
 T0 = 1_764_000_000_000_000_000

@@ -48,8 +48,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import httpx  # noqa: E402
 from conftest import Served, start_serve  # noqa: E402
 
-from collectors.procfs import program_name  # noqa: E402
-from store.db import Store  # noqa: E402
+from cotenant.collectors.procfs import program_name  # noqa: E402
+from cotenant.store.db import Store  # noqa: E402
 
 WORKERS = ROOT / "bench" / "contention_workers.py"
 MODELS = {"tts": (40.0, 1.5), "imagegen": (0.2, 60.0), "ocr": (5.0, 4.0)}  # rate, work ms

@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reports.backfill import backfill_incidents
-from reports.compute import ReportBuilder
-from reports.isoweek import parse_week
-from reports.writer import write_report
-from simulator.week import (
+from cotenant.reports.backfill import backfill_incidents
+from cotenant.reports.compute import ReportBuilder
+from cotenant.reports.isoweek import parse_week
+from cotenant.reports.writer import write_report
+from cotenant.simulator.week import (
     WeekFault,
     WeekGpu,
     WeekModel,
@@ -38,7 +38,7 @@ from simulator.week import (
     simulate_week,
     write_week,
 )
-from store.db import Store
+from cotenant.store.db import Store
 
 DAY, HOUR = 86_400.0, 3_600.0
 

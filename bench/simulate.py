@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulator.engine import Simulation
-from simulator.scenario import (
+from cotenant.simulator.engine import Simulation
+from cotenant.simulator.scenario import (
     GPU_TYPES,
     Arrival,
     Batching,
@@ -103,7 +103,7 @@ def main() -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     if args.scenario:
-        from simulator.scenario_load import load_scenario
+        from cotenant.simulator.scenario_load import load_scenario
 
         s = load_scenario(args.scenario)
     else:

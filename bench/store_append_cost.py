@@ -34,7 +34,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from store.schema import arrow_schema, ddl
+from cotenant.store.schema import arrow_schema, ddl
 
 SEVEN = ["ts_start_ns", "ts_end_ns", "latency_ms", "trace_id", "model", "gpu", "status"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from promserver import PROMETHEUS, start_prometheus
 
-from alerts.rules import to_yaml
-from alerts.rules_windows import window_group
+from cotenant.alerts.rules import to_yaml
+from cotenant.alerts.rules_windows import window_group
 from cotenant.config import load_config
 from cotenant.rules_cmd import settings_from
 

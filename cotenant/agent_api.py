@@ -22,13 +22,14 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from collectors.fleet_histogram import FleetHistogram
 from cotenant.api import ErrorResponse, http_status, validation_error
-from store.db import Store
-from store.errors import CotenantError, QueryError
-from store.http_json import SafeJSONResponse
-from store.queries import MAX_SLOWEST, TimeRange, slowest_requests
-from store.timespec import parse_time_ns
+from cotenant.collectors.fleet_histogram import FleetHistogram
+from cotenant.core.errors import CotenantError, QueryError
+from cotenant.core.http_json import SafeJSONResponse
+from cotenant.core.timerange import TimeRange
+from cotenant.core.timespec import parse_time_ns
+from cotenant.store.db import Store
+from cotenant.store.queries import MAX_SLOWEST, slowest_requests
 
 
 def create_agent_api(

@@ -11,10 +11,9 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
-from alerts.records import AlertBook
-from analysis.analyzer import Analyzer
-from store.db import Store
-from store.errors import (
+from cotenant.alerts.records import AlertBook
+from cotenant.analysis.analyzer import Analyzer
+from cotenant.core.errors import (
     ActionError,
     AlertPayloadError,
     BackendError,
@@ -24,9 +23,11 @@ from store.errors import (
     QueryError,
     Unauthorized,
 )
-from store.http_json import SafeJSONResponse
-from store.queries import MAX_LIMIT, TimeRange, requests_rows
-from store.timespec import parse_time_ns
+from cotenant.core.http_json import SafeJSONResponse
+from cotenant.core.timerange import TimeRange
+from cotenant.core.timespec import parse_time_ns
+from cotenant.store.db import Store
+from cotenant.store.queries import MAX_LIMIT, requests_rows
 
 
 class RequestRow(BaseModel):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from store.errors import QueryError
-from store.timespec import parse_duration_ns
+from cotenant.core.errors import QueryError
+from cotenant.core.timespec import parse_duration_ns
 
 
 def _parse(text: str) -> float:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from store.errors import UsageError
+from cotenant.core.errors import UsageError
 
 
 def _f(x: float | None, fmt: str = "{:.0f}") -> str:
@@ -22,11 +22,11 @@ def bench_actuate(names: list[str], json_out: Path | None, *, policy: Path | Non
     to act on, ConfigError for a bad policy."""
     from dataclasses import replace
 
-    from actuators.policy import load_policy
-    from evaluation.actuation_score import minimum_limit, roles, score, side_by_side
-    from evaluation.closed_loop import START_NS, run_closed_loop
-    from simulator.output import run as simulate
-    from simulator.scenario_load import SCENARIOS_DIR, find_scenario, load_scenario
+    from cotenant.actuators.policy import load_policy
+    from cotenant.evaluation.actuation_score import minimum_limit, roles, score, side_by_side
+    from cotenant.evaluation.closed_loop import START_NS, run_closed_loop
+    from cotenant.simulator.output import run as simulate
+    from cotenant.simulator.scenario_load import SCENARIOS_DIR, find_scenario, load_scenario
 
     paths = (
         [find_scenario(n) for n in names] if names else sorted(SCENARIOS_DIR.glob("actuate_*.yaml"))

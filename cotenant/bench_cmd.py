@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from store.errors import UsageError
+from cotenant.core.errors import UsageError
 
 BASELINES = ("nsigma", "baro")
 
@@ -70,7 +70,7 @@ def rankers(names: str) -> list[Any]:
         raise UsageError(
             f"unknown baseline {', '.join(unknown)}: choose from {', '.join(BASELINES)}"
         )
-    from analysis.baselines import make_ranker
+    from cotenant.analysis.baselines import make_ranker
 
     return [make_ranker(n) for n in wanted]
 
@@ -87,7 +87,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.policy is not None:
         raise UsageError("--policy applies only to --actuate")
     if args.tabular is not None:
-        from evaluation.tabular_cases import bench_tabular, render_tabular
+        from cotenant.evaluation.tabular_cases import bench_tabular, render_tabular
 
         tab = bench_tabular(args.tabular, baselines=rankers(args.baselines))
         print(render_tabular(tab))
@@ -96,7 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if args.live and args.suite is None:
         raise UsageError("--live applies only to --suite")
-    from evaluation.accuracy import run_suite, summarize
+    from cotenant.evaluation.accuracy import run_suite, summarize
 
     paths = sorted(args.suite.glob("*.yaml")) if args.suite.is_dir() else [args.suite]
     if not paths:
@@ -164,7 +164,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_live(paths: list[Path], out: Path | None) -> int:
-    from evaluation import live
+    from cotenant.evaluation import live
 
     t0 = time.monotonic()
     results = live.run_suite(paths, progress=lambda m: print(m, file=sys.stderr, flush=True))

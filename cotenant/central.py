@@ -15,23 +15,24 @@ from typing import Any
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from actuators.api import actions_router
-from actuators.build import build_controller
-from actuators.controller import ActionController
-from alerts.slo_metric import SloMetric
-from alerts.webhook import AlertReceiver, alerts_router
-from analysis.analyzer import Analyzer
-from analysis.incidents import IncidentBook
-from analysis.loop import AnalysisLoop, OnIncident
+from cotenant.actuators.api import actions_router
+from cotenant.actuators.build import build_controller
+from cotenant.actuators.controller import ActionController
+from cotenant.alerts.slo_metric import SloMetric
+from cotenant.alerts.webhook import AlertReceiver, alerts_router
+from cotenant.analysis.analyzer import Analyzer
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.analysis.loop import AnalysisLoop, OnIncident
 from cotenant.api import create_api
 from cotenant.config import Config
+from cotenant.core.readers import MetricSource
 from cotenant.report_cmd import report_builder
-from reports.api import reports_router
-from reports.job import ReportJob
-from reports.schedule import ReportScheduler, parse_schedule
-from reports.writer import parse_formats
-from store.db import Store
-from store.source import MetricSource, StoreSource
+from cotenant.reports.api import reports_router
+from cotenant.reports.job import ReportJob
+from cotenant.reports.schedule import ReportScheduler, parse_schedule
+from cotenant.reports.writer import parse_formats
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 
 @dataclass
@@ -186,8 +187,8 @@ def _mount_dashboard(
     every other route, so the API, /metrics and the probes keep matching first."""
     from a2wsgi import WSGIMiddleware
 
-    from dashboard.app import create_app
-    from dashboard.data import DashboardData
+    from cotenant.dashboard.app import create_app
+    from cotenant.dashboard.data import DashboardData
 
     dc = config.dashboard
     data = DashboardData(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cotenant.config import Config, load_config
-from store.errors import CotenantError
+from cotenant.core.errors import CotenantError
 
 EXIT_USAGE = 2
 
@@ -60,7 +60,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(cfg, store=store)
     tail = None
     if args.fake_nvml is not None:  # checked before anything starts
-        from simulator.nvml_feed_tail import FeedTail
+        from cotenant.simulator.nvml_feed_tail import FeedTail
 
         tail = FeedTail(Path(args.fake_nvml))
     _configure_logging(cfg.log.level)
@@ -91,8 +91,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def cmd_nvml(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _configure_logging(cfg.log.level)
-    from collectors.nvml_api import load_pynvml
-    from store.errors import NvmlUnavailable
+    from cotenant.collectors.nvml_api import load_pynvml
+    from cotenant.core.errors import NvmlUnavailable
 
     try:
         api = load_pynvml()
@@ -115,9 +115,9 @@ def nvml_report(
     to do on stderr, where NVML is unavailable."""
     import pyarrow as pa
 
-    from collectors.gpu_resolve import GpuResolver
-    from collectors.nvml import NvmlCollector
-    from store.errors import NvmlUnavailable
+    from cotenant.collectors.gpu_resolve import GpuResolver
+    from cotenant.collectors.nvml import NvmlCollector
+    from cotenant.core.errors import NvmlUnavailable
 
     tables: dict[str, pa.Table] = {}
     collector = NvmlCollector(
@@ -186,7 +186,7 @@ def _num(v: float | None, unit: str) -> str:
 
 
 def _gpu_line(g: dict[str, Any]) -> str:
-    from collectors.nvml_metrics import CLOCK_EVENT_REASONS
+    from cotenant.collectors.nvml_metrics import CLOCK_EVENT_REASONS
 
     r = g["clock_event_reasons"]
     reasons = "-" if r is None else f"{r:#x}"

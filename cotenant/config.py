@@ -21,21 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actuators.settings import ActuatorSettings
-from alerts.settings import AlertSettings, RuleThresholds
-from analysis.settings import AnalysisSettings
-from collectors.settings import (
+from cotenant.actuators.settings import ActuatorSettings
+from cotenant.alerts.settings import AlertSettings, RuleThresholds
+from cotenant.analysis.settings import AnalysisSettings
+from cotenant.collectors.settings import (
     GpuSettings,
     NvmlSettings,
     OtlpSettings,
     ProcfsSettings,
     PrometheusSettings,
 )
-from dashboard.settings import DashboardSettings
-from reports.settings import ReportSettings
-from store.config_key import key
-from store.errors import ConfigError
-from store.settings import StoreSettings
+from cotenant.core.config_key import key
+from cotenant.core.errors import ConfigError
+from cotenant.dashboard.settings import DashboardSettings
+from cotenant.reports.settings import ReportSettings
+from cotenant.store.settings import StoreSettings
 
 ENV_PREFIX = "COTENANT_"
 

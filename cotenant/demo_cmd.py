@@ -21,9 +21,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from analysis.incident_record import Incident, IncidentEvent
+from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.argtypes import seconds
-from store.errors import CotenantError, UsageError
+from cotenant.core.errors import CotenantError, UsageError
 
 DEMO_STORE = "./.cotenant/demo.duckdb"
 
@@ -81,9 +81,9 @@ def _fresh_store(path: str) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from cotenant.config import load_config
     from cotenant.service import Service
-    from simulator.nvml_feed import fake_for, feed_rows
-    from simulator.scenario_load import find_scenario, load_scenario
-    from simulator.stream import stream
+    from cotenant.simulator.nvml_feed import fake_for, feed_rows
+    from cotenant.simulator.scenario_load import find_scenario, load_scenario
+    from cotenant.simulator.stream import stream
 
     if not args.speed > 0:
         raise UsageError("--speed must be a positive number")

@@ -8,9 +8,9 @@ import os
 import sys
 from typing import Any
 
+from cotenant.core.errors import CotenantError
+from cotenant.core.timespec import format_ns, parse_time_ns
 from cotenant.remote import call_api
-from store.errors import CotenantError
-from store.timespec import format_ns, parse_time_ns
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,12 +37,12 @@ def _via_url(url: str, body: dict[str, str]) -> dict[str, Any]:
 
 
 def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
-    from analysis.analyzer import Analyzer
-    from analysis.incidents import IncidentBook
+    from cotenant.analysis.analyzer import Analyzer
+    from cotenant.analysis.incidents import IncidentBook
     from cotenant.config import load_config
-    from store.db import Store
-    from store.slo_record import recorded_slos
-    from store.source import StoreSource
+    from cotenant.store.db import Store
+    from cotenant.store.slo_record import recorded_slos
+    from cotenant.store.source import StoreSource
 
     cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
     store = Store(args.store or cfg.store.path, read_only=True)

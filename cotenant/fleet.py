@@ -22,14 +22,14 @@ from fastapi import FastAPI, Query
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from analysis.analyzer import Analyzer
-from collectors.prometheus import PrometheusSource
-from collectors.prometheus_week import PromQLWeekRollups
+from cotenant.analysis.analyzer import Analyzer
+from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus_week import PromQLWeekRollups
 from cotenant.config import Config
+from cotenant.core.errors import QueryError
+from cotenant.core.http_json import SafeJSONResponse
+from cotenant.core.source_watch import WatchedSource
 from cotenant.fleet_drill import AgentDrill
-from store.errors import QueryError
-from store.http_json import SafeJSONResponse
-from store.source_watch import WatchedSource
 
 DRILL_MAX_LIMIT = 200
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from collectors.prometheus import PrometheusSource
-from store.errors import ConfigError, SourceError
-from store.queries import TimeRange
+from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.core.errors import ConfigError, SourceError
+from cotenant.core.timerange import TimeRange
 
 PLACEHOLDERS = frozenset(("node", "instance"))
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cotenant.argtypes import duration
-from store.errors import ConfigError, UsageError
+from cotenant.core.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
-    from actuators.gateway.settings import GatewaySettings
+    from cotenant.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def read_token(token_file: Path | None, env: dict[str, str] | os._Environ[str]) -> str:
     """The bearer token from ``--token-file``, else ``$COTENANT_GATEWAY_TOKEN``; raises
     :class:`ConfigError` when there is none (the gateway never runs unprotected)."""
-    from actuators.gateway.settings import TOKEN_ENV
+    from cotenant.gateway.settings import TOKEN_ENV
 
     if token_file is not None:
         try:
@@ -264,9 +264,9 @@ def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     """Check the flags and build :class:`actuators.gateway.settings.GatewaySettings`."""
-    from actuators.gateway.identify import parse_source
-    from actuators.gateway.routing_config import RoutingSpec, check_routing, parse_upstream_flag
-    from actuators.gateway.settings import (
+    from cotenant.gateway.identify import parse_source
+    from cotenant.gateway.routing_config import RoutingSpec, check_routing, parse_upstream_flag
+    from cotenant.gateway.settings import (
         GatewayFile,
         GatewaySettings,
         load_gateway_file,
@@ -370,9 +370,9 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 def cmd_gateway(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from actuators.gateway.server import Gateway
-    from actuators.gateway.span_export import OtlpSpanExporter, SpanExportCollector
-    from actuators.gateway.telemetry import SpanEmitter
+    from cotenant.gateway.server import Gateway
+    from cotenant.gateway.span_export import OtlpSpanExporter, SpanExportCollector
+    from cotenant.gateway.telemetry import SpanEmitter
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

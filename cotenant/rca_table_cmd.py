@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from store.timespec import parse_time_ns
+from cotenant.core.timespec import parse_time_ns
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_rca_table(args: argparse.Namespace) -> int:
-    from analysis.tabular import rca_table
+    from cotenant.analysis.tabular import rca_table
 
     inject = None
     if args.inject_time is not None:

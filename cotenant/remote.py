@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.errors import CotenantError, SourceError
+from cotenant.core.errors import CotenantError, SourceError
 
 
 def call_api(

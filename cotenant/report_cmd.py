@@ -8,14 +8,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cotenant.argtypes import seconds
+from cotenant.core.errors import ReportError
 from cotenant.remote import call_api
-from store.errors import ReportError
 
 if TYPE_CHECKING:
     from cotenant.config import Config
-    from reports.compute import ReportBuilder
-    from store.db import Store
-    from store.week_rollups import WeekRollups
+    from cotenant.reports.compute import ReportBuilder
+    from cotenant.store.db import Store
+    from cotenant.store.week_rollups import WeekRollups
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -56,10 +56,10 @@ def report_builder(cfg: Config, store: Store, rollups: WeekRollups | None = None
     saturation thresholds the alerts use (``[rules]``), and the dashboard link
     (``[report] dashboard_url``, else ``[server]``). ``rollups``: see ReportBuilder (fleet
     mode reduces the week in Prometheus)."""
-    from reports.compute import ReportBuilder
-    from reports.job import dashboard_base
-    from reports.summary import Thresholds
-    from store.slo_record import recorded_slos
+    from cotenant.reports.compute import ReportBuilder
+    from cotenant.reports.job import dashboard_base
+    from cotenant.reports.summary import Thresholds
+    from cotenant.store.slo_record import recorded_slos
 
     rules = cfg.rules
     return ReportBuilder(
@@ -84,11 +84,11 @@ def _via_url(url: str, week: str, timeout_s: float) -> dict[str, Any]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from cotenant.config import load_config
-    from reports.isoweek import last_complete_week, parse_week
-    from reports.job import ReportJob
-    from reports.summary import WeekSummary
-    from reports.writer import parse_formats, write_report
-    from store.db import Store
+    from cotenant.reports.isoweek import last_complete_week, parse_week
+    from cotenant.reports.job import ReportJob
+    from cotenant.reports.summary import WeekSummary
+    from cotenant.reports.writer import parse_formats, write_report
+    from cotenant.store.db import Store
 
     cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
     week = parse_week(args.week) if args.week else last_complete_week(time.time_ns())

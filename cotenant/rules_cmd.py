@@ -6,8 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from alerts.rule_blocks import RuleSettings
-from alerts.rules import prometheus_rule, write_rules
+from cotenant.alerts.rule_blocks import RuleSettings
+from cotenant.alerts.rules import prometheus_rule, write_rules
 from cotenant.config import Config, load_config
 
 

@@ -26,33 +26,33 @@ from typing import Any, Literal, TextIO
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from analysis.loop import OnIncident
-from collectors.admission import InflightBytes
-from collectors.fleet_histogram import FleetHistogram
-from collectors.gpu_resolve import GpuResolver
-from collectors.host_cpu_metrics import HostCpuGauge
-from collectors.ingest import IngestPipeline
-from collectors.ingest_metrics import IngestMetrics
-from collectors.normalize import Normalizer
-from collectors.nvml import NvmlCollector
-from collectors.nvml_api import load_pynvml
-from collectors.nvml_metrics import NvmlMetrics
-from collectors.otlp_grpc import OtlpGrpcServer
-from collectors.otlp_http import OtlpHttpReceiver
-from collectors.procfs import ProcfsCollector, ProcfsMetrics
 from cotenant.agent_api import create_agent_api
+from cotenant.analysis.loop import OnIncident
 from cotenant.central import Central, build_central
+from cotenant.collectors.admission import InflightBytes
+from cotenant.collectors.fleet_histogram import FleetHistogram
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.host_cpu_metrics import HostCpuGauge
+from cotenant.collectors.ingest import IngestPipeline
+from cotenant.collectors.ingest_metrics import IngestMetrics
+from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.nvml import NvmlCollector
+from cotenant.collectors.nvml_api import load_pynvml
+from cotenant.collectors.nvml_metrics import NvmlMetrics
+from cotenant.collectors.otlp_grpc import OtlpGrpcServer
+from cotenant.collectors.otlp_http import OtlpHttpReceiver
+from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics
 from cotenant.config import Config
+from cotenant.core.errors import NvmlUnavailable
+from cotenant.core.http_json import SafeJSONResponse
 from cotenant.listen import Endpoints, Server, bind, url
-from store.db import Store
-from store.errors import NvmlUnavailable
-from store.http_json import SafeJSONResponse
-from store.maintenance import Maintenance
-from store.queries import pending_spans, replace_pending_spans
-from store.settings import StoreSettings
-from store.slo_record import record_slos
-from store.spool import Spool
-from store.writer import Writer
+from cotenant.store.db import Store
+from cotenant.store.maintenance import Maintenance
+from cotenant.store.queries import pending_spans, replace_pending_spans
+from cotenant.store.settings import StoreSettings
+from cotenant.store.slo_record import record_slos
+from cotenant.store.spool import Spool
+from cotenant.store.writer import Writer
 
 log = logging.getLogger(__name__)
 

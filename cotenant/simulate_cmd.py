@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from store.errors import UsageError
-from store.timespec import parse_time_ns
+from cotenant.core.errors import UsageError
+from cotenant.core.timespec import parse_time_ns
 
 if TYPE_CHECKING:
-    from simulator.nvml_feed import FeedWriter
-    from simulator.scenario import Scenario
+    from cotenant.simulator.nvml_feed import FeedWriter
+    from cotenant.simulator.scenario import Scenario
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -75,8 +75,8 @@ def _speed(text: str) -> float | None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from simulator import output
-    from simulator.scenario_load import find_scenario, load_scenario
+    from cotenant.simulator import output
+    from cotenant.simulator.scenario_load import find_scenario, load_scenario
 
     if (args.out is None) == (args.otlp is None):
         raise UsageError("give exactly one of --out DIR or --otlp URL")
@@ -103,7 +103,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for p in paths:
             print(f"  wrote {p}")
         return 0
-    from simulator.stream import stream
+    from cotenant.simulator.stream import stream
 
     start_ns = parse_time_ns(args.start, "--start") if args.start else time.time_ns()
     feed = _Feed(args.nvml_feed, scenario, start_ns, speed) if args.nvml_feed else None
@@ -133,7 +133,7 @@ class _Feed:
     """``--nvml-feed``: the header when the stream starts, each tick's samples after it."""
 
     def __init__(self, path: Path, scenario: Scenario, start_ns: int, speed: float | None) -> None:
-        from simulator.nvml_feed import gpu_uuid
+        from cotenant.simulator.nvml_feed import gpu_uuid
 
         if not path.parent.is_dir():
             raise UsageError(f"--nvml-feed {path}: directory {path.parent} does not exist")
@@ -142,7 +142,7 @@ class _Feed:
         self.writer: FeedWriter | None = None
 
     def start(self, wall_start_ns: int) -> None:
-        from simulator.nvml_feed import FeedWriter, header_for
+        from cotenant.simulator.nvml_feed import FeedWriter, header_for
 
         header = header_for(
             self.scenario,

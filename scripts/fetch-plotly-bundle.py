@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dashboard.plotlyjs import VENDORED as TARGET  # noqa: E402 (where the dashboard looks)
-from dashboard.plotlyjs import full_bundle, version_of  # noqa: E402
+from cotenant.dashboard.plotlyjs import VENDORED as TARGET  # noqa: E402 (where the dashboard looks)
+from cotenant.dashboard.plotlyjs import full_bundle, version_of  # noqa: E402
 
 PACKAGE = "plotly.js-cartesian-dist-min"
 MEMBER = "package/plotly-cartesian.min.js"

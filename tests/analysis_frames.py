@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.windows import GpuWindows
-from store.schema import PHASE_COLUMNS
+from cotenant.analysis.windows import GpuWindows
+from cotenant.core.phases import PHASE_COLUMNS
 
 N = 200
 FAULT = slice(120, 160)

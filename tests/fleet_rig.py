@@ -22,13 +22,13 @@ import httpx
 import yaml
 from promserver import free_port
 
-from analysis.analyzer import Analyzer
-from analysis.incidents import IncidentBook
-from simulator import output
-from simulator.scenario_load import load_scenario
-from store.bulk_load import append_tables
-from store.db import Store
-from store.source import StoreSource
+from cotenant.analysis.analyzer import Analyzer
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.simulator import output
+from cotenant.simulator.scenario_load import load_scenario
+from cotenant.store.bulk_load import append_tables
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 ROOT = Path(__file__).resolve().parents[1]
 BURST = (30, 48)  # seconds of node A's scenario when sdxl's burst runs

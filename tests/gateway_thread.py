@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from actuators.gateway.server import Gateway
-from actuators.gateway.settings import GatewaySettings
+from cotenant.gateway.server import Gateway
+from cotenant.gateway.settings import GatewaySettings
 
 
 class RunningGateway:

@@ -14,19 +14,19 @@ import pytest
 from analysis_frames import FAULT, N, _refresh, masks, slow_compute, windows
 from prometheus_client import CollectorRegistry, generate_latest
 
-from analysis.attribution import attribute
-from analysis.diagnose import diagnose
-from analysis.episodes import Carry, track
-from analysis.incidents import IncidentBook
-from analysis.loop import AnalysisLoop
-from analysis.spikes import SpikeParams, spike_mask
-from evaluation.accuracy import load_outputs
-from simulator.output import run
-from simulator.scenario_load import find_scenario, load_scenario
-from store.db import Store
-from store.errors import SourceError
-from store.queries import TimeRange
-from store.source import StoreSource
+from cotenant.analysis.attribution import attribute
+from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.episodes import Carry, track
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.analysis.loop import AnalysisLoop
+from cotenant.analysis.spikes import SpikeParams, spike_mask
+from cotenant.core.errors import SourceError
+from cotenant.core.timerange import TimeRange
+from cotenant.evaluation.accuracy import load_outputs
+from cotenant.simulator.output import run
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -501,7 +501,7 @@ def test_cli_diagnose_reads_a_store_file(tmp_path: Path) -> None:
 
 
 def test_window_cache_matches_a_full_read(demo_store: Store) -> None:
-    from analysis.windows import WindowCache, gpu_windows
+    from cotenant.analysis.windows import WindowCache, gpu_windows
 
     src = StoreSource(demo_store)
     cache = WindowCache(src, "gpu0", 1.0)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from analysis.baselines import (
+from cotenant.analysis.baselines import (
     Baro,
     NSigma,
     Ranker,
@@ -15,7 +15,7 @@ from analysis.baselines import (
     changepoint_probability,
     make_ranker,
 )
-from store.errors import UsageError
+from cotenant.core.errors import UsageError
 
 N, START = 60, 40
 RANKERS: list[Callable[[], Ranker]] = [

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cotenant.config import Config, load_config
-from store.errors import ConfigError
+from cotenant.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

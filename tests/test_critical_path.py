@@ -1,4 +1,4 @@
-"""collectors.critical_path: the per-phase split of one request's latency."""
+"""cotenant.collectors.critical_path: the per-phase split of one request's latency."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from collectors.critical_path import critical_path
-from store.schema import PHASES
+from cotenant.collectors.critical_path import critical_path
+from cotenant.core.phases import PHASES
 
 OTHER = PHASES.index("other")
 Q, LOCK, PRE, H2D, COMPUTE, D2H, POST = (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts.rules import prometheus_rule, render_rules
+from cotenant.alerts.rules import prometheus_rule, render_rules
 from cotenant.config import Config
 from cotenant.rules_cmd import settings_from
 
@@ -108,7 +108,7 @@ def test_promtool_checks_the_prometheus_rule_and_the_scrape_example(tmp_path: Pa
     # the example's rule_files point at /etc/prometheus/rules: check it with local copies
     cfg = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     for name in ("cotenant.rules.yml", "fleet.rules.yml"):
-        shutil.copy(ROOT / "rules" / name, tmp_path / name)
+        shutil.copy(ROOT / "cotenant" / "rules" / name, tmp_path / name)
     cfg["rule_files"] = [str(tmp_path / "cotenant.rules.yml"), str(tmp_path / "fleet.rules.yml")]
     conf = tmp_path / "prometheus.yml"
     conf.write_text(yaml.safe_dump(cfg))

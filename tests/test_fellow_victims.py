@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from analysis_frames import FAULT, N, _refresh, masks, windows
 
-from analysis.attribution import CONTENTION_NOTE, Attribution, attribute
-from analysis.windows import GpuWindows
+from cotenant.analysis.attribution import CONTENTION_NOTE, Attribution, attribute
+from cotenant.analysis.windows import GpuWindows
 
 
 def named(att: Attribution) -> list[tuple[str, str]]:
@@ -211,7 +211,7 @@ def test_a_sparse_co_tenant_after_a_quiet_minute_has_not_surged() -> None:
     """Real-contention run (seed 26): imagegen at 0.2 requests/s had 5 arrivals in a 60-s
     before range and 17 in the 64 s of the fault; with the before rate taken as exact that was
     a 5-sigma surge and imagegen took 79 % of tts's excess. Both counts are Poisson."""
-    from analysis.demand import arrival_surge
+    from cotenant.analysis.demand import arrival_surge
 
     n = 124
     before = np.zeros(n, dtype=bool)

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from test_store import make_requests
 
-from collectors import fleet_histogram
-from collectors.fleet_histogram import FleetHistogram
+from cotenant.collectors import fleet_histogram
+from cotenant.collectors.fleet_histogram import FleetHistogram
 
 
 def _batches() -> list[pa.Table]:

@@ -20,13 +20,13 @@ from test_store import (
     make_requests,
 )
 
-from collectors.gpu_resolve import GpuResolver
-from collectors.ingest import IngestPipeline
-from collectors.ingest_metrics import IngestMetrics
-from collectors.normalize import Normalizer
-from store.db import Store
-from store.errors import Overloaded, StoreError, UsageError
-from store.writer import Writer
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.ingest import IngestPipeline
+from cotenant.collectors.ingest_metrics import IngestMetrics
+from cotenant.collectors.normalize import Normalizer
+from cotenant.core.errors import Overloaded, StoreError, UsageError
+from cotenant.store.db import Store
+from cotenant.store.writer import Writer
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""collectors.instrument: what a serving process gets when it imports the helpers."""
+"""cotenant.collectors.instrument: what a serving process gets when it imports the helpers."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from spans import SpanFactory
 
-from collectors.instrument import PHASE_NAMES, lock_wait, phase, request
+from cotenant.collectors.instrument import PHASE_NAMES, lock_wait, phase, request
 
 ROOT = Path(__file__).resolve().parent.parent
-OUR_PACKAGES = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+OUR_PACKAGES = ["cotenant"]
 HEAVY = ("duckdb", "pyarrow", "numpy", "pandas", "google.protobuf", "grpc", "opentelemetry.sdk")
-ALLOWED_OF_OURS = {"collectors", "collectors.instrument"}
+ALLOWED_OF_OURS = {"cotenant", "cotenant.collectors", "cotenant.collectors.instrument"}
 
 
 def _under(module: str, packages: tuple[str, ...] | list[str]) -> bool:
@@ -26,7 +26,7 @@ def _under(module: str, packages: tuple[str, ...] | list[str]) -> bool:
 def test_importing_the_helpers_pulls_nothing_else_of_ours_and_nothing_heavy() -> None:
     code = (
         "import json, sys\n"
-        "import collectors.instrument as m\n"
+        "import cotenant.collectors.instrument as m\n"
         "print(json.dumps({'file': m.__file__, 'modules': sorted(sys.modules)}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -34,12 +34,12 @@ def test_importing_the_helpers_pulls_nothing_else_of_ours_and_nothing_heavy() ->
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
     got = json.loads(out.stdout)
-    assert Path(got["file"]).resolve() == ROOT / "collectors" / "instrument.py"
-    assert "collectors" in OUR_PACKAGES and "store" in OUR_PACKAGES
+    assert Path(got["file"]).resolve() == ROOT / "cotenant" / "collectors" / "instrument.py"
+    assert (ROOT / "cotenant" / "collectors" / "__init__.py").exists()
     ours = [m for m in got["modules"] if _under(m, OUR_PACKAGES) and m not in ALLOWED_OF_OURS]
-    assert ours == [], f"collectors.instrument pulls in {ours}"
+    assert ours == [], f"cotenant.collectors.instrument pulls in {ours}"
     heavy = [m for m in got["modules"] if _under(m, HEAVY)]
-    assert heavy == [], f"collectors.instrument pulls in {heavy}"
+    assert heavy == [], f"cotenant.collectors.instrument pulls in {heavy}"
     assert "opentelemetry.trace" in got["modules"]
 
 

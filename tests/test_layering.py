@@ -1,8 +1,10 @@
-"""The layering of docs/architecture.md ("Layers"), enforced: every import of every module in
-the top-level packages (module-level, function-level and ``TYPE_CHECKING`` ones alike) follows
-an allowed arrow between packages, imports only public names across packages, and no module
+"""The layering of docs/architecture.md ("Layers"), enforced: every import of every module of
+the ``cotenant`` package (module-level, function-level and ``TYPE_CHECKING`` ones alike) follows
+an allowed arrow between its layers, imports only public names across layers, and no module
 takes part in an import cycle.
 
+A layer is a subpackage (``cotenant.store`` is the layer ``store``); the modules directly in
+``cotenant/`` (CLI, configuration, wiring) are the composition root, the layer ``cotenant``.
 The checker works on a mapping of module -> imports, so the self-checks at the end feed it
 synthetic sources and assert that it reports what it must.
 """
@@ -21,12 +23,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ROOT_PACKAGE = "cotenant"
 
-PACKAGES = (
-    "collectors",
+LAYERS = (
+    "core",
     "store",
+    "collectors",
     "analysis",
     "actuators",
+    "gateway",
     "alerts",
     "dashboard",
     "reports",
@@ -38,26 +43,41 @@ NOT_IMPORTABLE = ("tests", "bench", "scripts")
 """Folders of ours that no package may import (they hold no library code)."""
 
 ALLOWED: dict[str, frozenset[str]] = {
-    "cotenant": frozenset(PACKAGES) - {"cotenant"},
-    "evaluation": frozenset({"simulator", "actuators", "analysis", "collectors", "store"}),
-    "dashboard": frozenset({"analysis", "store"}),
-    "reports": frozenset({"analysis", "store"}),
-    "actuators": frozenset({"analysis", "store"}),
-    "alerts": frozenset({"analysis", "store"}),
-    "simulator": frozenset({"collectors", "store"}),
-    "analysis": frozenset({"store"}),
-    "collectors": frozenset({"store"}),
-    "store": frozenset(),
+    "cotenant": frozenset(LAYERS) - {"cotenant"},
+    "evaluation": frozenset({"simulator", "actuators", "analysis", "collectors", "store", "core"}),
+    "dashboard": frozenset({"analysis", "store", "core"}),
+    "reports": frozenset({"analysis", "store", "core"}),
+    "actuators": frozenset({"analysis", "store", "core"}),
+    "gateway": frozenset({"core"}),
+    "alerts": frozenset({"analysis", "store", "core"}),
+    "simulator": frozenset({"collectors", "store", "core"}),
+    "analysis": frozenset({"store", "core"}),
+    "collectors": frozenset({"store", "core"}),
+    "store": frozenset({"core"}),
+    "core": frozenset(),
 }
-"""Package -> the packages it may import (imports inside a package are always allowed). The
-same table as docs/architecture.md's "Layers" (checked by a test below)."""
+"""Layer -> the layers it may import (imports inside a layer are always allowed). The same
+table as docs/architecture.md's "Layers" (checked by a test below)."""
+
+
+def layer_of(dotted: str) -> str | None:
+    """The layer a dotted module or name belongs to: ``cotenant.store.db`` -> ``store``,
+    ``cotenant.cli`` -> ``cotenant``; a folder nobody may import (``tests.spans``) -> its
+    name; anything else (the standard library, third parties) -> None."""
+    parts = dotted.split(".")
+    if parts[0] in NOT_IMPORTABLE:
+        return parts[0]
+    if parts[0] != ROOT_PACKAGE:
+        return None
+    if len(parts) > 1 and parts[1] in LAYERS and parts[1] != ROOT_PACKAGE:
+        return parts[1]
+    return ROOT_PACKAGE
 
 
 @dataclass(frozen=True)
 class Import:
     """One imported name: ``target`` is absolute and dotted (``simulator.engine.Simulation`` for
-    ``from simulator.engine import Simulation``; ``simulator.engine`` for ``import
-    simulator.engine``), ``line`` is where the import statement starts in ``path``."""
+    ``from cotenant.simulator.engine import Simulation``), ``line`` is where the import statement starts in ``path``."""
 
     module: str
     path: str
@@ -121,20 +141,20 @@ def arrow_problems(
     line and the arrow."""
     problems = []
     for module in sorted(imports):
-        src = module.split(".")[0]
+        src = layer_of(module)
         for imp in imports[module]:
-            dst = imp.target.split(".")[0]
-            if dst == src:
+            dst = layer_of(imp.target)
+            if dst is None or dst == src:
                 continue
-            if dst in NOT_IMPORTABLE or (dst in allowed and dst not in allowed.get(src, ())):
+            if dst in NOT_IMPORTABLE or (dst in allowed and dst not in allowed.get(src or "", ())):
                 problems.append(
                     f"{imp.path}:{imp.line}: forbidden arrow {src}/ -> {dst}/ "
                     f"({module} imports {imp.target})"
                 )
-            elif dst in allowed and any(_private(p) for p in imp.target.split(".")[1:]):
+            elif any(_private(p) for p in imp.target.split(".")[1:]):
                 problems.append(
                     f"{imp.path}:{imp.line}: {module} imports {imp.target}, a private name "
-                    f"of {dst}/ (only public names cross packages)"
+                    f"of {dst}/ (only public names cross layers)"
                 )
     return problems
 
@@ -223,8 +243,8 @@ def _shortest_cycle(
 
 
 def module_name(path: Path) -> tuple[str, bool]:
-    """``analysis/loop.py`` -> (``analysis.loop``, False); ``store/__init__.py`` ->
-    (``store``, True)."""
+    """``cotenant/analysis/loop.py`` -> (``cotenant.analysis.loop``, False);
+    ``cotenant/store/__init__.py`` -> (``cotenant.store``, True)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     if parts[-1] == "__init__":
         return ".".join(parts[:-1]), True
@@ -233,15 +253,14 @@ def module_name(path: Path) -> tuple[str, bool]:
 
 @functools.cache
 def repository_imports() -> dict[str, list[Import]]:
-    """Every module of :data:`PACKAGES` -> its imports (read once per test session)."""
+    """Every module of the ``cotenant`` package -> its imports (read once per test session)."""
     out = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            module, is_package = module_name(path)
-            rel = str(path.relative_to(ROOT))
-            out[module] = parse_imports(
-                module, rel, path.read_text(encoding="utf-8"), is_package=is_package
-            )
+    for path in sorted((ROOT / ROOT_PACKAGE).rglob("*.py")):
+        module, is_package = module_name(path)
+        rel = str(path.relative_to(ROOT))
+        out[module] = parse_imports(
+            module, rel, path.read_text(encoding="utf-8"), is_package=is_package
+        )
     return out
 
 
@@ -271,9 +290,15 @@ def test_no_import_cycle() -> None:
     assert not found, "\n".join(found)
 
 
-def test_every_top_level_package_is_in_the_table() -> None:
-    on_disk = {p.parent.name for p in ROOT.glob("*/__init__.py")} - set(NOT_IMPORTABLE)
-    assert on_disk == set(PACKAGES) == set(ALLOWED)
+def test_every_subpackage_is_in_the_table() -> None:
+    on_disk = {p.parent.name for p in (ROOT / ROOT_PACKAGE).glob("*/__init__.py")}
+    assert on_disk | {ROOT_PACKAGE} == set(LAYERS) == set(ALLOWED)
+
+
+def test_one_root_package() -> None:
+    # a plain install puts one name into site-packages: nothing of ours beside cotenant/
+    top = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert top == {ROOT_PACKAGE}
 
 
 def test_the_table_is_the_one_in_docs_architecture() -> None:
@@ -283,8 +308,10 @@ def test_the_table_is_the_one_in_docs_architecture() -> None:
 def test_the_checker_reads_the_repository() -> None:
     # a guard against a checker that silently reads nothing: known arrows are seen
     imports = repository_imports()
-    assert {"cotenant.cli", "evaluation.closed_loop", "analysis.loop"} <= set(imports)
-    targets = {i.target.split(".")[0] for i in imports["evaluation.closed_loop"]}
+    assert {"cotenant.cli", "cotenant.evaluation.closed_loop", "cotenant.analysis.loop"} <= set(
+        imports
+    )
+    targets = {layer_of(i.target) for i in imports["cotenant.evaluation.closed_loop"]}
     assert {"simulator", "actuators", "analysis", "store"} <= targets
 
 
@@ -299,43 +326,63 @@ def _synthetic(sources: Mapping[str, str]) -> dict[str, list[Import]]:
     ("sources", "expected"),
     [
         pytest.param(
-            {"analysis.bench": "from simulator.engine import Simulation\n"},
-            ["analysis/bench.py:1: forbidden arrow analysis/ -> simulator/"],
+            {"cotenant.analysis.bench": "from cotenant.simulator.engine import Simulation\n"},
+            ["cotenant/analysis/bench.py:1: forbidden arrow analysis/ -> simulator/"],
             id="module-level",
         ),
         pytest.param(
-            {"dashboard.app": "import os\n\ndef f():\n    import actuators.contract\n"},
-            ["dashboard/app.py:4: forbidden arrow dashboard/ -> actuators/"],
+            {
+                "cotenant.dashboard.app": "import os\n\ndef f():\n"
+                "    import cotenant.actuators.contract\n"
+            },
+            ["cotenant/dashboard/app.py:4: forbidden arrow dashboard/ -> actuators/"],
             id="function-level",
         ),
         pytest.param(
             {
-                "store.db": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "cotenant.store.db": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                 "    from cotenant.config import Config\n"
             },
-            ["store/db.py:3: forbidden arrow store/ -> cotenant/"],
+            ["cotenant/store/db.py:3: forbidden arrow store/ -> cotenant/"],
             id="type-checking",
         ),
         pytest.param(
-            {"actuators.x": "import importlib\nimportlib.import_module('evaluation.accuracy')\n"},
-            ["actuators/x.py:2: forbidden arrow actuators/ -> evaluation/"],
+            {"cotenant.core.errors": "from cotenant.store.db import Store\n"},
+            ["cotenant/core/errors.py:1: forbidden arrow core/ -> store/"],
+            id="core-imports-nothing",
+        ),
+        pytest.param(
+            {"cotenant.gateway.x": "from cotenant.actuators.policy import Policy\n"},
+            ["cotenant/gateway/x.py:1: forbidden arrow gateway/ -> actuators/"],
+            id="gateway-apart",
+        ),
+        pytest.param(
+            {
+                "cotenant.actuators.x": "import importlib\n"
+                "importlib.import_module('cotenant.evaluation.accuracy')\n"
+            },
+            ["cotenant/actuators/x.py:2: forbidden arrow actuators/ -> evaluation/"],
             id="import_module",
         ),
         pytest.param(
-            {"reports.x": "from tests.spans import span\n"},
-            ["reports/x.py:1: forbidden arrow reports/ -> tests/"],
+            {"cotenant.reports.x": "from tests.spans import span\n"},
+            ["cotenant/reports/x.py:1: forbidden arrow reports/ -> tests/"],
             id="tests-folder",
         ),
         pytest.param(
-            {"simulator.x": "from collectors.nvml import _Struct\n"},
-            ["simulator/x.py:1: simulator.x imports collectors.nvml._Struct, a private name"],
+            {"cotenant.simulator.x": "from cotenant.collectors.nvml import _Struct\n"},
+            [
+                "cotenant/simulator/x.py:1: cotenant.simulator.x imports "
+                "cotenant.collectors.nvml._Struct, a private name"
+            ],
             id="private-name",
         ),
         pytest.param(
             {
-                "evaluation.x": "from simulator import engine\nfrom store.errors import Error\n",
-                "cotenant.y": "from evaluation.x import run\n",
-                "analysis.z": "from . import windows\nfrom ._math import mad\n",
+                "cotenant.evaluation.x": "from cotenant.simulator import engine\n"
+                "from cotenant.core.errors import Error\nimport numpy\n",
+                "cotenant.y": "from cotenant.evaluation.x import run\n",
+                "cotenant.analysis.z": "from . import windows\nfrom ._math import mad\n",
             },
             [],
             id="allowed",

@@ -10,14 +10,16 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from analysis.analyzer import Analyzer
-from analysis.diagnose import Diagnosis, diagnose
-from analysis.incidents import IncidentBook
-from analysis.loop import AnalysisLoop
-from analysis.pass_reads import PassReads
-from evaluation.accuracy import load_outputs
-from simulator import output
-from simulator.scenario import (
+from cotenant.analysis.analyzer import Analyzer
+from cotenant.analysis.diagnose import Diagnosis, diagnose
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.analysis.loop import AnalysisLoop
+from cotenant.analysis.pass_reads import PassReads
+from cotenant.core.errors import QueryError
+from cotenant.core.timerange import TimeRange
+from cotenant.evaluation.accuracy import load_outputs
+from cotenant.simulator import output
+from cotenant.simulator.scenario import (
     GPU_TYPES,
     Arrival,
     Batching,
@@ -29,10 +31,8 @@ from simulator.scenario import (
     Process,
     Scenario,
 )
-from store.db import Store
-from store.errors import QueryError
-from store.queries import TimeRange
-from store.source import StoreSource
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 START = 1_767_225_600_000_000_000
 S = 1_000_000_000
@@ -216,7 +216,7 @@ def test_models_without_token_counts_keep_e2e_only(runs: Any) -> None:
 
 
 def test_the_mix_share_is_zero_when_token_counts_do_not_change(runs: Any) -> None:
-    from analysis.mix import mix_excess
+    from cotenant.analysis.mix import mix_excess
 
     n = 120
     tok = {
@@ -245,8 +245,8 @@ def replace_out(tok: dict[str, np.ndarray], start: int, value: float) -> dict[st
 
 
 def test_the_dashboard_shows_ttft_and_tpot_for_the_llm_incident_and_overview(runs: Any) -> None:
-    from dashboard.app import create_app
-    from dashboard.data import DashboardData
+    from cotenant.dashboard.app import create_app
+    from cotenant.dashboard.data import DashboardData
 
     store, _ = runs["decode"]
     book = IncidentBook(store)
@@ -294,10 +294,10 @@ def test_the_dashboard_shows_ttft_and_tpot_for_the_llm_incident_and_overview(run
 
 
 def test_the_weekly_report_gives_ttft_and_tpot_slo_attainment(runs: Any) -> None:
-    from reports.compute import ReportBuilder
-    from reports.isoweek import week_of
-    from reports.markdown import render_markdown
-    from store.maintenance import Maintenance
+    from cotenant.reports.compute import ReportBuilder
+    from cotenant.reports.isoweek import week_of
+    from cotenant.reports.markdown import render_markdown
+    from cotenant.store.maintenance import Maintenance
 
     store, sim = runs["decode"]
     m = Maintenance(store, clock_ns=lambda: START + 400 * S)
@@ -328,7 +328,7 @@ def test_the_weekly_report_gives_ttft_and_tpot_slo_attainment(runs: Any) -> None
 def test_ingest_histograms_of_ttft_and_tpot_count_only_requests_with_tokens(runs: Any) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from collectors.ingest_metrics import IngestMetrics
+    from cotenant.collectors.ingest_metrics import IngestMetrics
 
     _, sim = runs["decode"]
     reg = CollectorRegistry()

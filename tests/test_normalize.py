@@ -5,9 +5,9 @@ import time
 import pytest
 from spans import MS, SpanFactory
 
-from collectors.gpu_resolve import GpuResolver
-from collectors.normalize import Normalizer
-from store.schema import PHASE_COLUMNS
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.normalize import Normalizer
+from cotenant.core.phases import PHASE_COLUMNS
 
 T0 = 1_764_000_000_000_000_000
 
@@ -209,7 +209,7 @@ def test_error_status_is_kept() -> None:
 
 
 def test_real_clock_spans_from_instrument_helpers() -> None:
-    from collectors.instrument import request
+    from cotenant.collectors.instrument import request
 
     f = SpanFactory()
     with request("m", gpu=1, batch_size=2, tracer=f.tracer) as req:

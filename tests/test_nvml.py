@@ -23,17 +23,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from spans import SpanFactory
 
-from collectors.fake_nvml import FakeNvml
-from collectors.gpu_resolve import GpuResolver
-from collectors.normalize import Normalizer
-from collectors.nvml import NvmlCollector
-from collectors.nvml_metrics import NvmlMetrics
 from cotenant.cli import nvml_report
+from cotenant.collectors.fake_nvml import FakeNvml
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.nvml import NvmlCollector
+from cotenant.collectors.nvml_metrics import NvmlMetrics
 from cotenant.config import Config, load_config
+from cotenant.core.errors import NvmlUnavailable, Overloaded
 from cotenant.service import Service
-from store.db import Store
-from store.errors import NvmlUnavailable, Overloaded
-from store.schema import arrow_schema
+from cotenant.store.db import Store
+from cotenant.store.schema import arrow_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_764_000_000_000_000_000
@@ -202,7 +202,7 @@ def test_unsupported_fields_are_null_with_one_log_line_and_the_gpu_stays_up(
     g0, g1 = (d.uuid for d in rig.collector.devices())
     rig.fake.set_unsupported(g0, "power", "temperature", "clock_event_reasons")
     rig.fake.set_gpu(g0, sm_util=55, pcie_tx_bps=1e9)
-    caplog.set_level(logging.INFO, logger="collectors.nvml")
+    caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml")
     for _ in range(4):
         rig.poll()
     rows = by_gpu(rig.sink.last("gpu_samples"))
@@ -241,7 +241,7 @@ def test_a_lost_gpu_is_marked_down_and_reopened_with_backoff(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     g0, g1 = (d.uuid for d in rig.collector.devices())
-    caplog.set_level(logging.INFO, logger="collectors.nvml")
+    caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml")
     rig.poll()
     rig.fake.lose_gpu(g0)
     t_lost = rig.clock.ns + 10**9
@@ -700,7 +700,7 @@ def test_cotenant_nvml_command_on_this_machine() -> None:
 
 
 def test_metrics_doc_lists_every_series() -> None:
-    from collectors.ingest_metrics import IngestMetrics
+    from cotenant.collectors.ingest_metrics import IngestMetrics
 
     registry = CollectorRegistry(auto_describe=True)
     IngestMetrics(registry)

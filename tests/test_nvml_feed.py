@@ -18,15 +18,15 @@ from fleet_rig import spawn, started
 from prometheus_client.parser import text_string_to_metric_families
 from promserver import wait_until
 
-from collectors.gpu_resolve import GpuResolver
-from collectors.nvml import NvmlCollector
 from cotenant.cli import main
-from simulator.engine import Simulation
-from simulator.nvml_feed import FeedWriter, header_for, sample_records
-from simulator.nvml_feed_tail import FeedClock, FeedTail
-from simulator.scenario import Scenario
-from simulator.scenario_load import find_scenario, load_scenario
-from store.errors import UsageError
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.nvml import NvmlCollector
+from cotenant.core.errors import UsageError
+from cotenant.simulator.engine import Simulation
+from cotenant.simulator.nvml_feed import FeedWriter, header_for, sample_records
+from cotenant.simulator.nvml_feed_tail import FeedClock, FeedTail
+from cotenant.simulator.scenario import Scenario
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
 
 T0 = 1_764_000_000_000_000_000
 S = 1_000_000_000
@@ -142,7 +142,7 @@ def test_bad_lines_are_named_by_file_and_line_and_the_feed_goes_on(
         f.write("\n".join(lines) + "\n")
     wall = Wall()
     tail = _tail(path, wall)
-    with caplog.at_level(logging.ERROR, "simulator.nvml_feed_tail"):
+    with caplog.at_level(logging.ERROR, "cotenant.simulator.nvml_feed_tail"):
         tail.step()
     assert tail.bad_lines == 6
     msgs = [r.getMessage() for r in caplog.records]
@@ -170,7 +170,7 @@ def test_a_partial_line_waits_for_its_end_and_a_restarted_feed_is_followed(
     wall = Wall()
     tail = _tail(path, wall)
     path.write_text('{"kind": "header", "version": 1, "scenario": ')  # the writer is mid-line
-    with caplog.at_level(logging.ERROR, "simulator.nvml_feed_tail"):
+    with caplog.at_level(logging.ERROR, "cotenant.simulator.nvml_feed_tail"):
         tail.step()
         assert tail.header is None and tail.bad_lines == 0
         path.unlink()  # replaced (as FeedWriter does)

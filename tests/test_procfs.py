@@ -11,16 +11,16 @@ import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
 
-from analysis.diagnose import host_cpu
-from collectors.gpu_resolve import GpuResolver
-from collectors.procfs import ProcfsCollector, ProcfsMetrics, parse_stat, program_name
+from cotenant.analysis.diagnose import host_cpu
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics, parse_stat, program_name
 from cotenant.config import load_config
+from cotenant.core.errors import Overloaded
+from cotenant.core.timerange import TimeRange
 from cotenant.service import Service
-from store.db import Store
-from store.errors import Overloaded
-from store.queries import TimeRange
-from store.source import StoreSource
-from store.writer import Writer
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
+from cotenant.store.writer import Writer
 
 TICKS = 100  # clock ticks per second
 T0 = 1_767_225_600_000_000_000
@@ -254,9 +254,9 @@ def test_the_rows_are_what_diagnosis_reads_as_host_cpu(proc: FakeProc, tmp_path:
 def test_a_fleet_reads_host_cpu_of_the_gpus_own_node_only(tmp_path: Path) -> None:
     """Two nodes' host rows in one source (as Prometheus holds a cluster's): node-b's CPU hog
     must not reach the windows of node-a's GPU."""
-    from analysis.windows import gpu_windows
-    from store.bulk_load import append_tables
-    from store.schema import arrow_schema
+    from cotenant.analysis.windows import gpu_windows
+    from cotenant.store.bulk_load import append_tables
+    from cotenant.store.schema import arrow_schema
 
     def rows(table: str, n: int, **cols: list[object]) -> pa.Table:
         schema = arrow_schema(table)
@@ -328,7 +328,7 @@ class _Windows:
     """A MetricSource that only has process windows (all host_cpu reads)."""
 
     def __init__(self, rows: list[tuple[int, str | None, int | None, str | None, float]]) -> None:
-        from store.frames import PROCESS_WINDOWS
+        from cotenant.core.frames import PROCESS_WINDOWS
 
         cols: dict[str, list[object]] = {n: [] for n in PROCESS_WINDOWS.names}
         for w, gpu, pid, name, cores in rows:
@@ -369,7 +369,7 @@ def test_a_process_that_ran_for_part_of_an_incident_is_less_busy_than_one_throug
     incident; another engineer's Prometheus started 70 s in and took 1.06. Averaged over its own
     samples only, Prometheus rose more and was named; where the sampler ran and a process had no
     row, it was below the sampler's floor: ~0 cores."""
-    from analysis.cpu_causes import cpu_risers
+    from cotenant.analysis.cpu_causes import cpu_risers
 
     n = 200
     before = np.zeros(n, dtype=bool)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.diagnose import diagnose
-from analysis.incidents import IncidentBook
-from analysis.loop import AnalysisLoop
-from evaluation.accuracy import load_outputs
-from simulator.output import run
-from simulator.scenario_load import find_scenario, load_scenario
-from store.db import Store
-from store.queries import TimeRange
-from store.source import StoreSource
+from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.analysis.loop import AnalysisLoop
+from cotenant.core.timerange import TimeRange
+from cotenant.evaluation.accuracy import load_outputs
+from cotenant.simulator.output import run
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 S = 10**9
 
@@ -67,11 +67,11 @@ def test_the_live_loop_stores_the_replica_on_the_incident(reroute_store: Store) 
 
 
 def test_the_report_and_the_incident_page_show_the_replica(reroute_store: Store) -> None:
-    from dashboard.pages.incident import _summary
-    from reports.compute import ReportBuilder
-    from reports.html import render_html
-    from reports.isoweek import week_of
-    from reports.markdown import render_markdown
+    from cotenant.dashboard.pages.incident import _summary
+    from cotenant.reports.compute import ReportBuilder
+    from cotenant.reports.html import render_html
+    from cotenant.reports.isoweek import week_of
+    from cotenant.reports.markdown import render_markdown
 
     test_the_live_loop_stores_the_replica_on_the_incident(reroute_store)
     summary = ReportBuilder(reroute_store, slo_ms={"chat": 75.0}).build(week_of(150 * S))

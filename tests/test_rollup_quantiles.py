@@ -9,12 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from store.bulk_load import append_tables
-from store.db import Store
-from store.errors import UsageError
-from store.maintenance import Maintenance
-from store.rollup_quantiles import quantile_estimate_sql, quantile_upper_bound_sql
-from store.schema import arrow_schema
+from cotenant.core.errors import UsageError
+from cotenant.store.bulk_load import append_tables
+from cotenant.store.db import Store
+from cotenant.store.maintenance import Maintenance
+from cotenant.store.rollup_quantiles import quantile_estimate_sql, quantile_upper_bound_sql
+from cotenant.store.schema import arrow_schema
 
 MIN = 60_000_000_000
 T0 = 1_796_000_000 * 1_000_000_000 // MIN * MIN

@@ -12,7 +12,8 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from simulator.scenario import (
+from cotenant.core.errors import CotenantError, ScenarioError, UsageError
+from cotenant.simulator.scenario import (
     CLOCK_REASON_BITS,
     GPU_TYPES,
     Batching,
@@ -20,8 +21,8 @@ from simulator.scenario import (
     FaultKind,
     Scenario,
 )
-from simulator.scenario_checks import MODEL_PID_BASE, PROCESS_PID_BASE
-from simulator.scenario_load import (
+from cotenant.simulator.scenario_checks import MODEL_PID_BASE, PROCESS_PID_BASE
+from cotenant.simulator.scenario_load import (
     SCENARIOS_DIR,
     TRACES_DIR,
     TruthCause,
@@ -33,7 +34,6 @@ from simulator.scenario_load import (
     schema_keys,
     truth_cause,
 )
-from store.errors import CotenantError, ScenarioError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "scenarios.md"
@@ -575,7 +575,7 @@ def _p99_by_window(s: Scenario, table: Any, model: str, edges_s: list[float]) ->
     for the windows with at least 10 requests (a trace may pause for a minute)."""
     import numpy as np
 
-    from simulator.engine import Simulation
+    from cotenant.simulator.engine import Simulation
 
     end_s = (table.column("ts_end_ns").to_numpy() - Simulation(s).start_ns) / 1e9
     mine = np.asarray(table.column("model").to_pylist(), dtype=object) == model
@@ -595,7 +595,7 @@ CONTROLS = [p for p in LIBRARY if p.stem.startswith("control-")]
 @pytest.mark.parametrize("path", CONTROLS, ids=[p.stem for p in CONTROLS])
 def test_controls_stay_inside_their_slos(path: Path) -> None:
     """No minute of a control exceeds any SLO: its ordinary bursts are not incidents."""
-    from simulator.output import run
+    from cotenant.simulator.output import run
 
     s = load_scenario(path)
     requests = run(s).requests
@@ -607,7 +607,7 @@ def test_controls_stay_inside_their_slos(path: Path) -> None:
 
 
 def test_demo_faults_push_tts_past_its_slo() -> None:
-    from simulator.output import run
+    from cotenant.simulator.output import run
 
     s = load_scenario(find_scenario("demo"))
     requests = run(s).requests

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator.engine import Simulation
-from simulator.output import run, truth, truth_entry
-from simulator.scenario import (
+from cotenant.core.errors import ScenarioError
+from cotenant.simulator.engine import Simulation
+from cotenant.simulator.output import run, truth, truth_entry
+from cotenant.simulator.scenario import (
     GPU_TYPES,
     Arrival,
     Batching,
@@ -24,8 +25,7 @@ from simulator.scenario import (
     Process,
     Scenario,
 )
-from simulator.scenario_load import SCENARIOS_DIR, parse_scenario
-from store.errors import ScenarioError
+from cotenant.simulator.scenario_load import SCENARIOS_DIR, parse_scenario
 
 
 def chat(**kw: Any) -> Model:

@@ -11,15 +11,15 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from collectors.gpu_resolve import GpuResolver
-from collectors.normalize import Normalizer
-from simulator.engine import Simulation
-from simulator.output import requests_table
-from simulator.scenario_load import parse_scenario
-from simulator.stream import ScenarioSpanEmitter
-from store.db import Store
-from store.errors import ScenarioError, UsageError
-from store.schema import SCHEMA_VERSION
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.normalize import Normalizer
+from cotenant.core.errors import ScenarioError, UsageError
+from cotenant.simulator.engine import Simulation
+from cotenant.simulator.output import requests_table
+from cotenant.simulator.scenario_load import parse_scenario
+from cotenant.simulator.stream import ScenarioSpanEmitter
+from cotenant.store.db import Store
+from cotenant.store.schema import SCHEMA_VERSION
 
 
 def _doc(**chat: Any) -> dict[str, Any]:
@@ -263,9 +263,9 @@ def test_a_schema_4_store_gains_replica_columns_in_place(tmp_path: Path) -> None
 
 
 def test_the_simulator_backend_reroutes_and_reverts_weights() -> None:
-    from actuators.backend import Change
-    from evaluation.sim_backend import SimulatorBackend
-    from store.errors import BackendError
+    from cotenant.actuators.backend import Change
+    from cotenant.core.errors import BackendError
+    from cotenant.evaluation.sim_backend import SimulatorBackend
 
     sim = Simulation(_load(_doc()))
     backend = SimulatorBackend(sim)

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.calibration import calibrate
-from simulator.engine import Simulation
-from simulator.output import run, truth
-from simulator.scenario import (
+from cotenant.core.phases import PHASE_COLUMNS
+from cotenant.simulator.calibration import calibrate
+from cotenant.simulator.engine import Simulation
+from cotenant.simulator.output import run, truth
+from cotenant.simulator.scenario import (
     CLOCK_REASON_BITS,
     GPU_TYPES,
     Arrival,
@@ -25,10 +26,10 @@ from simulator.scenario import (
     Scenario,
     Transfer,
 )
-from store.schema import PHASE_COLUMNS
 
 TRACE = (
     Path(__file__).resolve().parent.parent
+    / "cotenant"
     / "simulator"
     / "traces"
     / "azure-llm-inference-2023"

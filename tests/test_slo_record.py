@@ -7,8 +7,8 @@ from pathlib import Path
 
 from cotenant.config import Config
 from cotenant.report_cmd import report_builder
-from store.db import Store
-from store.slo_record import record_slos, recorded_slos
+from cotenant.store.db import Store
+from cotenant.store.slo_record import record_slos, recorded_slos
 
 
 def test_recorded_slos_round_trip_and_replace(tmp_path: Path) -> None:

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from spans import MS, SpanFactory
 
-from collectors.gpu_resolve import GpuResolver
-from collectors.normalize import Normalizer
-from collectors.shapes import SHAPES
-from collectors.shapes.attributes import attributes
-from collectors.shapes.base import PHASE_SPANS, Claim, SpanShape
-from collectors.shapes.ours import OursShape
-from collectors.shapes.vllm import VllmShape
-from store.errors import UsageError
-from store.schema import PHASE_COLUMNS
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.shapes import SHAPES
+from cotenant.collectors.shapes.attributes import attributes
+from cotenant.collectors.shapes.base import PHASE_SPANS, Claim, SpanShape
+from cotenant.collectors.shapes.ours import OursShape
+from cotenant.collectors.shapes.vllm import VllmShape
+from cotenant.core.errors import UsageError
+from cotenant.core.phases import PHASE_COLUMNS
 
 T0 = 1_764_000_000_000_000_000
 

@@ -13,10 +13,10 @@ import pytest
 from test_group_commit import BrokenStore
 from test_store import count, make_requests
 
-from store.db import Store
-from store.errors import StoreError
-from store.spool import MARK_KEY, Spool
-from store.writer import Writer
+from cotenant.core.errors import StoreError
+from cotenant.store.db import Store
+from cotenant.store.spool import MARK_KEY, Spool
+from cotenant.store.writer import Writer
 
 
 @pytest.fixture

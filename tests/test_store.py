@@ -20,20 +20,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from store import queries
-from store.db import Store
-from store.errors import (
+from cotenant.core.errors import (
     CotenantError,
     Overloaded,
     QueryError,
     SchemaVersionError,
     StoreError,
 )
-from store.maintenance import Maintenance
-from store.queries import TimeRange
-from store.schema import PHASE_COLUMNS, SCHEMA_VERSION, arrow_schema
-from store.timespec import format_ns, parse_duration_ns, parse_time_ns
-from store.writer import Writer
+from cotenant.core.phases import PHASE_COLUMNS
+from cotenant.core.timerange import TimeRange
+from cotenant.core.timespec import format_ns, parse_duration_ns, parse_time_ns
+from cotenant.store import queries
+from cotenant.store.db import Store
+from cotenant.store.maintenance import Maintenance
+from cotenant.store.schema import SCHEMA_VERSION, arrow_schema
+from cotenant.store.writer import Writer
 
 ROOT = Path(__file__).resolve().parent.parent
 SEC = 1_000_000_000
@@ -285,8 +286,8 @@ def test_read_only_missing_file(tmp_path: Path) -> None:
 
 _OPEN_FROM_CHILD = """
 import sys
-from store.db import Store
-from store.errors import StoreError
+from cotenant.store.db import Store
+from cotenant.core.errors import StoreError
 for ro in (False, True):
     try:
         Store(sys.argv[1], read_only=ro).close()
@@ -1002,9 +1003,9 @@ def test_parse_time_ns_junk_names_the_parameter(text: str) -> None:
 
 
 def test_parse_time_ns_defaults_to_the_system_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    import store.timespec
+    import cotenant.core.timespec
 
-    monkeypatch.setattr(store.timespec.time, "time_ns", lambda: NOW)
+    monkeypatch.setattr(cotenant.core.timespec.time, "time_ns", lambda: NOW)
     assert parse_time_ns("now") == NOW
     assert parse_time_ns("15m") == NOW - 15 * MIN
 
@@ -1047,7 +1048,7 @@ def test_a_schema_2_store_gains_the_alerts_table_and_keeps_its_rows(tmp_path: Pa
 def test_a_schema_3_store_gains_incident_severity_and_its_incidents_read_as_breaches(
     tmp_path: Path,
 ) -> None:
-    from analysis.incidents import IncidentBook
+    from cotenant.analysis.incidents import IncidentBook
 
     path = tmp_path / "v3.duckdb"
     with Store(path) as s:
@@ -1068,7 +1069,7 @@ def test_a_schema_3_store_gains_incident_severity_and_its_incidents_read_as_brea
 def test_a_schema_4_store_gains_incident_indicator_and_its_incidents_read_as_e2e(
     tmp_path: Path,
 ) -> None:
-    from analysis.incidents import IncidentBook
+    from cotenant.analysis.incidents import IncidentBook
 
     path = tmp_path / "v4.duckdb"
     with Store(path) as s:
@@ -1088,7 +1089,7 @@ def test_a_schema_4_store_gains_incident_indicator_and_its_incidents_read_as_e2e
 
 
 def test_request_windows_count_arrivals_where_nothing_completed(tmp_path: Path) -> None:
-    from store.source import StoreSource
+    from cotenant.store.source import StoreSource
 
     # a slow model: each request arrives in one second and completes 1.5 s later
     starts = [NOW + k * 10 * SEC + 200_000_000 for k in range(3)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from store.schema import TABLES
+from cotenant.store.schema import TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 EXEMPT = {"store", "tests", "bench"}

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.change import SeriesShift
-from analysis.tabular import (
+from cotenant.analysis.change import SeriesShift
+from cotenant.analysis.tabular import (
     Rules,
     front_door_latency,
     inherited_share,
@@ -20,8 +20,8 @@ from analysis.tabular import (
     rank_entities,
     rca_table,
 )
-from evaluation.tabular_cases import bench_tabular, render_tabular
-from store.errors import CotenantError, TabularError
+from cotenant.core.errors import CotenantError, TabularError
+from cotenant.evaluation.tabular_cases import bench_tabular, render_tabular
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV = ROOT.parent / "shared" / "data" / "tabular-dev"

@@ -19,11 +19,12 @@ import pyarrow as pa
 import uvicorn
 from gateway_thread import RunningGateway
 
-from actuators.backends.gateway import GatewayBackend
-from actuators.backends.http import HttpCaller
-from actuators.gateway.settings import GatewaySettings
-from store.db import Store
-from store.schema import PHASE_COLUMNS, arrow_schema
+from cotenant.actuators.backends.gateway import GatewayBackend
+from cotenant.actuators.backends.http import HttpCaller
+from cotenant.core.phases import PHASE_COLUMNS
+from cotenant.gateway.settings import GatewaySettings
+from cotenant.store.db import Store
+from cotenant.store.schema import arrow_schema
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

@@ -25,14 +25,14 @@ from act_helpers import (
 from conftest import start_serve
 from prometheus_client import CollectorRegistry
 
-from actuators.api import actions_router
-from actuators.controller import ActionController
-from actuators.policy import load_policy
-from actuators.settings import ActuatorSettings
-from analysis.incidents import IncidentBook
+from cotenant.actuators.api import actions_router
+from cotenant.actuators.controller import ActionController
+from cotenant.actuators.policy import load_policy
+from cotenant.actuators.settings import ActuatorSettings
+from cotenant.analysis.incidents import IncidentBook
 from cotenant.api import create_api
-from store.db import Store
-from store.source import StoreSource
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 TOKEN = "tok-5a7c9e1f-never-logged"
 NOTHING = {

@@ -22,19 +22,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from actuators.backend import Change
-from actuators.backends.gateway import GatewayBackend
-from actuators.backends.http import CircuitBreaker, HttpCaller
-from actuators.backends.rayserve import RayServeBackend
-from actuators.backends.triton import TritonBackend
-from actuators.backends.webhook import SIGNATURE_HEADER, WebhookBackend, sign
-from actuators.controller import ActionController
-from actuators.policy import load_policy
-from actuators.settings import ActuatorSettings
-from analysis.incidents import IncidentBook
-from store.db import Store
-from store.errors import BackendError
-from store.source import StoreSource
+from cotenant.actuators.backend import Change
+from cotenant.actuators.backends.gateway import GatewayBackend
+from cotenant.actuators.backends.http import CircuitBreaker, HttpCaller
+from cotenant.actuators.backends.rayserve import RayServeBackend
+from cotenant.actuators.backends.triton import TritonBackend
+from cotenant.actuators.backends.webhook import SIGNATURE_HEADER, WebhookBackend, sign
+from cotenant.actuators.controller import ActionController
+from cotenant.actuators.policy import load_policy
+from cotenant.actuators.settings import ActuatorSettings
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.core.errors import BackendError
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 # -- stand-ins -----------------------------------------------------------------------------
 
@@ -477,7 +477,7 @@ def _cfg(**env: str) -> Any:
 
 
 def test_make_backend_from_config(tmp_path: Path) -> None:
-    from actuators.backends.factory import make_backend
+    from cotenant.actuators.backends.factory import make_backend
 
     tok = tmp_path / "gw.token"
     tok.write_text("from-file\n")
@@ -514,16 +514,16 @@ def test_make_backend_from_config(tmp_path: Path) -> None:
     ],
 )
 def test_make_backend_config_errors(env: dict[str, str], message: str) -> None:
-    from actuators.backends.factory import make_backend
-    from store.errors import ConfigError
+    from cotenant.actuators.backends.factory import make_backend
+    from cotenant.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         make_backend(_cfg(**env), env={})
 
 
 def test_build_controller_per_mode(tmp_path: Path) -> None:
-    from actuators.build import UnconfiguredBackend, build_controller
-    from store.errors import ConfigError
+    from cotenant.actuators.build import UnconfiguredBackend, build_controller
+    from cotenant.core.errors import ConfigError
 
     store = Store(tmp_path / "b.duckdb")
     try:
@@ -546,10 +546,10 @@ def test_gateway_backend_drives_the_real_gateway_control_api() -> None:
     """The client against the bundled gateway's own control app (not the stand-in)."""
     from prometheus_client import CollectorRegistry
 
-    from actuators.gateway.admission import Admission
-    from actuators.gateway.control import create_control_app
-    from actuators.gateway.routing import Router
-    from actuators.gateway.routing_config import ReplicaSpec, RoutingSpec
+    from cotenant.gateway.admission import Admission
+    from cotenant.gateway.control import create_control_app
+    from cotenant.gateway.routing import Router
+    from cotenant.gateway.routing_config import ReplicaSpec, RoutingSpec
 
     router = Router(RoutingSpec((ReplicaSpec("u", "http://127.0.0.1:9"),)))
     admission = Admission(router=router, max_concurrency=4, max_queue=16, queue_timeout_s=1.0)

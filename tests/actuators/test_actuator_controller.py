@@ -22,14 +22,14 @@ from act_helpers import (
 )
 from prometheus_client import CollectorRegistry
 
-from actuators.backend import Backend
-from actuators.controller import ActionController
-from actuators.policy import VerifyRule, load_policy
-from actuators.settings import ActuatorSettings
-from analysis.incidents import IncidentBook
-from store.db import Store
-from store.errors import ActionError, BackendError, Forbidden, Unauthorized
-from store.source import StoreSource
+from cotenant.actuators.backend import Backend
+from cotenant.actuators.controller import ActionController
+from cotenant.actuators.policy import VerifyRule, load_policy
+from cotenant.actuators.settings import ActuatorSettings
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.core.errors import ActionError, BackendError, Forbidden, Unauthorized
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from actuators.policy import BUNDLED_POLICY, CAUSE_KINDS, Policy, load_policy
-from store.errors import ConfigError
+from cotenant.actuators.policy import BUNDLED_POLICY, CAUSE_KINDS, Policy, load_policy
+from cotenant.core.errors import ConfigError
 
 
 def test_bundled_policy_covers_every_cause() -> None:

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from act_helpers import free_socket
 
-from actuators.backend import Change
-from actuators.backends.haproxy import HaproxyBackend, SocketRuntimeApi
-from store.errors import BackendError
+from cotenant.actuators.backend import Change
+from cotenant.actuators.backends.haproxy import HaproxyBackend, SocketRuntimeApi
+from cotenant.core.errors import BackendError
 from tests.gateway.replicas import ReplicaServers
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
@@ -226,9 +226,9 @@ def test_a_down_haproxy_is_a_backend_error(tmp_path: Path) -> None:
 
 
 def test_make_backend_builds_the_haproxy_backend(haproxy: Haproxy) -> None:
-    from actuators.backends.factory import make_backend
+    from cotenant.actuators.backends.factory import make_backend
     from cotenant.config import load_config
-    from store.errors import ConfigError
+    from cotenant.core.errors import ConfigError
 
     env = {
         "COTENANT_ACTUATORS_BACKEND": "haproxy",

@@ -13,18 +13,18 @@ from act_helpers import GW_TOKEN, FakeClock, add_incident, add_requests, free_so
 from gateway_thread import RunningGateway
 from prometheus_client import CollectorRegistry
 
-from actuators.backends.gateway import GatewayBackend
-from actuators.backends.http import HttpCaller
-from actuators.controller import ActionController
-from actuators.gateway.routing_config import ReplicaSpec, RouteSpec, RoutingSpec
-from actuators.gateway.settings import GatewaySettings
-from actuators.policy import RerouteRule, load_policy, parse_policy
-from actuators.reroute import plan_weights
-from actuators.settings import ActuatorSettings
-from analysis.incidents import IncidentBook
-from store.db import Store
-from store.errors import ConfigError
-from store.source import StoreSource
+from cotenant.actuators.backends.gateway import GatewayBackend
+from cotenant.actuators.backends.http import HttpCaller
+from cotenant.actuators.controller import ActionController
+from cotenant.actuators.policy import RerouteRule, load_policy, parse_policy
+from cotenant.actuators.reroute import plan_weights
+from cotenant.actuators.settings import ActuatorSettings
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.core.errors import ConfigError
+from cotenant.gateway.routing_config import ReplicaSpec, RouteSpec, RoutingSpec
+from cotenant.gateway.settings import GatewaySettings
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 # -- the policy -------------------------------------------------------------------------
 

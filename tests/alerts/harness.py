@@ -16,8 +16,8 @@ import httpx
 import pytest
 from promserver import PROMETHEUS, free_port, wait_until
 
-from simulator.scenario_load import load_scenario
-from simulator.stream import StreamStats, stream
+from cotenant.simulator.scenario_load import load_scenario
+from cotenant.simulator.stream import StreamStats, stream
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "scenarios"

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from alerts.payload import parse_payload, parse_time
-from store.errors import AlertPayloadError
+from cotenant.alerts.payload import parse_payload, parse_time
+from cotenant.core.errors import AlertPayloadError
 
 BASE = int(datetime(2026, 12, 2, 15, 0, 0, tzinfo=UTC).timestamp()) * 1_000_000_000
 

@@ -6,13 +6,13 @@ import json
 import time
 from pathlib import Path
 
-from alerts.payload import parse_payload
-from alerts.records import AlertBook
-from alerts.webhook import AlertReceiver
-from analysis.analyzer import Analyzer
-from analysis.incidents import IncidentBook
-from store.db import Store
-from store.source import StoreSource
+from cotenant.alerts.payload import parse_payload
+from cotenant.alerts.records import AlertBook
+from cotenant.alerts.webhook import AlertReceiver
+from cotenant.analysis.analyzer import Analyzer
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 
 def test_pending_alerts_are_diagnosed_after_a_restart(tmp_path: Path) -> None:

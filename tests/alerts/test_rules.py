@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.rule_blocks import RuleSettings
-from alerts.rules import RULE_FILES, render_rules, write_rules
+from cotenant.alerts.rule_blocks import RuleSettings
+from cotenant.alerts.rules import RULE_FILES, render_rules, write_rules
 from cotenant.config import Config, load_config
+from cotenant.core.errors import UsageError
 from cotenant.rules_cmd import settings_from
-from store.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "rules"
+RULES = ROOT / "cotenant" / "rules"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 needs_promtool = pytest.mark.skipif(
     not Path(PROMTOOL).exists(),

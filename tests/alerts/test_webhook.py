@@ -14,7 +14,7 @@ import pytest
 from conftest import Served, start_serve
 from promserver import wait_until
 
-from alerts.webhook import MAX_BODY_BYTES
+from cotenant.alerts.webhook import MAX_BODY_BYTES
 
 from .harness import alert, stream_scenario, webhook_body
 

@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.diagnose import diagnose
-from analysis.incidents import IncidentBook
-from simulator import output
-from simulator.scenario_load import find_scenario, load_scenario
-from store.db import Store
-from store.maintenance import Maintenance
-from store.queries import TimeRange
-from store.source import StoreSource
+from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.core.timerange import TimeRange
+from cotenant.simulator import output
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
+from cotenant.store.db import Store
+from cotenant.store.maintenance import Maintenance
+from cotenant.store.source import StoreSource
 
 SCENARIO = "process-active-training-job-slows-chat-mps"
 VICTIM = "chat"

@@ -13,14 +13,14 @@ import httpx
 import pytest
 
 from cotenant.config import load_config
+from cotenant.core.errors import ConfigError, QueryError
+from cotenant.dashboard import plotlyjs
+from cotenant.dashboard.app import create_app
+from cotenant.dashboard.data import DashboardData, step_for
+from cotenant.dashboard.pages.reports import weeks
+from cotenant.dashboard.timerange import parse_range
 from cotenant.service import Service
-from dashboard import plotlyjs
-from dashboard.app import create_app
-from dashboard.data import DashboardData, step_for
-from dashboard.pages.reports import weeks
-from dashboard.timerange import parse_range
-from store.db import Store
-from store.errors import ConfigError, QueryError
+from cotenant.store.db import Store
 
 NOW = 1_796_000_000_000_000_000
 MIN = 60_000_000_000

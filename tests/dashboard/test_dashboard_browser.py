@@ -80,7 +80,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     )
     # the bundled policy only notifies about a process that serves no requests; this one
     # raises the victim's priority instead, so there is a change to approve
-    bundled = (ROOT / "rules" / "policy.yaml").read_text()
+    bundled = (ROOT / "cotenant" / "rules" / "policy.yaml").read_text()
     policy = tmp / "policy.yaml"
     policy.write_text(
         bundled.replace(

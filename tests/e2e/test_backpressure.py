@@ -24,8 +24,8 @@ from spans import SpanFactory
 
 from cotenant.config import load_config
 from cotenant.service import Service
-from store.db import Store
-from store.queries import request_count
+from cotenant.store.db import Store
+from cotenant.store.queries import request_count
 
 
 class GatedStore(Store):

@@ -13,8 +13,8 @@ import pytest
 from conftest import ROOT, Served
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-from simulator.scenario_load import find_scenario, load_scenario
-from simulator.stream import stream_to
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
+from cotenant.simulator.stream import stream_to
 
 
 def test_demo_prints_incidents_with_their_causes(tmp_path: Path) -> None:

@@ -21,15 +21,15 @@ from prometheus_client import CollectorRegistry
 from promserver import PROMETHEUS, needs_prometheus, start_prometheus
 
 from cotenant.config import load_config
+from cotenant.evaluation.agent_series import agent_openmetrics, write_openmetrics
 from cotenant.fleet import Fleet
 from cotenant.report_cmd import report_builder
-from evaluation.agent_series import agent_openmetrics, write_openmetrics
-from reports.isoweek import week_of
-from simulator import output
-from simulator.scenario_load import find_scenario, load_scenario
-from store.bulk_load import append_tables
-from store.db import Store
-from store.maintenance import Maintenance
+from cotenant.reports.isoweek import week_of
+from cotenant.simulator import output
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
+from cotenant.store.bulk_load import append_tables
+from cotenant.store.db import Store
+from cotenant.store.maintenance import Maintenance
 
 pytestmark = needs_prometheus
 
@@ -87,7 +87,7 @@ def _reports(tmp_path: Path, scenario: str, folder: str, env: dict[str, str]) ->
     (tmp_path / folder).mkdir()
     rules = []
     for n in ("cotenant.rules.yml", "fleet.rules.yml"):
-        shutil.copy(ROOT / "rules" / n, tmp_path / folder / n)
+        shutil.copy(ROOT / "cotenant" / "rules" / n, tmp_path / folder / n)
         rules.append(str(tmp_path / folder / n))
     with start_prometheus(tmp_path / "raw", [], blocks=blocks) as raw:
         _promtool(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until
 
-from collectors.prometheus import PrometheusSource
-from store.queries import TimeRange
+from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.core.timerange import TimeRange
 
 pytestmark = needs_prometheus
 

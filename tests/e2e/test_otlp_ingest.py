@@ -30,8 +30,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.trace.export import SpanExportResult
 from spans import SpanFactory
 
-from store.db import Store
-from store.schema import PHASE_COLUMNS
+from cotenant.core.phases import PHASE_COLUMNS
+from cotenant.store.db import Store
 
 PB = {"Content-Type": "application/x-protobuf"}
 T0 = time.time_ns() - 60 * 1_000_000_000

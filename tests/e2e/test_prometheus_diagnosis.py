@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from promserver import PROMETHEUS, needs_prometheus, start_prometheus
 
-from analysis.analyzer import Analyzer
-from analysis.incidents import IncidentBook
-from collectors.prometheus import PrometheusSource
-from store.db import Store
+from cotenant.analysis.analyzer import Analyzer
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.store.db import Store
 
 pytestmark = needs_prometheus
 

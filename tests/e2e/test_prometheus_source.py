@@ -25,17 +25,17 @@ from promserver import (
     wait_until,
 )
 
-from collectors.prometheus import PrometheusSource
-from store.errors import CotenantError, SourceError
-from store.frames import (
+from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.core.errors import CotenantError, SourceError
+from cotenant.core.frames import (
     GPU_WINDOWS,
     PROCESS_WINDOWS,
     REQUEST_WINDOWS,
     SERVING_WINDOWS,
     TOKEN_WINDOWS,
 )
-from store.queries import TimeRange
-from store.schema import PHASES
+from cotenant.core.phases import PHASES
+from cotenant.core.timerange import TimeRange
 
 pytestmark = needs_prometheus
 

@@ -21,12 +21,12 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 from promserver import PromServer, TextExporter, needs_prometheus, start_prometheus, wait_until
 
-from alerts.rules import to_yaml
-from alerts.rules_windows import window_group
-from collectors.prometheus import PrometheusSource
+from cotenant.alerts.rules import to_yaml
+from cotenant.alerts.rules_windows import window_group
+from cotenant.collectors.prometheus import PrometheusSource
 from cotenant.config import load_config
+from cotenant.core.timerange import TimeRange
 from cotenant.rules_cmd import settings_from
-from store.queries import TimeRange
 
 pytestmark = needs_prometheus
 

@@ -10,8 +10,8 @@ import pytest
 from conftest import Served
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-from simulator.output import run
-from simulator.scenario import (
+from cotenant.simulator.output import run
+from cotenant.simulator.scenario import (
     GPU_TYPES,
     Arrival,
     Batching,
@@ -22,7 +22,7 @@ from simulator.scenario import (
     Scenario,
     Transfer,
 )
-from simulator.stream import stream_to
+from cotenant.simulator.stream import stream_to
 
 
 def small() -> Scenario:

@@ -31,11 +31,11 @@ from promserver import (
     start_victoria,
 )
 
-from collectors.prometheus import PrometheusSource
-from collectors.prometheus_week import PromQLWeekRollups
-from store.bulk_load import append_tables
-from store.db import Store
-from store.week_rollups import GpuThresholds, Slos, StoreWeekRollups
+from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus_week import PromQLWeekRollups
+from cotenant.store.bulk_load import append_tables
+from cotenant.store.db import Store
+from cotenant.store.week_rollups import GpuThresholds, Slos, StoreWeekRollups
 
 pytestmark = needs_prometheus
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from evaluation.agent_series import agent_openmetrics, write_openmetrics
-from store.schema import arrow_schema
+from cotenant.evaluation.agent_series import agent_openmetrics, write_openmetrics
+from cotenant.store.schema import arrow_schema
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S

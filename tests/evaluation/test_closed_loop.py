@@ -13,15 +13,15 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from actuators.backend import Backend, Change
-from evaluation.actuation_score import rolling_p99, score
-from evaluation.closed_loop import START_NS, run_closed_loop
-from evaluation.sim_backend import SimulatorBackend
-from simulator.admission import VirtualTokenBucket
-from simulator.engine import Simulation
-from simulator.output import requests_table
-from simulator.scenario_load import find_scenario, load_scenario, parse_scenario
-from store.errors import BackendError, ScenarioError, UsageError
+from cotenant.actuators.backend import Backend, Change
+from cotenant.core.errors import BackendError, ScenarioError, UsageError
+from cotenant.evaluation.actuation_score import rolling_p99, score
+from cotenant.evaluation.closed_loop import START_NS, run_closed_loop
+from cotenant.evaluation.sim_backend import SimulatorBackend
+from cotenant.simulator.admission import VirtualTokenBucket
+from cotenant.simulator.engine import Simulation
+from cotenant.simulator.output import requests_table
+from cotenant.simulator.scenario_load import find_scenario, load_scenario, parse_scenario
 
 
 def _sim_with(

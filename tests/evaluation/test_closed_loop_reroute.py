@@ -3,9 +3,9 @@ other replica cannot carry it (simulated, virtual time, the real analysis and co
 
 from __future__ import annotations
 
-from evaluation.actuation_score import score
-from evaluation.closed_loop import run_closed_loop
-from simulator.scenario_load import find_scenario, load_scenario
+from cotenant.evaluation.actuation_score import score
+from cotenant.evaluation.closed_loop import run_closed_loop
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
 
 
 def test_a_process_culprit_is_answered_by_moving_traffic_to_the_quiet_replica() -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.live import START_NS, Seen, replay
-from simulator.scenario_load import find_scenario, load_scenario
+from cotenant.evaluation.live import START_NS, Seen, replay
+from cotenant.simulator.scenario_load import find_scenario, load_scenario
 
 
 def _s(ns: int) -> float:

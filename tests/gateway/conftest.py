@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from actuators.gateway.identify import parse_source
-from actuators.gateway.settings import GatewaySettings
+from cotenant.gateway.identify import parse_source
+from cotenant.gateway.settings import GatewaySettings
 
 TOKEN = "test-token-0123"
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from actuators.backend import Change
-from actuators.backends.gateway import GatewayBackend
-from actuators.backends.http import HttpCaller
-from actuators.gateway.routing_config import ReplicaSpec, RoutingSpec
-from store.errors import BackendError
+from cotenant.actuators.backend import Change
+from cotenant.actuators.backends.gateway import GatewayBackend
+from cotenant.actuators.backends.http import HttpCaller
+from cotenant.core.errors import BackendError
+from cotenant.gateway.routing_config import ReplicaSpec, RoutingSpec
 from tests.gateway.conftest import TOKEN, RunningGateway
 from tests.gateway.replicas import ReplicaServers
 

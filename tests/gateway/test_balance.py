@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from actuators.gateway.balance import POLICIES, NoReplica, Policy, Route
-from actuators.gateway.health import PassiveHealth
-from actuators.gateway.replica import Replica, Reservation
+from cotenant.gateway.balance import POLICIES, NoReplica, Policy, Route
+from cotenant.gateway.health import PassiveHealth
+from cotenant.gateway.replica import Replica, Reservation
 
 
 def _route(policy: Policy, weights: dict[str, int], seed: int = 7) -> tuple[Route, list[Replica]]:

@@ -232,8 +232,8 @@ def test_sample_ratio_is_checked(
 
 
 def test_loop_uvloop_without_uvloop_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cotenant.core.errors import UsageError
     from cotenant.gateway_cmd import loop_factory
-    from store.errors import UsageError
 
     monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
     assert loop_factory("auto") is None  # auto falls back to asyncio's loop

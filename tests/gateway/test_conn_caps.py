@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from actuators.gateway.conn_caps import ConnectionCaps, ensure_file_limit
+from cotenant.gateway.conn_caps import ConnectionCaps, ensure_file_limit
 
 
 def test_caps_count_per_peer_and_in_all_and_free_places_on_release() -> None:

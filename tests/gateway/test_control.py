@@ -123,6 +123,6 @@ def test_state_reflects_limits_and_priorities_and_delete_is_idempotent(
 
 @pytest.mark.parametrize(("wait_s", "header"), [(0.05, "1"), (2.5, "3"), (1e300, "3600")])
 def test_retry_after_is_always_a_small_integer(wait_s: float, header: str) -> None:
-    from actuators.gateway.tickets import Rejected
+    from cotenant.gateway.tickets import Rejected
 
     assert Rejected(429, "rate_limited", wait_s, "slow down").retry_after_header == header

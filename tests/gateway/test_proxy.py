@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from actuators.gateway.request_parser import PARSERS, ParserKind
+from cotenant.gateway.request_parser import PARSERS, ParserKind
 from tests.gateway.conftest import (
     ModelServer,
     RunningGateway,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actuators.gateway.http1 import MAX_HEAD_BYTES, ProtocolError
-from actuators.gateway.request_parser import PARSERS, ParserKind, make_request_parser
+from cotenant.gateway.http1 import MAX_HEAD_BYTES, ProtocolError
+from cotenant.gateway.request_parser import PARSERS, ParserKind, make_request_parser
 
 MAX_BODY = 1000
 

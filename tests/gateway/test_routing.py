@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from actuators.gateway.routing_config import ReplicaSpec, RouteSpec, RoutingSpec
+from cotenant.gateway.routing_config import ReplicaSpec, RouteSpec, RoutingSpec
 from tests.gateway.conftest import RunningGateway, auth, state, wait_until
 from tests.gateway.replicas import ReplicaServers
 

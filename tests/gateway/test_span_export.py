@@ -16,9 +16,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client import CollectorRegistry, generate_latest
 
-from actuators.gateway.finished import FinishedRequest
-from actuators.gateway.otlp_spans import SpanEncoder, export_request, resource_prefix, varint
-from actuators.gateway.span_export import OtlpSpanExporter, SpanExportCollector
+from cotenant.gateway.finished import FinishedRequest
+from cotenant.gateway.otlp_spans import SpanEncoder, export_request, resource_prefix, varint
+from cotenant.gateway.span_export import OtlpSpanExporter, SpanExportCollector
 
 REQ: dict[str, Any] = dict(
     model="meta-llama/Llama-3.1-8B",
@@ -193,7 +193,7 @@ def test_a_down_collector_drops_counts_and_logs_once(caplog: pytest.LogCaptureFi
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nobody listens once closed
     exp = _exporter(url, retries=1)
-    with caplog.at_level(logging.WARNING, logger="actuators.gateway.span_export"):
+    with caplog.at_level(logging.WARNING, logger="cotenant.gateway.span_export"):
         for _ in range(2):
             exp.emit(FinishedRequest(**REQ))
             exp.flush()
@@ -235,7 +235,7 @@ def test_shutdown_sends_what_is_queued(collector: _Collector) -> None:
 
 
 def test_bad_endpoints_are_refused() -> None:
-    from store.errors import UsageError
+    from cotenant.core.errors import UsageError
 
     with pytest.raises(UsageError, match="give an http:// or https:// URL"):
         OtlpSpanExporter("localhost:4318")

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from spans import SpanFactory
 
-from store.db import Store
+from cotenant.store.db import Store
 
 
 class AckRecorder(SpanExporter):

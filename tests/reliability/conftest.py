@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 
 from cotenant.config import load_config
 from cotenant.service import Service
-from store.db import Store
+from cotenant.store.db import Store
 
 # Property-based fuzzing (hypothesis): a small, fixed budget in `make test` (CI), a large one
 # in `make reliability` (COTENANT_FUZZ_EXAMPLES per fuzz test). Derandomized in CI so a run

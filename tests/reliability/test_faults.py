@@ -18,16 +18,16 @@ import httpx
 import pytest
 from spans import SpanFactory
 
-from actuators.backend import Backend, Change
-from actuators.backends.gateway import GatewayBackend
-from actuators.backends.http import HttpCaller
-from actuators.backends.rayserve import RayServeBackend
-from actuators.backends.triton import TritonBackend
-from actuators.backends.webhook import WebhookBackend
-from collectors.fake_nvml import FakeNvml
+from cotenant.actuators.backend import Backend, Change
+from cotenant.actuators.backends.gateway import GatewayBackend
+from cotenant.actuators.backends.http import HttpCaller
+from cotenant.actuators.backends.rayserve import RayServeBackend
+from cotenant.actuators.backends.triton import TritonBackend
+from cotenant.actuators.backends.webhook import WebhookBackend
+from cotenant.collectors.fake_nvml import FakeNvml
+from cotenant.core.errors import BackendError
 from cotenant.service import Service
-from store.errors import BackendError
-from store.queries import request_count
+from cotenant.store.queries import request_count
 
 from .conftest import healthy, service
 

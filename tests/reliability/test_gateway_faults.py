@@ -22,11 +22,11 @@ import httpx
 import pytest
 from gateway_thread import RunningGateway
 
-from actuators.gateway.identify import parse_source
-from actuators.gateway.proxy import ClientConnection
-from actuators.gateway.request_parser import PARSERS, ParserKind
-from actuators.gateway.routing_config import ReplicaSpec, RouteSpec, RoutingSpec
-from actuators.gateway.settings import GatewaySettings
+from cotenant.gateway.identify import parse_source
+from cotenant.gateway.proxy import ClientConnection
+from cotenant.gateway.request_parser import PARSERS, ParserKind
+from cotenant.gateway.routing_config import ReplicaSpec, RouteSpec, RoutingSpec
+from cotenant.gateway.settings import GatewaySettings
 
 from .faulty_upstream import BIG, FaultyUpstream
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from spans import SpanFactory
 
-from collectors.admission import InflightBytes
+from cotenant.collectors.admission import InflightBytes
+from cotenant.core.errors import Overloaded
 from cotenant.service import Service
-from store.db import Store
-from store.errors import Overloaded
-from store.queries import request_count
+from cotenant.store.db import Store
+from cotenant.store.queries import request_count
 
 from .conftest import healthy, service
 

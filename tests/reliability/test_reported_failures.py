@@ -16,8 +16,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from spans import SpanFactory
 
 from cotenant.service import Service
-from store.queries import request_count
-from store.schema import arrow_schema
+from cotenant.store.queries import request_count
+from cotenant.store.schema import arrow_schema
 
 from .conftest import healthy
 

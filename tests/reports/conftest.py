@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reports.backfill import backfill_incidents
-from reports.isoweek import parse_week
-from simulator.week import (
+from cotenant.reports.backfill import backfill_incidents
+from cotenant.reports.isoweek import parse_week
+from cotenant.simulator.week import (
     TruthFault,
     WeekFault,
     WeekGpu,
@@ -22,7 +22,7 @@ from simulator.week import (
     simulate_week,
     write_week,
 )
-from store.db import Store
+from cotenant.store.db import Store
 
 WEEK = parse_week("2026-W48")
 PREV = parse_week("2026-W47")

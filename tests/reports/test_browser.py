@@ -12,8 +12,8 @@ from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from reports.compute import ReportBuilder
-from reports.writer import write_report
+from cotenant.reports.compute import ReportBuilder
+from cotenant.reports.writer import write_report
 from tests.reports.conftest import SLO, WEEK, Fortnight
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

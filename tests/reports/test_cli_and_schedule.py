@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from cotenant.cli import main
-from reports.compute import ReportBuilder
-from reports.isoweek import IsoWeek, last_complete_week, parse_week
-from reports.job import ReportJob
-from reports.schedule import ReportScheduler, WeeklyTime, parse_schedule
-from store.errors import ConfigError, ReportError
+from cotenant.core.errors import ConfigError, ReportError
+from cotenant.reports.compute import ReportBuilder
+from cotenant.reports.isoweek import IsoWeek, last_complete_week, parse_week
+from cotenant.reports.job import ReportJob
+from cotenant.reports.schedule import ReportScheduler, WeeklyTime, parse_schedule
 from tests.reports.conftest import SLO, WEEK, Fortnight
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from reports.compute import ReportBuilder
-from reports.html import render_html
-from reports.isoweek import parse_week
-from reports.markdown import render_markdown
-from reports.pdf import ChromiumPrinter
-from reports.summary import Thresholds, WeekSummary
-from reports.text import SECTIONS
-from reports.writer import write_report
-from store.errors import ReportError
+from cotenant.core.errors import ReportError
+from cotenant.reports.compute import ReportBuilder
+from cotenant.reports.html import render_html
+from cotenant.reports.isoweek import parse_week
+from cotenant.reports.markdown import render_markdown
+from cotenant.reports.pdf import ChromiumPrinter
+from cotenant.reports.summary import Thresholds, WeekSummary
+from cotenant.reports.text import SECTIONS
+from cotenant.reports.writer import write_report
 from tests.reports.conftest import PREV, SLO, WEEK, Fortnight
 
 BASE = "http://dash.example:8050"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from reports.isoweek import parse_week
-from simulator.week import WeekFault, WeekGpu, WeekModel, WeekSpec, simulate_week
-from store.errors import ScenarioError
-from store.schema import arrow_schema
+from cotenant.core.errors import ScenarioError
+from cotenant.reports.isoweek import parse_week
+from cotenant.simulator.week import WeekFault, WeekGpu, WeekModel, WeekSpec, simulate_week
+from cotenant.store.schema import arrow_schema
 
 START = parse_week("2026-W48").start_ns
 

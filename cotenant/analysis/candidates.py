@@ -1,0 +1,113 @@
+"""Candidate causes of one victim's slowdown, each with the series that would show it.
+
+Both our attribution and the published baselines (NSigma, BARO) rank these same candidates
+over the same windows, so the comparison in ``cotenant bench`` is like for like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cotenant.analysis.windows import GpuWindows
+
+NON_CULPRIT = "unknown"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str  # DESIGN.md vocabulary
+    culprit: str
+    resource: str | None = None  # bandwidth: dram | pcie | nvlink
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.culprit}" + (f":{self.resource}" if self.resource else "")
+
+
+def busy_fraction(series: dict[str, np.ndarray]) -> np.ndarray:
+    """Compute seconds in flight per second of a model: rate x mean compute time."""
+    rate = np.nan_to_num(series["rate_rps"])
+    comp = np.nan_to_num(series["compute_ms"]) / 1000.0
+    out: np.ndarray = np.clip(rate * comp, 0.0, None)
+    return out
+
+
+def activity(w: GpuWindows, victim: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Co-tenant -> (SM activity 0-1, DRAM activity 0-1) on the victim's GPU.
+
+    A model's SM activity is its per-process SM utilisation when NVML sampled its process,
+    else its compute seconds in flight per second; its DRAM activity is its per-process
+    memory utilisation (0 when unknown). Non-model processes come from NVML only. Windows
+    without a sample are NaN; consumers average over the finite ones."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    by_model = {m: name for name, m in w.process_model.items() if m}
+    for model, series in w.models.items():
+        if model == victim:
+            continue
+        pname = by_model.get(model)
+        if pname is not None:
+            # NaN where NVML had no sample: "unknown", not "idle"
+            ps = w.processes[pname]
+            out[model] = (ps["sm_util"] / 100.0, ps["mem_util"] / 100.0)
+        else:
+            out[model] = (busy_fraction(series), np.zeros(w.n))
+    for name, ps in w.processes.items():
+        owner = w.process_model.get(name)
+        if owner == victim or (owner and owner in out):
+            continue
+        out[name] = (ps["sm_util"] / 100.0, ps["mem_util"] / 100.0)
+    return out
+
+
+def candidate_series(
+    w: GpuWindows,
+    victim: str,
+    host: dict[str, np.ndarray] | None = None,
+) -> dict[Candidate, np.ndarray]:
+    """Every candidate cause with the series whose rise would reveal it.
+
+    * ``cotenant:<x>`` — x's SM activity; ``bandwidth:<x>:dram`` — x's DRAM activity;
+      ``bandwidth:<x>:pcie`` — x's total activity while the GPU's PCIe traffic is high;
+    * ``throttle:<gpu>`` — lost clock (1 - clock / max clock);
+    * ``memory:<x>`` — x's GPU memory, when the GPU is nearly full;
+    * ``lock:<victim locks>`` — the victim's lock wait; ``cpu:<x>`` — host CPU use of x;
+    * ``load:<victim>`` — the victim's own arrival rate.
+    """
+    v = w.models[victim]
+    out: dict[Candidate, np.ndarray] = {}
+    act = activity(w, victim)
+    pcie = w.counters.get("pcie_tx_bps")
+    pcie_total = (
+        None
+        if pcie is None
+        else np.nan_to_num(pcie) + np.nan_to_num(w.counters.get("pcie_rx_bps", np.zeros(w.n)))
+    )
+    for name, (sm, dram) in act.items():
+        out[Candidate("cotenant", name)] = sm
+        out[Candidate("bandwidth", name, "dram")] = dram
+        if pcie_total is not None:
+            scale = float(np.nanmax(pcie_total)) or 1.0
+            act = np.nan_to_num(sm) + np.nan_to_num(dram) + 0.01
+            out[Candidate("bandwidth", name, "pcie")] = act * pcie_total / scale
+    clock = w.counters.get("sm_clock_mhz")
+    max_clock = w.counters.get("max_sm_clock_mhz")
+    if clock is not None and max_clock is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[Candidate("throttle", w.gpu)] = np.nan_to_num(1.0 - clock / max_clock)
+    used = w.counters.get("mem_used_bytes")
+    total = w.counters.get("mem_total_bytes")
+    if used is not None and total is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            full = np.nan_to_num(used / total)
+        for name, ps in w.processes.items():
+            mem = np.nan_to_num(ps["mem_used_bytes"])
+            out[Candidate("memory", w.process_model.get(name) or name)] = (
+                mem / (np.nanmax(total) or 1.0) * (full >= 0.95)
+            )
+    out[Candidate("lock", "lock")] = np.nan_to_num(v["lock_wait_ms"])
+    for name, cpu in (host or {}).items():
+        out[Candidate("cpu", name)] = np.nan_to_num(cpu)
+    out[Candidate("load", victim)] = np.nan_to_num(v["arrival_rps"])
+    return out

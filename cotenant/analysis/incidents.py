@@ -1,0 +1,363 @@
+"""Incidents: what a victim lived through, from the first slow window to the last.
+
+The continuous loop re-diagnoses a sliding horizon; :meth:`IncidentBook.update` merges each
+pass's diagnoses of one (model, GPU) into its incidents and says what changed, as
+:class:`IncidentEvent` s in the order a person should read them:
+
+* one incident per (model, GPU, indicator) at a time (``e2e``, and for generative models
+  ``ttft`` and ``tpot``: :mod:`analysis.indicators`; each indicator's incidents are merged
+  on their own): a diagnosis overlapping it, or starting within
+  ``cooldown_ns`` after it ended, continues it (a re-breach within the cool-down re-opens a
+  resolved incident instead of opening a new one);
+* ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
+  (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when
+  the diagnosis closes (a run of clean windows, :mod:`analysis.episodes`);
+* ``severity``: ``breach`` (the SLO was crossed) or ``degradation`` (slower than its frozen
+  baseline, within its SLO or without one); a degradation that crosses the SLO is escalated;
+* the baseline is frozen when the incident opens and the top cause's history is kept
+  (``detail["cause_history"]``: first, each change, with the time of the pass that saw it);
+* a diagnosis of an episode that began before the windows the loop read (``carried``) keeps
+  the incident's causes: its "before" windows are no longer in the horizon.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from cotenant.analysis.diagnose import Diagnosis
+from cotenant.analysis.episodes import BREACH
+from cotenant.analysis.incident_record import (
+    DIAGNOSING,
+    DISMISSED,
+    OPEN,
+    RESOLVED,
+    UNNAMED_PUBLISH_WINDOWS,
+    Incident,
+    IncidentEvent,
+    from_stored,
+    to_stored,
+)
+from cotenant.analysis.indicators import E2E
+from cotenant.store.db import Store
+from cotenant.store.incident_rows import (
+    delete_incidents,
+    find_incidents,
+    get_incident,
+    upsert_incidents,
+)
+
+
+def _cause_key(c: dict[str, Any] | None) -> tuple[str, str] | None:
+    return None if c is None or c.get("kind") == "unknown" else (str(c["kind"]), str(c["culprit"]))
+
+
+def _same_cause(i: Incident, d: Diagnosis) -> bool:
+    """Whether ``d`` may re-open ``i``: it names no cause yet, or the one ``i`` named."""
+    top = d.top
+    if top is None:
+        return True
+    return _cause_key(i.top) == (top.kind, top.culprit)
+
+
+def _merged(ds: list[Diagnosis]) -> Diagnosis:
+    """One diagnosis for the episodes (in start order) that continue one incident: its
+    extent, open when the newest is, a breach when any was; causes from the newest episode
+    unless it is too short to say, then from the longest."""
+    newest = ds[-1]
+    src = newest
+    if len(ds) > 1 and newest.open and newest.during_windows < 5:
+        src = max(ds, key=lambda d: d.during_windows)
+    peaks = [d.peak_p99_ms for d in ds if d.peak_p99_ms == d.peak_p99_ms]
+    return replace(
+        src,
+        start_ns=min(d.start_ns for d in ds),
+        end_ns=max(d.end_ns for d in ds),
+        open=newest.open,
+        severity=BREACH if any(d.severity == BREACH for d in ds) else newest.severity,
+        peak_p99_ms=max(peaks) if peaks else src.peak_p99_ms,
+        after_p99_ms=newest.after_p99_ms,
+        during_windows=max(d.during_windows for d in ds),
+    )
+
+
+def live_of(incidents: list[Incident], model: str, gpu: str, indicator: str) -> Incident | None:
+    """The newest live incident of (``model``, ``gpu``, ``indicator``) among ``incidents``."""
+    got = [
+        i
+        for i in incidents
+        if i.live and i.model == model and i.gpu == gpu and i.indicator == indicator
+    ]
+    return max(got, key=lambda i: i.start_ns) if got else None
+
+
+class IncidentBook:
+    """Reads and writes incidents. Thread-safe: :meth:`update` reads, merges and writes
+    under the book's lock, so one book never rewrites an incident from two threads at once
+    (``cotenant serve`` has one book, shared by the analysis loop, the API and the dashboard).
+
+    ``gap_ns``: an open incident no diagnosis continues any more is resolved once its end is
+    this far behind the pass. ``cooldown_ns``: a slowdown starting within this time after an
+    incident ended continues it. ``publish_windows``: windows of the slowdown attribution
+    needs before the incident is published as ``open``."""
+
+    def __init__(
+        self,
+        store: Store,
+        gap_ns: int = 10_000_000_000,
+        *,
+        cooldown_ns: int = 30_000_000_000,
+        publish_windows: int = 5,
+    ) -> None:
+        self._store = store
+        self._gap_ns = gap_ns
+        self._cooldown_ns = cooldown_ns
+        self._publish = publish_windows
+        self._lock = threading.Lock()
+
+    def find(
+        self,
+        *,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        model: str | None = None,
+        state: str | None = None,
+        severity: str | None = None,
+        limit: int = 500,
+        indicator: str | None = None,
+    ) -> list[Incident]:
+        """Incidents newest first; with ``since_ns`` / ``until_ns``, those overlapping the range
+        (ending at or after ``since_ns``, starting before ``until_ns``)."""
+        found = find_incidents(
+            self._store,
+            since_ns=since_ns,
+            until_ns=until_ns,
+            model=model,
+            state=state,
+            severity=severity,
+            limit=limit,
+            indicator=indicator,
+        )
+        return [from_stored(r) for r in found]
+
+    def live(self) -> list[Incident]:
+        """Incidents not resolved (diagnosing or open)."""
+        return self.find(state=OPEN) + self.find(state=DIAGNOSING)
+
+    def get(self, incident_id: str) -> Incident | None:
+        r = get_incident(self._store, incident_id)
+        return None if r is None else from_stored(r)
+
+    def live_for(self, model: str, gpu: str, indicator: str = E2E) -> Incident | None:
+        """The (model, GPU)'s incident on ``indicator`` still diagnosing or open, if any."""
+        return live_of(self.live(), model, gpu, indicator)
+
+    def update(
+        self, diags: list[Diagnosis], model: str, gpu: str, horizon_start_ns: int, now_ns: int
+    ) -> list[IncidentEvent]:
+        """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``, each
+        indicator's into that indicator's incidents; resolve live incidents the horizon no
+        longer shows. Returns what changed, oldest incident first."""
+        with self._lock:
+            mine = [i for i in self.live() if i.model == model and i.gpu == gpu]
+            mine += [
+                i
+                for i in self.find(
+                    model=model,
+                    since_ns=horizon_start_ns - self._cooldown_ns,
+                    state=RESOLVED,
+                )
+                if i.gpu == gpu
+            ]
+            events: list[IncidentEvent] = []
+            for ind in sorted({d.indicator for d in diags} | {i.indicator for i in mine}):
+                events += self._update_indicator(
+                    [d for d in diags if d.indicator == ind],
+                    [i for i in mine if i.indicator == ind],
+                    model,
+                    gpu,
+                    now_ns,
+                )
+            return events
+
+    def _update_indicator(
+        self,
+        diags: list[Diagnosis],
+        current: list[Incident],
+        model: str,
+        gpu: str,
+        now_ns: int,
+    ) -> list[IncidentEvent]:
+        """:meth:`update` for the diagnoses and incidents of one indicator."""
+        groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
+        extent = {i.id: (i.start_ns, i.end_ns) for i in current}
+        for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
+            inc = self._match(current, extent, d)
+            created = inc is None
+            if inc is None:
+                inc = self._new(d, model, gpu, now_ns)
+                current.append(inc)
+            lo, hi = extent.get(inc.id, (d.start_ns, d.end_ns))
+            extent[inc.id] = (min(lo, d.start_ns), max(hi, d.end_ns))
+            _, ds, was_created = groups.get(inc.id, (inc, [], created))
+            groups[inc.id] = (inc, [*ds, d], was_created)
+        events: list[IncidentEvent] = []
+        written: list[Incident] = []
+        for inc, ds, created in groups.values():
+            got = self._apply(inc, _merged(ds), now_ns, created)
+            events += got
+            if got or created or inc.live:
+                inc.updated_ns = now_ns
+                written.append(inc)
+        dismissed: list[Incident] = []
+        for inc in current:
+            if inc.id in groups or not inc.live:
+                continue
+            if inc.state == DIAGNOSING:
+                # its slowdown turned out a transient: never published, so withdrawn
+                inc.state = DISMISSED
+                dismissed.append(inc)
+                events.append(IncidentEvent("dismissed", inc, now_ns))
+            elif inc.end_ns < now_ns - self._gap_ns:
+                events += self._resolve(inc, now_ns)
+                written.append(inc)
+        self._write(written)
+        self._delete(dismissed)
+        return events
+
+    def _match(
+        self, current: list[Incident], extent: dict[str, tuple[int, int]], d: Diagnosis
+    ) -> Incident | None:
+        """The incident ``d`` continues: overlapping its extent so far, or starting within
+        the cool-down after it (the latest such)."""
+        cands = [
+            i
+            for i in current
+            if d.end_ns >= extent[i.id][0]
+            and (
+                d.start_ns <= extent[i.id][1]
+                # a re-breach within the cool-down re-opens it; a breach after a degradation
+                # is news of its own
+                or (
+                    d.start_ns <= extent[i.id][1] + self._cooldown_ns
+                    and (i.severity == BREACH or d.severity != BREACH)
+                    and _same_cause(i, d)
+                )
+            )
+        ]
+        return max(cands, key=lambda i: extent[i.id][1]) if cands else None
+
+    def _new(self, d: Diagnosis, model: str, gpu: str, now_ns: int) -> Incident:
+        detail = d.to_dict()
+        detail["cause_history"] = []
+        return Incident(
+            d.id,
+            model,
+            gpu,
+            DIAGNOSING,
+            d.start_ns,
+            d.end_ns,
+            now_ns,
+            detail["peak_p99_ms"],
+            detail["baseline_p99_ms"],
+            d.slo_ms,
+            detail,
+            d.severity,
+            d.replica,
+            d.indicator,
+        )
+
+    def _ready(self, d: Diagnosis, named: bool) -> bool:
+        """Whether attribution has seen enough of the slowdown to publish its cause."""
+        if d.carried or not d.open:
+            return True
+        # an unknown cause is published only after a minute of trying: most slowdowns
+        # name their cause once the co-tenants' counters of those windows have landed
+        return d.during_windows >= self._publish and (
+            named or d.during_windows >= UNNAMED_PUBLISH_WINDOWS
+        )
+
+    def _apply(
+        self, inc: Incident, d: Diagnosis, now_ns: int, created: bool
+    ) -> list[IncidentEvent]:
+        """Fold the merged diagnosis ``d`` into ``inc``; the events of what changed."""
+        prev_state, prev_top, prev_sev = inc.state, inc.top, inc.severity
+        grew = d.end_ns > inc.end_ns
+        # a resolved incident is continued by a later slowdown, not by its own episode again
+        again = d.open or (grew and d.start_ns >= inc.detail.get("resolved_at_end_ns", 0))
+        inc.start_ns = min(inc.start_ns, d.start_ns)
+        inc.end_ns = max(inc.end_ns, d.end_ns)
+        if d.peak_p99_ms == d.peak_p99_ms:  # not NaN
+            inc.peak_p99_ms = max(inc.peak_p99_ms or 0.0, d.peak_p99_ms)
+        if d.severity == BREACH:
+            inc.severity = BREACH
+        if d.replica is not None:
+            inc.replica = d.replica
+        if not d.carried:
+            new = d.to_dict()
+            frozen = ("baseline_p99_ms", "threshold_ms")
+            keep: dict[str, Any] = {k: inc.detail[k] for k in frozen if k in inc.detail}
+            inc.detail = {**new, **keep, "cause_history": inc.cause_history}
+        inc.detail.update(
+            id=inc.id,
+            start_ns=inc.start_ns,
+            end_ns=inc.end_ns,
+            open=d.open,
+            peak_p99_ms=inc.peak_p99_ms,
+            severity=inc.severity,
+        )
+        if d.after_p99_ms is not None:
+            inc.detail["resolved_p99_ms"] = round(d.after_p99_ms, 3)
+        out: list[IncidentEvent] = []
+        if prev_state == DIAGNOSING:
+            if self._ready(d, inc.top is not None):
+                inc.state = OPEN
+                self._note_cause(inc, now_ns)
+                out.append(IncidentEvent("opened", inc, now_ns))
+            elif created:
+                out.append(IncidentEvent("diagnosing", inc, now_ns))
+        elif prev_state == RESOLVED:
+            if not again:
+                return []
+            inc.state = OPEN
+            out.append(IncidentEvent("reopened", inc, now_ns))
+        if inc.state == OPEN and prev_state != DIAGNOSING:
+            if _cause_key(inc.top) != _cause_key(prev_top) and self._note_cause(inc, now_ns):
+                out.append(IncidentEvent("cause_changed", inc, now_ns, previous=prev_top))
+            if prev_sev != BREACH and inc.severity == BREACH:
+                out.append(IncidentEvent("escalated", inc, now_ns))
+        if inc.state == OPEN and not d.open:
+            out += self._resolve(inc, now_ns)
+        return out
+
+    def _note_cause(self, inc: Incident, now_ns: int) -> bool:
+        """Append the top cause to the history when it differs from the last one noted."""
+        history = inc.cause_history
+        top = inc.top
+        last = history[-1] if history else None
+        if last is not None and _cause_key(last) == _cause_key(top):
+            return False
+        entry = {"at_ns": now_ns, "kind": "unknown", "culprit": "—", "share": None}
+        if top is not None:
+            entry.update(kind=top["kind"], culprit=top["culprit"], share=top["share"])
+        history.append(entry)
+        inc.detail["cause_history"] = history
+        return True
+
+    def _resolve(self, inc: Incident, now_ns: int) -> list[IncidentEvent]:
+        if inc.state == RESOLVED:
+            return []
+        if inc.state == DIAGNOSING:
+            inc.state = OPEN
+            self._note_cause(inc, now_ns)
+        inc.state = RESOLVED
+        inc.detail["resolved_at_end_ns"] = inc.end_ns
+        inc.updated_ns = now_ns
+        return [IncidentEvent("resolved", inc, now_ns)]
+
+    def _delete(self, incidents: list[Incident]) -> None:
+        delete_incidents(self._store, [i.id for i in incidents])
+
+    def _write(self, incidents: list[Incident]) -> None:
+        upsert_incidents(self._store, [to_stored(i) for i in incidents])

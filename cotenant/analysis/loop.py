@@ -1,0 +1,236 @@
+"""The continuous analysis loop inside ``cotenant serve``.
+
+Every ``interval_s`` it re-diagnoses the last ``horizon_s`` of every model seen in that horizon,
+merges the results into incidents (:class:`analysis.incidents.IncidentBook`) and publishes
+``cotenant_incident_active{victim,gpu,cause,culprit,severity,indicator}`` and
+``cotenant_cause_share{victim,gpu,cause,culprit,indicator}`` (one series per open incident:
+a model's e2e, TTFT and TPOT incidents are separate, :mod:`analysis.indicators`). A failing
+pass is logged and counted; the loop keeps going.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from cotenant.analysis.diagnose import Diagnosis, diagnose_windows, history_range
+from cotenant.analysis.episodes import Carry
+from cotenant.analysis.incident_record import Incident, IncidentEvent
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.analysis.indicators import E2E, TPOT, TTFT, indicator_slos
+from cotenant.analysis.pass_reads import PassReads
+from cotenant.analysis.replicas import annotate_replicas
+from cotenant.analysis.settings import AnalysisSettings
+from cotenant.analysis.spikes import SpikeParams
+from cotenant.analysis.windows import GpuWindows, WindowCache, gpus_of
+from cotenant.core.errors import CotenantError, SourceError
+from cotenant.core.periodic import Periodic
+from cotenant.core.readers import MetricSource
+from cotenant.core.timerange import TimeRange
+
+log = logging.getLogger(__name__)
+
+OnIncident = Callable[[IncidentEvent], None]
+"""Called with each change to an incident, in the order a person should read them."""
+
+
+class AnalysisLoop:
+    def __init__(
+        self,
+        source: MetricSource,
+        book: IncidentBook,
+        *,
+        slo_ms: Mapping[str, float] | None = None,
+        interval_s: float = AnalysisSettings.interval_s,
+        horizon_s: float = AnalysisSettings.horizon_s,
+        step_s: float = AnalysisSettings.step_s,
+        registry: CollectorRegistry | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        on_incident: OnIncident | None = None,
+        reread_s: float = AnalysisSettings.reread_s,
+        params: SpikeParams | None = None,
+        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
+        batch_reads: bool = False,
+        full_read_s: float = AnalysisSettings.full_read_s,
+    ) -> None:
+        """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
+        so rows that land late — up to that lag — are still seen. ``indicator_slo_ms``: the
+        SLOs of the other indicators, indicator (``ttft``, ``tpot``) -> model -> ms
+        (``AnalysisSettings.indicator_slos()``). ``batch_reads``: read each frame of a pass
+        once for the whole fleet and split it by GPU (:class:`analysis.pass_reads.PassReads`;
+        fleet mode, where a read is HTTP queries). ``full_read_s``: how often (of the loop's
+        clock) each GPU's windows are read in full rather than from ``reread_s`` back
+        (:class:`analysis.windows.WindowCache`)."""
+        self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
+        self._reads = PassReads(source) if batch_reads else None
+        self._source: MetricSource = self._reads if self._reads is not None else source
+        self._reread_s = reread_s
+        self._full_read_s = full_read_s
+        self._book = book
+        self._slo = dict(slo_ms or {})
+        self._horizon_ns = int(horizon_s * 1e9)
+        self._step_s = step_s
+        self._step_ns = int(step_s * 1e9)
+        self._params = params or SpikeParams()
+        self._caches: dict[str, WindowCache] = {}
+        self._clock = clock_ns
+        self._on_incident = on_incident
+        self._active: list[Incident] = []
+        self.passes = 0
+        self._failures = (
+            Counter("cotenant_analysis_failures", "Analysis passes that failed", registry=registry)
+            if registry is not None
+            else None
+        )
+        if registry is not None:
+            registry.register(self)
+        self._worker = Periodic(
+            "cotenant-analysis",
+            interval_s,
+            self._pass,
+            what="analysis pass",
+            on_error=self._failures.inc if self._failures is not None else None,
+        )
+
+    def _pass(self) -> None:
+        """A pass of the worker thread. A source that cannot be read (Prometheus down) skips
+        the pass, counted: the source has logged why (``store.source_watch``), and the next
+        pass tries again. Open incidents stay as they were."""
+        try:
+            self.run_once()
+        except SourceError:
+            if self._failures is not None:
+                self._failures.inc()
+
+    def run_once(self) -> list[IncidentEvent]:
+        """One pass over every model; returns what changed, in reading order."""
+        if self._reads is not None:
+            self._reads.new_pass()
+        now = self._clock()
+        now -= now % self._step_ns
+        lo = now - self._horizon_ns
+        rng = TimeRange(lo, now)
+        events: list[IncidentEvent] = []
+        full, first = history_range(rng, self._step_s, self._params)
+        read: dict[str, GpuWindows] = {}
+        found: list[tuple[list[Diagnosis], str, str]] = []
+        # the live incidents once per pass, newest per (model, GPU, indicator) (not per
+        # model: at fleet scale, thousands of models each asking the book was most of a pass)
+        live: dict[tuple[str, str, str], Incident] = {}
+        for inc in sorted(self._book.live(), key=lambda i: i.start_ns):
+            if inc.live:
+                live[(inc.model, inc.gpu, inc.indicator)] = inc
+        live_pairs = {(m, g) for m, g, _ in live}
+        for gpu, models in gpus_of(self._source, rng, self._step_s).items():
+            # one read of the GPU's windows serves every model on it
+            cache = self._caches.get(gpu)
+            if cache is None:
+                cache = self._caches[gpu] = WindowCache(
+                    self._source,
+                    gpu,
+                    self._step_s,
+                    overlap_s=self._reread_s,
+                    refresh_s=self._full_read_s,
+                )
+            w = read[gpu] = cache.get(full)
+            for model in models:
+                if model not in w.models:
+                    continue
+                since = full.since_ns or 0
+                slos = indicator_slos(model, self._slo.get(model), self._ind_slo)
+                carries = {
+                    ind: c
+                    for ind in (TTFT, TPOT)
+                    if (c := self._carry(live.get((model, gpu, ind)), since)) is not None
+                }
+                try:
+                    diags = diagnose_windows(
+                        self._source,
+                        w,
+                        model,
+                        first,
+                        slo_ms=self._slo.get(model),
+                        params=self._params,
+                        lag_windows=int(self._reread_s / self._step_s),
+                        carry=self._carry(live.get((model, gpu, E2E)), since),
+                        slos=slos,
+                        carries=carries,
+                    )
+                except CotenantError as exc:
+                    log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
+                    continue
+                if not diags and (model, gpu) not in live_pairs:
+                    continue  # healthy, nothing live to resolve or dismiss: nothing changes
+                found.append((diags, model, gpu))
+        incidents = [d for diags, _, _ in found for d in diags if d.incident]
+        if incidents:  # replicas and their siblings: only read when something is slow
+            annotate_replicas(incidents, read, self._source.replicas(full))
+        for diags, model, gpu in found:
+            events += self._book.update(diags, model, gpu, lo, now)
+        self._active = self._book.live()
+        events.sort(key=lambda e: (e.at_ns, e.incident.start_ns))
+        if self._on_incident is not None:
+            for e in events:
+                self._on_incident(e)
+        self.passes += 1
+        return events
+
+    def _carry(self, inc: Incident | None, since_ns: int) -> Carry | None:
+        """A live incident (of one model, GPU and indicator) when it began before the windows
+        read: the detector continues it with its frozen baseline instead of learning a new
+        one."""
+        if inc is None or inc.start_ns >= since_ns or inc.baseline_p99_ms is None:
+            return None
+        thr = inc.detail.get("threshold_ms")
+        if thr is None:
+            return None
+        return Carry(
+            start=int((inc.start_ns - since_ns) // self._step_ns),
+            baseline_ms=float(inc.baseline_p99_ms),
+            threshold_ms=float(thr),
+            severity=inc.severity,
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "cotenant_incident_active",
+            "1 while an incident is open, by its top cause",
+            labels=["victim", "gpu", "cause", "culprit", "severity", "indicator"],
+        )
+        share = GaugeMetricFamily(
+            "cotenant_cause_share",
+            "Share of an open incident's excess latency per cause",
+            labels=["victim", "gpu", "cause", "culprit", "indicator"],
+        )
+        for inc in self._active:
+            if inc.state != "open":
+                continue  # diagnosing: not published until attribution has its data
+            top = inc.top
+            active.add_metric(
+                [
+                    inc.model,
+                    inc.gpu,
+                    top["kind"] if top else "unknown",
+                    top["culprit"] if top else "—",
+                    inc.severity,
+                    inc.indicator,
+                ],
+                1.0,
+            )
+            for c in inc.detail.get("causes", []):
+                share.add_metric(
+                    [inc.model, inc.gpu, c["kind"], c["culprit"], inc.indicator], float(c["share"])
+                )
+        yield active
+        yield share
+
+    def start(self) -> None:
+        """Run :meth:`run_once` every ``interval_s`` on its own thread."""
+        self._worker.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._worker.stop(timeout_s)

@@ -1,0 +1,146 @@
+"""The ``mix`` cause: latency that the request mix explains, not contention.
+
+A generative model's end-to-end latency is ``TTFT + TPOT x (output tokens - 1)`` and its TTFT
+grows with the prompt (prefill). When a tenant starts sending longer prompts or asking for
+longer completions, e2e rises with no co-tenant involved. :func:`mix_excess` predicts what the
+windows *during* an incident would have cost at the *before* windows' per-token rates with the
+token counts seen during it:
+
+* decode: ``TPOT_before x (output_during - output_before)`` (mean output tokens per request);
+* prefill: ``slope x (prompt_during - prompt_before)``, ``slope`` the least-squares slope of
+  the before windows' mean TTFT on their mean prompt length (a regression of latency on tokens
+  over the baseline; clipped at 0, and 0 when the baseline's prompts hardly vary).
+
+Means are exact here (a mean of sums is the sum of means), so the prediction is in ms per
+request, the unit of the attribution's phase excess. The caller gives the predicted excess to
+``mix`` (culprit: the model whose requests changed) before the co-tenant counterfactual sees
+the rest, so a co-tenant is only blamed for what the token counts do not explain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cotenant.analysis.change import wmean_over
+from cotenant.analysis.indicators import E2E, TPOT
+
+MIN_BEFORE_WINDOWS = 5
+"""Fewer baseline windows with token counts than this: no prediction."""
+
+MIN_SHIFT_Z = 3.0
+"""A token count changed when its per-window means during and before differ by this many
+standard errors (Welch); a change within the windows' ordinary spread explains nothing (a
+contention incident on a model whose lengths merely wander is not a mix change)."""
+
+
+@dataclass(frozen=True)
+class MixExcess:
+    """What the token counts explain of an indicator's mean (ms per request), and the
+    evidence: token-length distributions and per-token rates before and during."""
+
+    ms: float
+    evidence: dict[str, Any]
+
+
+def mix_excess(
+    tok: dict[str, np.ndarray] | None, indicator: str, before: np.ndarray, during: np.ndarray
+) -> MixExcess | None:
+    """The mean excess of ``indicator`` (``e2e`` or ``ttft``; never ``tpot``, a per-token
+    time) that the token counts of ``during`` explain at ``before``'s per-token rates, or
+    None when ``tok`` (a model's token windows) is missing or too thin, or the token counts
+    explain nothing. ``before`` / ``during``: boolean masks over the windows."""
+    if tok is None or indicator == TPOT:
+        return None
+    cnt = tok["count"]
+    if np.count_nonzero(before & (cnt > 0)) < MIN_BEFORE_WINDOWS:
+        return None
+    out_b, out_d = (
+        wmean_over(tok["output_tokens_mean"], cnt, before),
+        wmean_over(tok["output_tokens_mean"], cnt, during),
+    )
+    pr_b, pr_d = (
+        wmean_over(tok["prompt_tokens_mean"], cnt, before),
+        wmean_over(tok["prompt_tokens_mean"], cnt, during),
+    )
+    tpot_b = wmean_over(tok["tpot_mean_ms"], cnt, before)
+    out_moved = _shifted(tok["output_tokens_mean"], cnt, before, during)
+    decode = tpot_b * (out_d - out_b) if indicator == E2E and out_moved else 0.0
+    slope = _prefill_slope(tok, cnt, before)
+    pr_moved = _shifted(tok["prompt_tokens_mean"], cnt, before, during)
+    prefill = slope * (pr_d - pr_b) if pr_moved else 0.0
+    ms = float(np.nan_to_num(decode) + np.nan_to_num(prefill))
+    if ms <= 0:
+        return None
+    ev: dict[str, Any] = {
+        "explained_ms": round(ms, 3),
+        "decode_ms": round(float(np.nan_to_num(decode)), 3),
+        "prefill_ms": round(float(np.nan_to_num(prefill)), 3),
+        "prefill_ms_per_token": round(slope, 5),
+        "output_tokens": _dist(tok, "output_tokens", cnt, before, during),
+        "prompt_tokens": _dist(tok, "prompt_tokens", cnt, before, during),
+        "tpot_ms": _pair(tok["tpot_mean_ms"], cnt, before, during),
+        "ttft_ms": _pair(tok["ttft_mean_ms"], cnt, before, during),
+    }
+    return MixExcess(ms, ev)
+
+
+def _shifted(x: np.ndarray, cnt: np.ndarray, before: np.ndarray, during: np.ndarray) -> bool:
+    """Whether the per-window means ``x`` moved between ``before`` and ``during`` by
+    :data:`MIN_SHIFT_Z` standard errors or more."""
+    b = x[before & (cnt > 0) & np.isfinite(x)]
+    d = x[during & (cnt > 0) & np.isfinite(x)]
+    if len(b) < 2 or len(d) < 2:
+        return False
+    se = np.sqrt(b.var(ddof=1) / len(b) + d.var(ddof=1) / len(d))
+    diff = abs(float(d.mean() - b.mean()))
+    return bool(diff > 0 and (se == 0 or diff / se >= MIN_SHIFT_Z))
+
+
+def _prefill_slope(tok: dict[str, np.ndarray], cnt: np.ndarray, before: np.ndarray) -> float:
+    """ms of TTFT per prompt token over the before windows (weighted least squares), >= 0."""
+    x, y = tok["prompt_tokens_mean"], tok["ttft_mean_ms"]
+    ok = before & (cnt > 0) & np.isfinite(x) & np.isfinite(y)
+    if np.count_nonzero(ok) < MIN_BEFORE_WINDOWS:
+        return 0.0
+    wts, xs, ys = cnt[ok], x[ok], y[ok]
+    xm = np.average(xs, weights=wts)
+    var = np.average((xs - xm) ** 2, weights=wts)
+    # prompts that hardly vary say nothing about prefill cost
+    if not var > (0.05 * xm) ** 2:
+        return 0.0
+    cov = np.average((xs - xm) * (ys - np.average(ys, weights=wts)), weights=wts)
+    return max(0.0, float(cov / var))
+
+
+def _pair(x: np.ndarray, cnt: np.ndarray, before: np.ndarray, during: np.ndarray) -> dict[str, Any]:
+    b, d = wmean_over(x, cnt, before), wmean_over(x, cnt, during)
+    return {"before": _r(b), "during": _r(d)}
+
+
+def _dist(
+    tok: dict[str, np.ndarray], name: str, cnt: np.ndarray, before: np.ndarray, during: np.ndarray
+) -> dict[str, Any]:
+    """A token count before and during: its mean per request, the 10th and 90th percentiles
+    of its per-window means (how the mix wandered), and the median window's p99 where the
+    windows carry one (``lengths=True``)."""
+    out = {}
+    for label, mask in (("before", before), ("during", during)):
+        sel = mask & (cnt > 0)
+        means = tok[f"{name}_mean"][sel]
+        means = means[np.isfinite(means)]
+        p99 = tok[f"{name}_p99"][sel]
+        p99 = p99[np.isfinite(p99)]
+        out[label] = {
+            "mean": _r(wmean_over(tok[f"{name}_mean"], cnt, mask)),
+            "window_mean_p10": _r(float(np.percentile(means, 10))) if len(means) else None,
+            "window_mean_p90": _r(float(np.percentile(means, 90))) if len(means) else None,
+            "p99": _r(float(np.median(p99))) if len(p99) else None,
+        }
+    return out
+
+
+def _r(x: float) -> float | None:
+    return round(float(x), 3) if np.isfinite(x) else None

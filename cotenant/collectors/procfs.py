@@ -1,0 +1,376 @@
+"""Host CPU use per process from procfs, into ``process_samples`` (host-level rows).
+
+:class:`ProcfsCollector` reads ``<proc>/<pid>/stat`` of every process (at most ``max_pids``)
+every ``interval_s`` and turns the change of ``utime + stime`` since its previous read into
+cores (CPU seconds per second of wall time). ``process_name`` is the model's name for a process
+that spans have named (:meth:`collectors.gpu_resolve.GpuResolver.served_pids`; so a model's
+host CPU lines up with its requests, as in the simulator) and otherwise the program: its
+``comm``, or for an interpreter (python, node, java, ...) the interpreter and its script or
+module, e.g. ``python3 burn.py``. Analysis keys host CPU series by that name, so each poll
+submits one ``process_samples`` row per *name*: the cores of its processes (those using at
+least ``min_cores``) summed, under the pid of the busiest. Rows go out for the ``top_n`` names
+by CPU use and for every model, whatever its use. Rows are host-level, as the simulator
+writes its host processes: no ``gpu`` and no GPU columns, only ``cpu_cores``.
+
+A process's first read gives no rate (and no row); a pid reused by a new process (another
+start time) starts over. Cost per poll: one directory listing, one read of ``stat`` per
+process and one of ``cmdline`` for each new busy process, linear in the process count, which
+``max_pids`` bounds. The ``stat`` of a process seen before is re-read with ``pread`` on the
+descriptor its first read opened (procfs regenerates the text at offset 0; half the syscall
+cost of open + read + close): at most a quarter of ``RLIMIT_NOFILE`` such descriptors are
+held, one per listed pid, closed when the pid leaves the listing or its process exits (a read
+then fails with ESRCH, and a new process of that pid is opened afresh) and in :meth:`stop`.
+The lines are parsed as bytes (``comm`` decoded only to name a busy process).
+
+Failures never leave :meth:`ProcfsCollector.poll_once`: a process that exits mid-read is
+skipped; anything else is counted in ``cotenant_procfs_errors_total{kind}`` and logged once
+per kind; a batch the store refuses is dropped and counted in
+``cotenant_procfs_dropped_rows_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.core.errors import CotenantError
+from cotenant.store.schema import arrow_schema
+
+log = logging.getLogger(__name__)
+
+SCHEMA = arrow_schema("process_samples")
+INTERPRETERS = frozenset(("node", "java", "ruby", "perl", "php", "bash", "sh", "dotnet"))
+NAME_MAX = 80
+
+_Key = tuple[int, int]  # (pid, start time in clock ticks): one process, even if a pid is reused
+
+
+@dataclass
+class _Group:
+    """The processes of one program in one poll: cores summed, the busiest one's pid."""
+
+    cores: float
+    pid: int
+    pid_cores: float
+    model: str | None
+
+    def add(self, pid: int, cores: float, model: str | None) -> None:
+        self.cores += cores
+        if cores > self.pid_cores:
+            self.pid, self.pid_cores = pid, cores
+        self.model = self.model or model
+
+
+class ProcfsMetrics:
+    """The series the procfs collector exposes; pass it to ``ProcfsCollector(metrics=…)``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.processes = Gauge(
+            "cotenant_procfs_processes",
+            "Processes read in the latest procfs poll",
+            registry=registry,
+        )
+        self.polls = Counter("cotenant_procfs_polls", "procfs polls run", registry=registry)
+        self.poll_seconds = Counter(
+            "cotenant_procfs_poll_seconds",
+            "Wall time spent polling procfs; rate() bounds the share of a core it takes",
+            registry=registry,
+        )
+        self.errors = Counter(
+            "cotenant_procfs_errors_total",
+            "procfs reads or polls that failed, by kind",
+            ["kind"],
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "cotenant_procfs_dropped_rows_total",
+            "process_samples rows from procfs the store refused",
+            registry=registry,
+        )
+
+
+def _read(path: str) -> bytes:
+    """A small procfs file in one read (os calls: pathlib costs more than the read itself)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
+def _parse_stat_bytes(raw: bytes) -> tuple[bytes, int, int]:
+    """:func:`parse_stat` of the undecoded line (``comm`` as bytes): the poll's hot path.
+    Splits only up to starttime (field 22) of the 52 fields."""
+    open_, close = raw.find(b"("), raw.rfind(b")")
+    if open_ < 0 or close < open_:
+        raise ValueError("no (comm) in stat")
+    rest = raw[close + 2 :].split(None, 20)
+    return raw[open_ + 1 : close], int(rest[11]) + int(rest[12]), int(rest[19])
+
+
+def _fd_budget() -> int:
+    """How many ``stat`` descriptors a collector may hold: a quarter of the soft
+    ``RLIMIT_NOFILE`` (the receivers' sockets and DuckDB need the rest)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 20 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
+
+
+def parse_stat(text: str) -> tuple[str, int, int]:
+    """``(comm, utime + stime, starttime)`` from the text of ``/proc/<pid>/stat`` (times in
+    clock ticks). ``comm`` may hold spaces and parentheses, so fields are counted after its
+    last ``)``. Raises ValueError on a malformed line."""
+    open_, close = text.find("("), text.rfind(")")
+    if open_ < 0 or close < open_:
+        raise ValueError("no (comm) in stat")
+    rest = text[close + 2 :].split()
+    # rest[0] is field 3 (state): utime, stime and starttime are fields 14, 15 and 22
+    return text[open_ + 1 : close], int(rest[11]) + int(rest[12]), int(rest[19])
+
+
+def program_name(comm: str, cmdline: bytes) -> str:
+    """A readable name: ``comm``, or for an interpreter its script or ``-m`` module too."""
+    if not (comm.startswith("python") or comm in INTERPRETERS):
+        return comm[:NAME_MAX]
+    args = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a][1:]
+    for i, a in enumerate(args):
+        if a == "-m" and i + 1 < len(args):
+            return f"{comm} {args[i + 1]}"[:NAME_MAX]
+        if a == "-c":
+            return f"{comm} -c"
+        if not a.startswith("-"):
+            return f"{comm} {os.path.basename(a)}"[:NAME_MAX]
+    return comm[:NAME_MAX]
+
+
+class ProcfsCollector:
+    """Samples host CPU per process; see the module docstring. Thread-safe :meth:`poll_once`."""
+
+    def __init__(
+        self,
+        *,
+        sink: Callable[[str, pa.Table], object],
+        resolver: GpuResolver,
+        host: str,
+        proc: str | Path = "/proc",
+        metrics: ProcfsMetrics | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
+        interval_s: float = 1.0,
+        top_n: int = 10,
+        min_cores: float = 0.01,
+        max_pids: int = 4096,
+        clock_ticks: int | None = None,
+    ) -> None:
+        """``proc``: the procfs root (tests pass a fake tree). ``clock``: what rows are
+        stamped with (ns); ``monotonic``: what rates are measured with (s)."""
+        self._sink = sink
+        self._resolver = resolver
+        self.host = host
+        self._hosts = (host, "") if host else ("",)
+        self._proc = str(proc)
+        self._metrics = metrics
+        self._clock = clock
+        self._monotonic = monotonic
+        self.interval_s = interval_s
+        self.top_n = top_n
+        self.min_cores = min_cores
+        self.max_pids = max_pids
+        self._ticks = float(clock_ticks or os.sysconf("SC_CLK_TCK"))
+        self._prev: dict[_Key, int] = {}  # CPU ticks at the previous read
+        self._prev_t: float | None = None
+        self._names: dict[_Key, str] = {}
+        self._fds: dict[int, int] = {}  # pid -> open descriptor of its stat
+        self._fd_budget = min(max_pids, _fd_budget())
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Poll on a daemon thread every ``interval_s`` until :meth:`stop`."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="cotenant-procfs", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and close the descriptors held (a later poll reopens them)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        with self._lock:
+            self.close()
+
+    def close(self) -> None:
+        """Close the ``stat`` descriptors held between polls."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def _run(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            self.poll_once()
+            next_t += self.interval_s
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind: skip the missed ticks rather than poll in a burst
+                next_t, delay = time.monotonic(), 0.0
+            self._stop.wait(delay)
+
+    # ---- polling ---------------------------------------------------------------------
+
+    def poll_once(self) -> None:
+        """Read every process once and submit the rows worth recording. Never raises."""
+        t0 = time.perf_counter()
+        with self._lock:
+            try:
+                n = self._poll()
+            except Exception as exc:  # a poll must never take the thread (or caller) down
+                self._fail("unexpected", f"procfs poll failed: {exc!r}", exc_info=True)
+                return
+        if self._metrics is not None:
+            self._metrics.processes.set(n)
+            self._metrics.polls.inc()
+            self._metrics.poll_seconds.inc(time.perf_counter() - t0)
+
+    def _poll(self) -> int:
+        now_t, ts = self._monotonic(), self._clock()
+        dt = None if self._prev_t is None else now_t - self._prev_t
+        rate = dt is not None and dt > 0
+        served = self._resolver.served_pids(self._hosts) if rate else {}
+        prev, tck, min_cores = self._prev, self._ticks, self.min_cores
+        ticks: dict[_Key, int] = {}
+        # one row per program: analysis keys host CPU series by name, so the processes of one
+        # program (8 burners, a server's workers) are summed, under the busiest one's pid
+        groups: dict[str, _Group] = {}
+        pids = self._pids()
+        self._forget_gone(pids)
+        for pid in pids:
+            try:
+                comm, used, start = _parse_stat_bytes(self._stat(pid))
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # exited between the listing and the read
+            except (OSError, ValueError, IndexError) as exc:
+                self._fail("stat", f"cannot read {self._proc}/{pid}/stat: {exc}")
+                continue
+            key = (pid, start)
+            ticks[key] = used
+            before = prev.get(key)
+            if before is None or dt is None or not rate:
+                continue
+            c = max(0.0, (used - before) / tck / dt)
+            model = served.get(pid)
+            if model is None and c < min_cores:
+                continue
+            name = model or self._name(key, comm)
+            g = groups.get(name)
+            if g is None:
+                groups[name] = _Group(c, pid, c, model)
+            else:
+                g.add(pid, c, model)
+        self._prev, self._prev_t = ticks, now_t
+        self._names = {k: v for k, v in self._names.items() if k in ticks}  # busy ones only
+        if not rate:
+            return len(ticks)
+        busy = sorted(
+            (n for n, g in groups.items() if g.model is None), key=lambda n: -groups[n].cores
+        )
+        keep = busy[: self.top_n] + [n for n, g in groups.items() if g.model is not None]
+        if keep:
+            self._submit(ts, keep, [groups[n] for n in keep])
+        return len(ticks)
+
+    def _stat(self, pid: int) -> bytes:
+        """The text of ``<proc>/<pid>/stat``: ``pread`` on the descriptor held for ``pid``,
+        else opened (and held while the budget allows). Raises OSError as the read does;
+        ProcessLookupError when the held descriptor's process exited and the pid has no
+        new process."""
+        fd = self._fds.get(pid)
+        if fd is not None:
+            try:
+                return os.pread(fd, 4096, 0)
+            except OSError:  # that process exited (ESRCH): the pid may be a new one's now
+                del self._fds[pid]
+                os.close(fd)
+        path = f"{self._proc}/{pid}/stat"
+        if len(self._fds) >= self._fd_budget:
+            return _read(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, 4096, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds[pid] = fd
+        return raw
+
+    def _forget_gone(self, pids: list[int]) -> None:
+        """Close the descriptors of pids no longer listed."""
+        fds = self._fds
+        if not fds:
+            return
+        listed = set(pids)
+        for pid in [p for p in fds if p not in listed]:
+            os.close(fds.pop(pid))
+
+    def _pids(self) -> list[int]:
+        # os.listdir: names only, cheaper than scandir's DirEntry per process
+        pids = [int(n) for n in os.listdir(self._proc) if n.isdigit()]
+        if len(pids) >= self.max_pids:
+            self._fail("truncated", f"more than {self.max_pids} processes: read the first")
+            del pids[self.max_pids :]
+        return pids
+
+    def _name(self, key: _Key, comm: bytes) -> str:
+        name = self._names.get(key)
+        if name is None:
+            try:
+                cmdline = _read(f"{self._proc}/{key[0]}/cmdline")
+            except OSError:
+                cmdline = b""
+            name = program_name(comm.decode(errors="replace"), cmdline)
+            self._names[key] = name
+        return name
+
+    def _submit(self, ts: int, names: list[str], groups: list[_Group]) -> None:
+        n = len(names)
+        cols: dict[str, list[Any]] = {
+            "ts_ns": [ts] * n,
+            "host": [self.host] * n,
+            "pid": [g.pid for g in groups],
+            "process_name": names,
+            "model": [g.model for g in groups],
+            "cpu_cores": [g.cores for g in groups],
+        }
+        arrays = [
+            pa.array(cols[f.name], type=f.type) if f.name in cols else pa.nulls(n, type=f.type)
+            for f in SCHEMA
+        ]
+        try:
+            self._sink("process_samples", pa.Table.from_arrays(arrays, schema=SCHEMA))
+        except CotenantError as exc:  # writer queue full or closing: drop, count, go on
+            if self._metrics is not None:
+                self._metrics.dropped.inc(n)
+            self._fail(
+                "store", f"dropping {n} process_samples rows from procfs: {exc}", count=False
+            )
+
+    def _fail(self, kind: str, msg: str, *, exc_info: bool = False, count: bool = True) -> None:
+        if count and self._metrics is not None:
+            self._metrics.errors.labels(kind).inc()
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(msg, exc_info=exc_info)

@@ -1,0 +1,233 @@
+"""The weekly report's reads of per-minute rollups, behind one contract.
+
+:class:`WeekRollups` is what :mod:`reports.compute` asks of a week's minutes: per model its
+requests, minutes with requests, minutes within its SLO and burstiness; per generative model
+its TTFT / TPOT SLO minutes; per GPU its saturated hours and co-tenancy; a victim's p99 around
+an action. Each answer is a handful of small rows, so where the minutes are stored decides
+where they are reduced:
+
+* :class:`StoreWeekRollups` (embedded mode): DuckDB over the store's ``request_rollup_1m``,
+  ``gpu_rollup_1m`` and ``process_rollup_1m``;
+* ``collectors.prometheus_week.PromQLWeekRollups`` (fleet mode): PromQL over the recording
+  rules' minute series, so a week of a whole cluster is reduced inside Prometheus.
+
+Incidents, actions and the audit stay in the store in both modes
+(:class:`store.report_queries.ReportQueries`). Times are ns UTC, latencies ms, hours as named.
+
+Per-minute p99 over several rows (GPUs): SLO minutes use :func:`store.rollup_quantiles.
+quantile_upper_bound_sql` (met only when every GPU met it); the p99 around an action uses
+:func:`store.rollup_quantiles.quantile_estimate_sql` (the count-weighted level).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cotenant.store.db import Store
+from cotenant.store.report_queries import dict_rows
+from cotenant.store.rollup_quantiles import quantile_estimate_sql, quantile_upper_bound_sql
+
+
+@dataclass(frozen=True)
+class Slos:
+    """Per-model SLOs (ms): ``explicit`` model -> SLO, else ``default`` (0: none). An explicit
+    value <= 0 means the model has none, whatever the default."""
+
+    explicit: Mapping[str, float] = field(default_factory=dict)
+    default: float = 0.0
+
+    def of(self, model: str) -> float | None:
+        v = self.explicit.get(model, self.default)
+        return float(v) if v > 0 else None
+
+    def groups(self) -> list[tuple[float, list[str]]]:
+        """The models named explicitly, grouped by SLO value (> 0), ascending."""
+        out: dict[float, list[str]] = {}
+        for m, v in sorted(self.explicit.items()):
+            if v > 0:
+                out.setdefault(float(v), []).append(m)
+        return sorted(out.items())
+
+
+@dataclass(frozen=True)
+class GpuThresholds:
+    """When a GPU minute counts as saturated: ``sm`` (SM util %, the minute's mean), ``dram``
+    (fraction), ``pcie_bps`` (TX + RX), ``memory_full`` (peak used / total) and
+    ``throttle_bits`` (NVML clock-event reasons that mean throttling)."""
+
+    sm: float
+    dram: float
+    pcie_bps: float
+    memory_full: float
+    throttle_bits: int
+
+
+class WeekRollups(Protocol):
+    """A range ``[lo, hi)`` of per-minute rollups, reduced. Every method raises
+    :class:`store.errors.StoreError` (``ReportError`` for the store, ``SourceError`` for
+    Prometheus) when the minutes cannot be read."""
+
+    def model_weeks(
+        self, lo: int, hi: int, slos: Slos, *, detail: bool = True
+    ) -> dict[str, dict[str, Any]]:
+        """Model -> ``requests``, ``errors`` (int), ``minutes`` (minutes with requests),
+        ``met`` (of those, minutes whose p99 — the max over the model's GPUs — is within its
+        SLO; 0 without one) and ``burst`` (the busiest minute's requests over the median
+        minute's; None when unknown) for every model with requests in the range. With
+        ``detail`` False only ``requests``, ``minutes`` and ``met`` are exact (the week
+        before's totals); ``errors`` is 0 and ``burst`` None."""
+        ...
+
+    def token_slo_weeks(
+        self, lo: int, hi: int, slo_ms: Mapping[str, Mapping[str, float]]
+    ) -> list[dict[str, Any]]:
+        """Per generative model with a TTFT or TPOT SLO (``slo_ms``: ``ttft`` / ``tpot`` ->
+        model -> ms): ``model``; for each of ``ttft`` and ``tpot``: ``{ind}_minutes``
+        (minutes with that p99) and ``{ind}_met`` (of those, within the SLO, the max over the
+        model's GPUs; 0 without an SLO). Models with neither SLO or no such minute are left
+        out; sorted by model."""
+        ...
+
+    def gpu_weeks(self, lo: int, hi: int, t: GpuThresholds) -> list[dict[str, Any]]:
+        """Per GPU (and host): ``hours_sampled``, and hours over each threshold ``sm_h``,
+        ``dram_h``, ``pcie_h``, ``throttled_h``, ``memory_full_h``; ``models`` and
+        ``processes`` (sorted names of its tenants: models with requests, processes serving
+        no model over 1 % SM) and ``cotenancy_h`` (hours with two tenants or more). Also
+        ``gpu`` and ``host``; sorted by GPU."""
+        ...
+
+    def p99_estimate(self, model: str, lo: int, hi: int) -> float | None:
+        """``model``'s count-weighted p99 (ms) over the minutes starting in ``[lo, hi)`` (all
+        its GPUs); None without requests."""
+        ...
+
+
+class StoreWeekRollups:
+    """:class:`WeekRollups` over an embedded store's rollup tables, one DuckDB query each."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def model_weeks(
+        self, lo: int, hi: int, slos: Slos, *, detail: bool = True
+    ) -> dict[str, dict[str, Any]]:
+        rows = dict_rows(
+            self._store,
+            f"""
+            WITH m AS (
+                SELECT minute_ns, model, sum(count) AS n, sum(errors) AS e,
+                       {quantile_upper_bound_sql("p99_ms")} AS p99
+                FROM request_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi
+                GROUP BY minute_ns, model),
+            slo AS (SELECT unnest($names::VARCHAR[]) AS slo_model,
+                           unnest($values::DOUBLE[]) AS slo_ms)
+            SELECT m.model AS model, sum(n)::BIGINT AS requests, sum(e)::BIGINT AS errors,
+                   count(*) FILTER (WHERE n > 0) AS minutes,
+                   count(*) FILTER (WHERE n > 0 AND p99 <= CASE WHEN slo_model IS NULL
+                        THEN $default ELSE slo.slo_ms END) AS met,
+                   max(n) / nullif(median(n), 0) AS burst
+            FROM m LEFT JOIN slo ON slo_model = m.model GROUP BY m.model ORDER BY 1""",
+            {
+                "lo": lo,
+                "hi": hi,
+                "names": list(slos.explicit),
+                "values": [slos.of(m) for m in slos.explicit],
+                "default": slos.default if slos.default > 0 else None,
+            },
+        )
+        return {str(r.pop("model")): r for r in rows}
+
+    def token_slo_weeks(
+        self, lo: int, hi: int, slo_ms: Mapping[str, Mapping[str, float]]
+    ) -> list[dict[str, Any]]:
+        ttft, tpot = dict(slo_ms.get("ttft", {})), dict(slo_ms.get("tpot", {}))
+        names = sorted(set(ttft) | set(tpot))
+        if not names:
+            return []
+        return dict_rows(
+            self._store,
+            """
+            WITH m AS (
+                SELECT minute_ns, model, max(ttft_p99_ms) AS ttft, max(tpot_p99_ms) AS tpot
+                FROM request_rollup_1m
+                WHERE minute_ns >= $lo AND minute_ns < $hi AND model IN (SELECT unnest($names))
+                GROUP BY minute_ns, model),
+            slo AS (SELECT unnest($names::VARCHAR[]) AS model,
+                           unnest($ttft::DOUBLE[]) AS ttft_slo,
+                           unnest($tpot::DOUBLE[]) AS tpot_slo)
+            SELECT model,
+                   count(ttft) AS ttft_minutes,
+                   count(*) FILTER (WHERE ttft <= ttft_slo) AS ttft_met,
+                   count(tpot) AS tpot_minutes,
+                   count(*) FILTER (WHERE tpot <= tpot_slo) AS tpot_met
+            FROM m JOIN slo USING (model)
+            GROUP BY model HAVING count(ttft) + count(tpot) > 0
+            ORDER BY model""",
+            {
+                "lo": lo,
+                "hi": hi,
+                "names": names,
+                "ttft": [ttft.get(n) for n in names],
+                "tpot": [tpot.get(n) for n in names],
+            },
+        )
+
+    def gpu_weeks(self, lo: int, hi: int, t: GpuThresholds) -> list[dict[str, Any]]:
+        return dict_rows(
+            self._store,
+            """
+            WITH g AS (
+                SELECT host, gpu, count(*) / 60.0 AS sampled,
+                    count(*) FILTER (WHERE sm_util >= $sm) / 60.0 AS sm_h,
+                    count(*) FILTER (WHERE coalesce(dram_active, mem_util / 100.0) >= $dram)
+                        / 60.0 AS dram_h,
+                    count(*) FILTER (WHERE coalesce(pcie_tx_bps, 0) + coalesce(pcie_rx_bps, 0)
+                        >= $pcie) / 60.0 AS pcie_h,
+                    count(*) FILTER (WHERE coalesce(clock_event_reasons, 0) & $bits <> 0)
+                        / 60.0 AS thr_h,
+                    count(*) FILTER (WHERE mem_used_bytes_max >= $mem * mem_total_bytes)
+                        / 60.0 AS full_h
+                FROM gpu_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi
+                GROUP BY host, gpu),
+            tenants AS (
+                SELECT minute_ns, gpu, model AS tenant, true AS is_model FROM request_rollup_1m
+                WHERE minute_ns >= $lo AND minute_ns < $hi AND count > 0
+                UNION
+                SELECT minute_ns, gpu, process_name, false FROM process_rollup_1m
+                WHERE minute_ns >= $lo AND minute_ns < $hi AND model IS NULL AND sm_util > 1),
+            co AS (
+                SELECT gpu, count(*) / 60.0 AS co_h FROM (
+                    SELECT minute_ns, gpu FROM tenants GROUP BY ALL
+                    HAVING count(DISTINCT tenant) >= 2) GROUP BY gpu),
+            names AS (
+                SELECT gpu, list(DISTINCT tenant ORDER BY tenant) FILTER (WHERE is_model) AS ms,
+                       list(DISTINCT tenant ORDER BY tenant) FILTER (WHERE NOT is_model) AS ps
+                FROM tenants GROUP BY gpu)
+            SELECT g.gpu AS gpu, g.host AS host, sampled AS hours_sampled, sm_h, dram_h,
+                   pcie_h, thr_h AS throttled_h, full_h AS memory_full_h,
+                   coalesce(ms, []) AS models, coalesce(ps, []) AS processes,
+                   coalesce(co_h, 0.0) AS cotenancy_h
+            FROM g LEFT JOIN co USING (gpu) LEFT JOIN names USING (gpu)
+            ORDER BY g.gpu, g.host""",
+            {
+                "lo": lo,
+                "hi": hi,
+                "sm": t.sm,
+                "dram": t.dram,
+                "pcie": t.pcie_bps,
+                "bits": t.throttle_bits,
+                "mem": t.memory_full,
+            },
+        )
+
+    def p99_estimate(self, model: str, lo: int, hi: int) -> float | None:
+        rows = dict_rows(
+            self._store,
+            f"SELECT {quantile_estimate_sql('p99_ms', 'count')} AS p99 FROM request_rollup_1m "
+            "WHERE model = $model AND minute_ns >= $lo AND minute_ns < $hi",
+            {"model": model, "lo": lo, "hi": hi},
+        )
+        p99 = rows[0]["p99"] if rows else None
+        return None if p99 is None else float(p99)
