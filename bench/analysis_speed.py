@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cotenant.analysis.diagnose import diagnose
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
+from cotenant.core.slos import Slos
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.simulator import output
@@ -134,7 +135,7 @@ def main() -> int:
     loop = AnalysisLoop(
         src,
         IncidentBook(store),
-        slo_ms={m.name: slo for m in s.models},
+        slos=Slos.of_maps({m.name: slo for m in s.models}),
         horizon_s=600,
         clock_ns=lambda: int(now[0] * 1e9),
     )

@@ -39,8 +39,9 @@ import pyarrow as pa
 
 from cotenant.actuators.backends.gateway import GatewayBackend
 from cotenant.actuators.backends.http import HttpCaller
-from cotenant.actuators.controller import ActionController, Settings
+from cotenant.actuators.controller import ActionController
 from cotenant.actuators.policy import load_policy
+from cotenant.actuators.settings import ActuatorSettings as Settings
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.store.db import Store

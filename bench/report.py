@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cotenant.core.slos import Slos
 from cotenant.reports.backfill import backfill_incidents
 from cotenant.reports.compute import ReportBuilder
 from cotenant.reports.isoweek import parse_week
@@ -124,7 +125,7 @@ def main() -> None:
         for i in range(a.repeats):
             out = Path(tmp) / f"out{i}"
             t = time.perf_counter()
-            summary = ReportBuilder(store, slo_ms=slo).build(week)
+            summary = ReportBuilder(store, slos=Slos.of_maps(slo)).build(week)
             paths = write_report(summary, out, ("html", "md"))
             times.append(time.perf_counter() - t)
             sizes = {k: p.stat().st_size for k, p in paths.items()}

@@ -81,6 +81,7 @@ def build_central(
     """Analysis, API, actuators, alerts, reports and dashboard over ``store`` (or Prometheus).
     ``not_ready`` answers the readiness probe; ``on_incident`` hears the loop's incidents."""
     ac = config.analysis
+    slos = config.slos()  # the one SLO value every part below judges against
     source: MetricSource = StoreSource(store)
     fleet = None
     if config.prometheus.url:
@@ -96,18 +97,17 @@ def build_central(
     analyzer = Analyzer(
         source,
         book,
-        slo_ms=ac.slo_ms,
+        slos=slos,
         step_s=ac.step_s,
         max_range_s=ac.max_range_h * 3600,
         season_s=ac.season_s,
         params=ac.spike_params(),
-        indicator_slo_ms=ac.indicator_slos(),
     )
     analysis = (
         AnalysisLoop(
             source,
             book,
-            slo_ms=ac.slo_ms,
+            slos=slos,
             interval_s=ac.interval_s,
             horizon_s=ac.horizon_s,
             step_s=ac.step_s,
@@ -116,7 +116,6 @@ def build_central(
             on_incident=on_incident,
             reread_s=ac.reread_s,
             params=ac.spike_params(),
-            indicator_slo_ms=ac.indicator_slos(),
             batch_reads=fleet is not None,
             full_read_s=ac.full_read_s,
         )
@@ -196,8 +195,7 @@ def _mount_dashboard(
         source=source,
         drill=central.fleet.drill if central.fleet is not None else None,
         book=central.analyzer.book,
-        slo_ms=config.analysis.slo_ms,
-        indicator_slo_ms=config.analysis.indicator_slos(),
+        slos=central.analyzer.slos,
         clock_ns=clock_ns,
     )
     app = create_app(

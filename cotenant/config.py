@@ -33,6 +33,7 @@ from cotenant.collectors.settings import (
 )
 from cotenant.core.config_key import key
 from cotenant.core.errors import ConfigError
+from cotenant.core.slos import Slos
 from cotenant.dashboard.settings import DashboardSettings
 from cotenant.reports.settings import ReportSettings
 from cotenant.store.settings import StoreSettings
@@ -110,6 +111,20 @@ class Config:
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     log: LogSettings = field(default_factory=LogSettings)
+
+    def slos(self, recorded: Mapping[str, float] | None = None) -> Slos:
+        """Every model's SLOs, built once and handed to every reader of SLOs (detector,
+        on-demand diagnosis, alert rules, report, actuators, dashboard): ``[analysis] slo_ms``
+        / ``slo_ttft_ms`` / ``slo_tpot_ms``, and ``[rules] slo_default_ms`` for the end to end
+        SLO of models not named. ``recorded``: e2e SLOs a store was analysed with
+        (:mod:`cotenant.store.slo_record`), under the configured ones."""
+        a = self.analysis
+        return Slos.of_maps(
+            {**(recorded or {}), **a.slo_ms},
+            ttft=a.slo_ttft_ms,
+            tpot=a.slo_tpot_ms,
+            default_ms=self.rules.slo_default_ms,
+        )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {s.name: dataclasses.asdict(getattr(self, s.name)) for s in dataclasses.fields(self)}

@@ -50,12 +50,11 @@ def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
         a = Analyzer(
             StoreSource(store),
             IncidentBook(store),
-            slo_ms={**recorded_slos(store), **cfg.analysis.slo_ms},
+            slos=cfg.slos(recorded_slos(store)),
             step_s=cfg.analysis.step_s,
             max_range_s=cfg.analysis.max_range_h * 3600,
             season_s=cfg.analysis.season_s,
             params=cfg.analysis.spike_params(),
-            indicator_slo_ms=cfg.analysis.indicator_slos(),
         )
         return a.diagnose(args.model, start, end)
     finally:

@@ -65,9 +65,7 @@ def report_builder(cfg: Config, store: Store, rollups: WeekRollups | None = None
     return ReportBuilder(
         store,
         # the SLOs the store was analysed with (serve, the demo), overridden by this config
-        slo_ms={**recorded_slos(store), **cfg.analysis.slo_ms},
-        default_slo_ms=rules.slo_default_ms,
-        indicator_slo_ms=cfg.analysis.indicator_slos(),
+        slos=cfg.slos(recorded_slos(store)),
         dashboard_url=dashboard_base(cfg.report, cfg.server.host, cfg.server.port),
         thresholds=Thresholds(
             dram_saturated=rules.dram_saturated,

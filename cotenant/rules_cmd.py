@@ -9,6 +9,7 @@ from pathlib import Path
 from cotenant.alerts.rule_blocks import RuleSettings
 from cotenant.alerts.rules import prometheus_rule, write_rules
 from cotenant.config import Config, load_config
+from cotenant.core.slos import E2E, TPOT, TTFT
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,11 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def settings_from(cfg: Config) -> RuleSettings:
     """The renderer's settings from a loaded configuration."""
     r = cfg.rules
+    slos = cfg.slos()
     return RuleSettings(
-        slo_ms=dict(cfg.analysis.slo_ms),
-        slo_ttft_ms=dict(cfg.analysis.slo_ttft_ms),
-        slo_tpot_ms=dict(cfg.analysis.slo_tpot_ms),
-        slo_default_ms=r.slo_default_ms,
+        slo_ms=slos.explicit(E2E),
+        slo_ttft_ms=slos.explicit(TTFT),
+        slo_tpot_ms=slos.explicit(TPOT),
+        slo_default_ms=slos.default_ms,
         dram_saturated=r.dram_saturated,
         pcie_saturated_bps=r.pcie_saturated_bps,
         lock_wait_share=r.lock_wait_share,

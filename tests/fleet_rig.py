@@ -24,6 +24,7 @@ from promserver import free_port
 
 from cotenant.analysis.analyzer import Analyzer
 from cotenant.analysis.incidents import IncidentBook
+from cotenant.core.slos import Slos
 from cotenant.simulator import output
 from cotenant.simulator.scenario_load import load_scenario
 from cotenant.store.bulk_load import append_tables
@@ -171,7 +172,9 @@ def embedded_top_cause(scenario: Path) -> tuple[str, str]:
     try:
         tables = {"requests": r.requests, "gpu_samples": r.gpu_samples}
         append_tables(store, {**tables, "process_samples": r.process_samples})
-        a = Analyzer(StoreSource(store), IncidentBook(store), slo_ms={"tts": 100.0}, step_s=1.0)
+        a = Analyzer(
+            StoreSource(store), IncidentBook(store), slos=Slos.of_maps({"tts": 100.0}), step_s=1.0
+        )
         got = a.diagnose("tts", t0, t0 + int(s.duration_s * 1e9))
     finally:
         store.close()

@@ -21,6 +21,7 @@ from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
 from cotenant.analysis.spikes import SpikeParams, spike_mask
 from cotenant.core.errors import SourceError
+from cotenant.core.slos import Slos
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.simulator.output import run
@@ -269,7 +270,7 @@ def test_loop_publishes_incident_metrics(demo_store: Store, fresh_book: Incident
     loop = AnalysisLoop(
         StoreSource(demo_store),
         fresh_book,
-        slo_ms={"tts": 100},
+        slos=Slos.of_maps({"tts": 100}),
         horizon_s=120,
         registry=reg,
         clock_ns=lambda: 330 * 10**9,
@@ -315,7 +316,7 @@ def test_batched_reads_give_the_loop_the_same_incidents_with_one_read_per_frame(
         loop = AnalysisLoop(
             src,  # type: ignore[arg-type]
             IncidentBook(demo_store),
-            slo_ms={"tts": 100},
+            slos=Slos.of_maps({"tts": 100}),
             horizon_s=120,
             clock_ns=lambda c=clock: c[0],  # type: ignore[misc]
             batch_reads=batch,
@@ -392,7 +393,7 @@ def test_batched_reads_fall_back_to_one_gpu_at_a_time_past_the_engines_limit(
     loop = AnalysisLoop(
         _Limited(StoreSource(demo_store)),  # type: ignore[arg-type]
         IncidentBook(demo_store),
-        slo_ms={"tts": 100},
+        slos=Slos.of_maps({"tts": 100}),
         horizon_s=120,
         clock_ns=lambda: 330 * 10**9,
         batch_reads=True,
@@ -430,7 +431,7 @@ def test_rows_still_in_flight_do_not_resolve_an_open_incident(
     loop = AnalysisLoop(
         _Lagging(StoreSource(demo_store), 322 * 10**9),  # type: ignore[arg-type]
         book,
-        slo_ms={"tts": 100},
+        slos=Slos.of_maps({"tts": 100}),
         horizon_s=120,
         clock_ns=lambda: 330 * 10**9,
         reread_s=30,

@@ -76,8 +76,9 @@ def layer_of(dotted: str) -> str | None:
 
 @dataclass(frozen=True)
 class Import:
-    """One imported name: ``target`` is absolute and dotted (``simulator.engine.Simulation`` for
-    ``from cotenant.simulator.engine import Simulation``), ``line`` is where the import statement starts in ``path``."""
+    """One imported name: ``target`` is absolute and dotted
+    (``cotenant.simulator.engine.Simulation`` for ``from cotenant.simulator.engine import
+    Simulation``), ``line`` is where the import statement starts in ``path``."""
 
     module: str
     path: str

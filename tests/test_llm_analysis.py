@@ -16,6 +16,7 @@ from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
 from cotenant.analysis.pass_reads import PassReads
 from cotenant.core.errors import QueryError
+from cotenant.core.slos import Slos
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.simulator import output
@@ -170,10 +171,9 @@ def test_the_live_loop_keeps_one_incident_per_indicator_and_the_filter_finds_it(
     loop = AnalysisLoop(
         StoreSource(store),
         book,
-        slo_ms={"embed": 40},
+        slos=Slos.of_maps({"embed": 40}, tpot={"chat": 12.0}),
         horizon_s=300,
         clock_ns=lambda: START + 320 * S,
-        indicator_slo_ms={"tpot": {"chat": 12.0}},
     )
     loop.run_once()
     tpot = book.find(model="chat", indicator="tpot")
@@ -255,7 +255,7 @@ def test_the_dashboard_shows_ttft_and_tpot_for_the_llm_incident_and_overview(run
     ).run_once()
     [inc] = book.find(model="chat", indicator="tpot")
     data = DashboardData(
-        store, book=book, clock_ns=lambda: START + 330 * S, indicator_slo_ms={"tpot": {"chat": 12}}
+        store, book=book, clock_ns=lambda: START + 330 * S, slos=Slos.of_maps(tpot={"chat": 12})
     )
     client = create_app(data).server.test_client()
     graphs = ("latency", "tokens", "phases", "causes", "evidence")
@@ -303,8 +303,8 @@ def test_the_weekly_report_gives_ttft_and_tpot_slo_attainment(runs: Any) -> None
     m = Maintenance(store, clock_ns=lambda: START + 400 * S)
     m.recover()
     m.refresh_rollups()
-    slos = {"tpot": {"chat": 12.0}, "ttft": {"chat": 10_000.0}}
-    s = ReportBuilder(store, indicator_slo_ms=slos).build(week_of(START))
+    slos = Slos.of_maps(tpot={"chat": 12.0}, ttft={"chat": 10_000.0})
+    s = ReportBuilder(store, slos=slos).build(week_of(START))
     [chat] = [m for m in s.models if m.model == "chat"]
     [embed] = [m for m in s.models if m.model == "embed"]
     assert (chat.tpot_slo_ms, chat.ttft_slo_ms, embed.tpot_slo_ms) == (12.0, 10_000.0, None)

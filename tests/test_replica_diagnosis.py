@@ -7,6 +7,7 @@ import pytest
 from cotenant.analysis.diagnose import diagnose
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
+from cotenant.core.slos import Slos
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.simulator.output import run
@@ -51,7 +52,7 @@ def test_the_live_loop_stores_the_replica_on_the_incident(reroute_store: Store) 
     loop = AnalysisLoop(
         StoreSource(reroute_store),
         book,
-        slo_ms={"chat": 75.0, "embed": 50.0},
+        slos=Slos.of_maps({"chat": 75.0, "embed": 50.0}),
         horizon_s=120,
         clock_ns=lambda: now[0],
     )
@@ -74,7 +75,9 @@ def test_the_report_and_the_incident_page_show_the_replica(reroute_store: Store)
     from cotenant.reports.markdown import render_markdown
 
     test_the_live_loop_stores_the_replica_on_the_incident(reroute_store)
-    summary = ReportBuilder(reroute_store, slo_ms={"chat": 75.0}).build(week_of(150 * S))
+    summary = ReportBuilder(reroute_store, slos=Slos.of_maps({"chat": 75.0})).build(
+        week_of(150 * S)
+    )
     [worst] = [i for i in summary.worst if i.model == "chat"]
     assert (worst.gpu, worst.replica) == ("gpu0", "chat-gpu0")
     assert "chat on gpu0 (replica chat-gpu0)" in render_markdown(summary)

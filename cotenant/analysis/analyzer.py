@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -10,12 +9,12 @@ from cotenant.analysis.diagnose import diagnose
 from cotenant.analysis.episodes import SEVERITIES
 from cotenant.analysis.incident_record import STATES
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.analysis.indicators import INDICATORS, indicator_slos
 from cotenant.analysis.settings import AnalysisSettings
 from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import gpus_of
 from cotenant.core.errors import NotFoundError, QueryError
 from cotenant.core.readers import MetricSource
+from cotenant.core.slos import INDICATORS, Slos
 from cotenant.core.timerange import TimeRange
 
 NO_SPAN_LIMITS = (
@@ -34,24 +33,22 @@ class Analyzer:
         source: MetricSource,
         book: IncidentBook,
         *,
-        slo_ms: Mapping[str, float] | None = None,
+        slos: Slos | None = None,
         step_s: float = AnalysisSettings.step_s,
         max_range_s: float = AnalysisSettings.max_range_h * 3600,
         season_s: float = 0.0,
         params: SpikeParams | None = None,
-        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         """``season_s``: the latency cycle (e.g. a day) the seasonal baseline learns where
         two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none.
         ``params``: the detector's other parameters (``AnalysisSettings.spike_params()``).
-        ``indicator_slo_ms``: TTFT / TPOT SLOs, indicator -> model -> ms."""
-        self.indicator_slo_ms = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
+        ``slos``: every model's SLOs (:class:`cotenant.core.slos.Slos`; none when absent)."""
         self.source = source
         self.params = replace(
             params or SpikeParams(), season=round(season_s / step_s) if season_s > 0 else 0
         )
         self.book = book
-        self.slo_ms = dict(slo_ms or {})
+        self.slos = slos or Slos()
         self.step_s = step_s
         self.max_range_s = max_range_s
 
@@ -76,11 +73,11 @@ class Analyzer:
             self.source,
             model,
             rng,
-            slo_ms=self.slo_ms.get(model),
+            slo_ms=self.slos.of(model),
             step_s=self.step_s,
             params=self.params,
             on_demand=True,
-            slos=indicator_slos(model, self.slo_ms.get(model), self.indicator_slo_ms),
+            slos=self.slos.token_slos(model),
         )
         return {
             "model": model,

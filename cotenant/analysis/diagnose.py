@@ -17,13 +17,14 @@ import pandas as pd
 
 from cotenant.analysis.attribution import Cause, attribute
 from cotenant.analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
-from cotenant.analysis.indicators import E2E, indicator_series, indicator_view
+from cotenant.analysis.indicators import indicator_series, indicator_view
 from cotenant.analysis.mix import mix_excess
 from cotenant.analysis.replicas import annotate_replicas
 from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import GpuWindows, gpu_windows, gpus_of
 from cotenant.core.errors import QueryError
 from cotenant.core.readers import MetricSource
+from cotenant.core.slos import E2E
 from cotenant.core.timerange import TimeRange
 
 BEFORE_WINDOWS = 60

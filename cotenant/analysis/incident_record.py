@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cotenant.analysis.episodes import BREACH
-from cotenant.analysis.indicators import E2E
+from cotenant.core.slos import E2E
 from cotenant.store.incident_rows import StoredIncident
 
 DIAGNOSING = "diagnosing"

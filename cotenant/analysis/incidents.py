@@ -39,7 +39,7 @@ from cotenant.analysis.incident_record import (
     from_stored,
     to_stored,
 )
-from cotenant.analysis.indicators import E2E
+from cotenant.core.slos import E2E
 from cotenant.store.db import Store
 from cotenant.store.incident_rows import (
     delete_incidents,

@@ -14,19 +14,13 @@ all ``compute``, per token), so the same counterfactual attributes a per-token s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from cotenant.analysis.windows import GpuWindows
 from cotenant.core.phases import PHASE_COLUMNS
-
-E2E = "e2e"
-TTFT = "ttft"
-TPOT = "tpot"
-INDICATORS = (E2E, TTFT, TPOT)
-"""Every indicator, in the order they are detected and shown."""
+from cotenant.core.slos import E2E, TPOT, TTFT
 
 UNITS = {E2E: "ms", TTFT: "ms", TPOT: "ms/token"}
 """The unit of each indicator's values (p99, baseline, SLO)."""
@@ -53,17 +47,6 @@ def indicator_series(w: GpuWindows, model: str) -> dict[str, Series]:
         if np.isfinite(p99).any():
             # windows without the value count no requests, so the detector skips them
             out[name] = Series(p99, np.where(np.isfinite(p99), tok["count"], 0.0))
-    return out
-
-
-def indicator_slos(
-    model: str, e2e: float | None, per_indicator: Mapping[str, Mapping[str, float]]
-) -> dict[str, float | None]:
-    """The SLO of each indicator of ``model`` (ms; TPOT in ms per token): ``e2e`` as given,
-    the others from ``per_indicator`` (indicator -> model -> SLO), None where unset."""
-    out: dict[str, float | None] = {E2E: e2e}
-    for name in (TTFT, TPOT):
-        out[name] = per_indicator.get(name, {}).get(model)
     return out
 
 

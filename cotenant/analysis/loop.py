@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -21,7 +21,6 @@ from cotenant.analysis.diagnose import Diagnosis, diagnose_windows, history_rang
 from cotenant.analysis.episodes import Carry
 from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.analysis.indicators import E2E, TPOT, TTFT, indicator_slos
 from cotenant.analysis.pass_reads import PassReads
 from cotenant.analysis.replicas import annotate_replicas
 from cotenant.analysis.settings import AnalysisSettings
@@ -30,6 +29,7 @@ from cotenant.analysis.windows import GpuWindows, WindowCache, gpus_of
 from cotenant.core.errors import CotenantError, SourceError
 from cotenant.core.periodic import Periodic
 from cotenant.core.readers import MetricSource
+from cotenant.core.slos import E2E, TPOT, TTFT, Slos
 from cotenant.core.timerange import TimeRange
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class AnalysisLoop:
         source: MetricSource,
         book: IncidentBook,
         *,
-        slo_ms: Mapping[str, float] | None = None,
+        slos: Slos | None = None,
         interval_s: float = AnalysisSettings.interval_s,
         horizon_s: float = AnalysisSettings.horizon_s,
         step_s: float = AnalysisSettings.step_s,
@@ -53,25 +53,22 @@ class AnalysisLoop:
         on_incident: OnIncident | None = None,
         reread_s: float = AnalysisSettings.reread_s,
         params: SpikeParams | None = None,
-        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
         batch_reads: bool = False,
         full_read_s: float = AnalysisSettings.full_read_s,
     ) -> None:
         """``reread_s``: each pass re-reads this much of the newest data (in the loop's clock),
-        so rows that land late — up to that lag — are still seen. ``indicator_slo_ms``: the
-        SLOs of the other indicators, indicator (``ttft``, ``tpot``) -> model -> ms
-        (``AnalysisSettings.indicator_slos()``). ``batch_reads``: read each frame of a pass
-        once for the whole fleet and split it by GPU (:class:`analysis.pass_reads.PassReads`;
+        so rows that land late — up to that lag — are still seen. ``slos``: every model's SLOs
+        on every indicator (:class:`cotenant.core.slos.Slos`). ``batch_reads``: read each frame
+        of a pass once for the whole fleet and split it by GPU (:class:`PassReads`;
         fleet mode, where a read is HTTP queries). ``full_read_s``: how often (of the loop's
         clock) each GPU's windows are read in full rather than from ``reread_s`` back
         (:class:`analysis.windows.WindowCache`)."""
-        self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self._reads = PassReads(source) if batch_reads else None
         self._source: MetricSource = self._reads if self._reads is not None else source
         self._reread_s = reread_s
         self._full_read_s = full_read_s
         self._book = book
-        self._slo = dict(slo_ms or {})
+        self._slos = slos or Slos()
         self._horizon_ns = int(horizon_s * 1e9)
         self._step_s = step_s
         self._step_ns = int(step_s * 1e9)
@@ -141,7 +138,7 @@ class AnalysisLoop:
                 if model not in w.models:
                     continue
                 since = full.since_ns or 0
-                slos = indicator_slos(model, self._slo.get(model), self._ind_slo)
+                slos = self._slos.token_slos(model)
                 carries = {
                     ind: c
                     for ind in (TTFT, TPOT)
@@ -153,7 +150,7 @@ class AnalysisLoop:
                         w,
                         model,
                         first,
-                        slo_ms=self._slo.get(model),
+                        slo_ms=self._slos.of(model),
                         params=self._params,
                         lag_windows=int(self._reread_s / self._step_s),
                         carry=self._carry(live.get((model, gpu, E2E)), since),

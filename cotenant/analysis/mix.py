@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from cotenant.analysis.change import wmean_over
-from cotenant.analysis.indicators import E2E, TPOT
+from cotenant.core.slos import E2E, TPOT
 
 MIN_BEFORE_WINDOWS = 5
 """Fewer baseline windows with token counts than this: no prediction."""

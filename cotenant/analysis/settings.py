@@ -63,10 +63,6 @@ class AnalysisSettings:
         30.0, "... for at least this long (0 = no degradations, breaches only)", min=0.0
     )
 
-    def indicator_slos(self) -> dict[str, dict[str, float]]:
-        """The SLOs of the token indicators: ``ttft`` / ``tpot`` -> model -> ms."""
-        return {"ttft": dict(self.slo_ttft_ms), "tpot": dict(self.slo_tpot_ms)}
-
     def spike_params(self) -> SpikeParams:
         """The detector's parameters these keys set (the rest keep their defaults)."""
         return SpikeParams(

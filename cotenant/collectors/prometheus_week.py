@@ -42,7 +42,8 @@ from typing import Any, overload
 
 from cotenant.collectors import promql
 from cotenant.collectors.prometheus import PrometheusSource
-from cotenant.store.week_rollups import GpuThresholds, Slos
+from cotenant.core.slos import SloTable
+from cotenant.store.week_rollups import GpuThresholds
 
 MINUTE_NS = 60_000_000_000
 MS_NS = 1_000_000
@@ -159,7 +160,7 @@ class PromQLWeekRollups:
             return dict(zip(names, answers, strict=True))
 
     def _counts_within(
-        self, name: str, series: str, slos: Slos, lo: int, hi: int
+        self, name: str, series: str, slos: SloTable, lo: int, hi: int
     ) -> dict[str, tuple[str, int]]:
         """Queries counting, per model, the minutes whose ``series`` is within the model's
         SLO: one per distinct SLO value, and one for the models under the default (keys
@@ -177,7 +178,7 @@ class PromQLWeekRollups:
     # -- WeekRollups ---------------------------------------------------------------------
 
     def model_weeks(
-        self, lo: int, hi: int, slos: Slos, *, detail: bool = True
+        self, lo: int, hi: int, slos: SloTable, *, detail: bool = True
     ) -> dict[str, dict[str, Any]]:
         rng, at = self._raw(lo, hi)
         queries = {
@@ -219,7 +220,7 @@ class PromQLWeekRollups:
                 f"count_over_time({series}{models_selector(names)}[{rng}])",
                 at,
             )
-            slos = Slos({k: float(v) for k, v in slo_ms.get(ind, {}).items()})
+            slos = SloTable({k: float(v) for k, v in slo_ms.get(ind, {}).items()})
             queries |= self._counts_within(f"{ind}:met", series, slos, lo, hi)
         got = {k: _by_model(v) for k, v in self._ask(queries).items()}
         rows = []

@@ -20,6 +20,7 @@ import pyarrow as pa
 from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.core.readers import MetricSource
+from cotenant.core.slos import TPOT, TTFT, Slos
 from cotenant.core.timerange import TimeRange
 from cotenant.dashboard.theme import Colours
 from cotenant.dashboard.timerange import Range
@@ -109,22 +110,21 @@ class DashboardData:
         source: MetricSource | None = None,
         drill: RequestDrill | None = None,
         book: IncidentBook | None = None,
-        slo_ms: Mapping[str, float] | None = None,
+        slos: Slos | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         otlp_hint: str = "http://127.0.0.1:4318/v1/traces",
-        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         """``source``: where windows are read (default the store; fleet mode: Prometheus);
         ``drill``: where an incident's slowest requests come from (fleet mode);
         ``clock_ns``: what "now" is (the demo passes its virtual clock); ``otlp_hint``: the
-        OTLP endpoint named by the empty states; ``indicator_slo_ms``: TTFT / TPOT SLOs,
-        ``ttft`` / ``tpot`` -> model -> ms."""
-        self.indicator_slo_ms = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
+        OTLP endpoint named by the empty states; ``slos``: every model's SLOs (the
+        analysis' own, so a card is red exactly when its incident is a breach)."""
+        self.slos = slos or Slos()
+        self.indicator_slo_ms = {ind: self.slos.explicit(ind) for ind in (TTFT, TPOT)}
         self.store = store
         self.source: MetricSource = source or StoreSource(store)
         self.drill = drill
         self.book = book or IncidentBook(store)
-        self.slo_ms = dict(slo_ms or {})
         self.clock_ns = clock_ns
         self.otlp_hint = otlp_hint
         self.colours = Colours()
@@ -185,7 +185,7 @@ class DashboardData:
                     "model": m,
                     "p99_ms": p99,
                     "rps": n / (NOW_WINDOW_NS / 1e9),
-                    "slo_ms": self.slo_ms.get(m),
+                    "slo_ms": self.slos.of(m),
                     "open_incidents": open_by.get(m, 0),
                 }
             )

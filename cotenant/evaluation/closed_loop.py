@@ -127,7 +127,7 @@ def run_closed_loop(
     analysis = AnalysisLoop(
         source,
         book,
-        slo_ms=slo,
+        slos=s.slos(),
         interval_s=analysis_interval_s,
         horizon_s=horizon_s,
         clock_ns=clock,

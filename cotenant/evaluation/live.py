@@ -123,7 +123,7 @@ def replay(
     loop = AnalysisLoop(
         StoreSource(store),
         book,
-        slo_ms={m.name: m.slo_p99_ms for m in s.models if m.slo_p99_ms},
+        slos=s.slos(),
         interval_s=interval_s,
         horizon_s=horizon_s,
         clock_ns=lambda: now[0],

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
+from cotenant.core.slos import E2E, TPOT, TTFT, Slos
 from cotenant.reports.isoweek import IsoWeek
 from cotenant.reports.operations import action_rows, count_actions, gpu_weeks
 from cotenant.reports.recommend import recommend
@@ -31,20 +32,18 @@ from cotenant.reports.summary import (
 )
 from cotenant.store.db import Store
 from cotenant.store.report_queries import ReportQueries
-from cotenant.store.week_rollups import Slos, StoreWeekRollups, WeekRollups
+from cotenant.store.week_rollups import StoreWeekRollups, WeekRollups
 
 MINUTE_NS = 60_000_000_000
 
 
-def _with_tokens(
-    m: ModelWeek, row: Mapping[str, Any] | None, slos: Mapping[str, Mapping[str, float]]
-) -> ModelWeek:
+def _with_tokens(m: ModelWeek, row: Mapping[str, Any] | None, slos: Slos) -> ModelWeek:
     """``m`` with its TTFT / TPOT SLO attainment (from a ``token_slo_weeks`` row)."""
     if row is None:
         return m
     got: dict[str, Any] = {}
-    for ind in ("ttft", "tpot"):
-        slo = slos.get(ind, {}).get(m.model)
+    for ind in (TTFT, TPOT):
+        slo = slos.of(m.model, ind)
         n = int(row[f"{ind}_minutes"])
         if slo is not None and n:
             got[f"{ind}_slo_ms"] = float(slo)
@@ -55,30 +54,26 @@ def _with_tokens(
 class ReportBuilder:
     """Builds the summary of one ISO week from ``store``.
 
-    ``slo_ms`` maps model -> p99 SLO (ms); ``default_slo_ms`` (> 0) applies to the others.
-    ``dashboard_url`` is the base of incident links (contract: ``{base}/incident?id=...``)."""
+    ``slos``: every model's SLOs (:class:`cotenant.core.slos.Slos`: explicit, the default for
+    the others, TTFT / TPOT of generative models). ``dashboard_url`` is the base of incident
+    links (contract: ``{base}/incident?id=...``)."""
 
     def __init__(
         self,
         store: Store,
         *,
-        slo_ms: Mapping[str, float] | None = None,
-        default_slo_ms: float = 0.0,
+        slos: Slos | None = None,
         dashboard_url: str = "",
         thresholds: Thresholds | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
-        indicator_slo_ms: Mapping[str, Mapping[str, float]] | None = None,
         rollups: WeekRollups | None = None,
     ) -> None:
-        """``indicator_slo_ms``: TTFT / TPOT SLOs of generative models, ``ttft`` / ``tpot``
-        -> model -> ms (``AnalysisSettings.indicator_slos()``). ``rollups``: where the
+        """``rollups``: where the
         week's minutes are reduced (default: ``store``'s rollup tables; fleet mode passes
         Prometheus')."""
-        self._ind_slo = {k: dict(v) for k, v in (indicator_slo_ms or {}).items()}
         self._store = store
         self._rollups: WeekRollups = rollups or StoreWeekRollups(store)
-        self._slo = dict(slo_ms or {})
-        self._default_slo = default_slo_ms
+        self._slos = slos or Slos()
         self._base = dashboard_url.rstrip("/")
         self._t = thresholds or Thresholds()
         self._clock_ns = clock_ns
@@ -115,20 +110,25 @@ class ReportBuilder:
         return _with(s, recommend(s))
 
     @property
-    def slo_ms(self) -> dict[str, float]:
-        """The per-model SLOs (ms) this builder judges attainment against."""
-        return dict(self._slo)
+    def slos(self) -> Slos:
+        """The SLOs this builder judges attainment against."""
+        return self._slos
 
     def _models(
         self, q: ReportQueries, lo: int, hi: int, *, detail: bool = True
     ) -> list[ModelWeek]:
         """Every model with requests or incidents in ``[lo, hi)``, sorted; TTFT / TPOT
         attainment only with ``detail`` (the week before's totals need neither)."""
-        slos = Slos({k: float(v) for k, v in self._slo.items()}, self._default_slo)
+        slos = self._slos.table(E2E)
         minutes = self._rollups.model_weeks(lo, hi, slos, detail=detail)
         incidents = q.incident_totals(lo, hi)
         tokens = (
-            {str(r["model"]): r for r in self._rollups.token_slo_weeks(lo, hi, self._ind_slo)}
+            {
+                str(r["model"]): r
+                for r in self._rollups.token_slo_weeks(
+                    lo, hi, {ind: self._slos.explicit(ind) for ind in (TTFT, TPOT)}
+                )
+            }
             if detail
             else {}
         )
@@ -150,7 +150,7 @@ class ReportBuilder:
                 impacted_minutes=impacted,
                 peak_to_median_rate=None if burst is None else float(burst),
             )
-            out.append(_with_tokens(m, tokens.get(name), self._ind_slo))
+            out.append(_with_tokens(m, tokens.get(name), self._slos))
         return out
 
     def _worst(self, q: ReportQueries, lo: int, hi: int) -> list[IncidentRow]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from cotenant.core.slos import Slos
+
 SCHEMA_VERSION = 1
 
 Sharing = Literal["timeslice", "mps", "mig"]
@@ -258,6 +260,10 @@ class Scenario:
 
     def gpu(self, gpu_id: str) -> Gpu:
         return next(g for g in self.gpus if g.id == gpu_id)
+
+    def slos(self) -> Slos:
+        """The models' SLOs as the analysis, rules and report take them."""
+        return Slos.of_maps({m.name: m.slo_p99_ms for m in self.models if m.slo_p99_ms})
 
     def without_fault(self, index: int) -> Scenario:
         """The same scenario with fault ``index`` removed (for counterfactual runs)."""

@@ -22,33 +22,13 @@ quantile_upper_bound_sql` (met only when every GPU met it); the p99 around an ac
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cotenant.core.slos import SloTable
 from cotenant.store.db import Store
 from cotenant.store.report_queries import dict_rows
 from cotenant.store.rollup_quantiles import quantile_estimate_sql, quantile_upper_bound_sql
-
-
-@dataclass(frozen=True)
-class Slos:
-    """Per-model SLOs (ms): ``explicit`` model -> SLO, else ``default`` (0: none). An explicit
-    value <= 0 means the model has none, whatever the default."""
-
-    explicit: Mapping[str, float] = field(default_factory=dict)
-    default: float = 0.0
-
-    def of(self, model: str) -> float | None:
-        v = self.explicit.get(model, self.default)
-        return float(v) if v > 0 else None
-
-    def groups(self) -> list[tuple[float, list[str]]]:
-        """The models named explicitly, grouped by SLO value (> 0), ascending."""
-        out: dict[float, list[str]] = {}
-        for m, v in sorted(self.explicit.items()):
-            if v > 0:
-                out.setdefault(float(v), []).append(m)
-        return sorted(out.items())
 
 
 @dataclass(frozen=True)
@@ -70,7 +50,7 @@ class WeekRollups(Protocol):
     Prometheus) when the minutes cannot be read."""
 
     def model_weeks(
-        self, lo: int, hi: int, slos: Slos, *, detail: bool = True
+        self, lo: int, hi: int, slos: SloTable, *, detail: bool = True
     ) -> dict[str, dict[str, Any]]:
         """Model -> ``requests``, ``errors`` (int), ``minutes`` (minutes with requests),
         ``met`` (of those, minutes whose p99 — the max over the model's GPUs — is within its
@@ -111,7 +91,7 @@ class StoreWeekRollups:
         self._store = store
 
     def model_weeks(
-        self, lo: int, hi: int, slos: Slos, *, detail: bool = True
+        self, lo: int, hi: int, slos: SloTable, *, detail: bool = True
     ) -> dict[str, dict[str, Any]]:
         rows = dict_rows(
             self._store,

@@ -33,9 +33,10 @@ from promserver import (
 
 from cotenant.collectors.prometheus import PrometheusSource
 from cotenant.collectors.prometheus_week import PromQLWeekRollups
+from cotenant.core.slos import SloTable
 from cotenant.store.bulk_load import append_tables
 from cotenant.store.db import Store
-from cotenant.store.week_rollups import GpuThresholds, Slos, StoreWeekRollups
+from cotenant.store.week_rollups import GpuThresholds, StoreWeekRollups
 
 pytestmark = needs_prometheus
 
@@ -227,7 +228,7 @@ def test_models_minutes_slos_and_bursts_agree(both: Both) -> None:
     t0, embedded, fleet = both
     lo, hi = t0 + 2 * MIN, t0 + 22 * MIN
     # an explicit SLO for a.b-1, none for c (explicit 0 beats the default), the default for axb-1
-    slos = Slos({"a.b-1": 50.0, "c": 0.0}, default=45.0)
+    slos = SloTable({"a.b-1": 50.0, "c": 0.0}, default=45.0)
     want = embedded.model_weeks(lo, hi, slos)
     got = fleet.model_weeks(lo, hi, slos)
     assert set(want) == set(got) == set(MODELS)

@@ -10,6 +10,7 @@ from the wheel.
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -28,6 +29,16 @@ pytestmark = pytest.mark.timeout(600)
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     build = tmp_path_factory.mktemp("build")
+    # a copy of the source tree: setuptools builds in the source folder (build/), and a
+    # stale build/lib of an earlier layout must not leak into the wheel
+    src = build / "src"
+    top = {".git", ".venv", "build", "tests", "bench", ".cotenant"}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skip = {n for n in names if n == "__pycache__" or n.endswith((".egg-info", "_cache"))}
+        return skip | (top & set(names) if Path(folder) == ROOT else set())
+
+    shutil.copytree(ROOT, src, ignore=ignore)
     subprocess.run(
         [
             sys.executable,
@@ -39,7 +50,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-q",
             "-w",
             str(out),
-            str(ROOT),
+            str(src),
         ],
         check=True,
         cwd=build,
@@ -88,6 +99,7 @@ def test_the_wheel_holds_one_root_package_and_its_data(wheel: Path) -> None:
         "cotenant/rules/cotenant.rules.yml",
         "cotenant/rules/fleet.rules.yml",
         "cotenant/rules/exporters.rules.yml",
+        "cotenant/rules/tests/cotenant.test.yml",
         "cotenant/simulator/scenarios/demo.yaml",
         "cotenant/dashboard/assets/style.css",
         "cotenant/core/py.typed",

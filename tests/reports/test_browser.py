@@ -12,6 +12,7 @@ from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from cotenant.core.slos import Slos
 from cotenant.reports.compute import ReportBuilder
 from cotenant.reports.writer import write_report
 from tests.reports.conftest import SLO, WEEK, Fortnight
@@ -25,7 +26,9 @@ def test_html_report_opens_offline_without_console_errors(
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
     store = fortnight.open()
     try:
-        summary = ReportBuilder(store, slo_ms=SLO, dashboard_url="http://dash:8050").build(WEEK)
+        summary = ReportBuilder(
+            store, slos=Slos.of_maps(SLO), dashboard_url="http://dash:8050"
+        ).build(WEEK)
     finally:
         store.close()
     html = write_report(summary, tmp_path, ("html",))["html"]

@@ -11,6 +11,7 @@ import pytest
 
 from cotenant.cli import main
 from cotenant.core.errors import ConfigError, ReportError
+from cotenant.core.slos import Slos
 from cotenant.reports.compute import ReportBuilder
 from cotenant.reports.isoweek import IsoWeek, last_complete_week, parse_week
 from cotenant.reports.job import ReportJob
@@ -108,7 +109,7 @@ def test_scheduler_writes_the_last_complete_week(fortnight: Fortnight, tmp_path:
     store = fortnight.open()
     written: list[IsoWeek] = []
     try:
-        job = ReportJob(ReportBuilder(store, slo_ms=SLO), tmp_path, ("md",))
+        job = ReportJob(ReportBuilder(store, slos=Slos.of_maps(SLO)), tmp_path, ("md",))
 
         def run(week: IsoWeek) -> None:
             written.append(week)

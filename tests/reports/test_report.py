@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cotenant.core.errors import ReportError
+from cotenant.core.slos import Slos
 from cotenant.reports.compute import ReportBuilder
 from cotenant.reports.html import render_html
 from cotenant.reports.isoweek import parse_week
@@ -26,7 +27,7 @@ BASE = "http://dash.example:8050"
 def summary(fortnight: Fortnight) -> WeekSummary:
     store = fortnight.open()
     try:
-        return ReportBuilder(store, slo_ms=SLO, dashboard_url=BASE).build(WEEK)
+        return ReportBuilder(store, slos=Slos.of_maps(SLO), dashboard_url=BASE).build(WEEK)
     finally:
         store.close()
 
@@ -153,7 +154,7 @@ def test_week_over_week(summary: WeekSummary) -> None:
 def test_previous_week_has_only_its_own_fault(fortnight: Fortnight) -> None:
     store = fortnight.open()
     try:
-        s = ReportBuilder(store, slo_ms=SLO).build(PREV)
+        s = ReportBuilder(store, slos=Slos.of_maps(SLO)).build(PREV)
     finally:
         store.close()
     assert {c.culprit for c in s.culprits} == {"embed"}
@@ -163,7 +164,7 @@ def test_previous_week_has_only_its_own_fault(fortnight: Fortnight) -> None:
 def test_an_empty_week_says_so(fortnight: Fortnight, tmp_path: Path) -> None:
     store = fortnight.open()
     try:
-        s = ReportBuilder(store, slo_ms=SLO).build(parse_week("2026-W50"))
+        s = ReportBuilder(store, slos=Slos.of_maps(SLO)).build(parse_week("2026-W50"))
     finally:
         store.close()
     assert s.empty and not s.recommendations and not s.matrix
@@ -179,7 +180,7 @@ def test_a_clean_week_gets_no_recommendations_and_says_why(fortnight: Fortnight)
     store = fortnight.open()
     try:
         strict = Thresholds(min_victim_minutes=10_000, min_incidents=10_000)
-        s = ReportBuilder(store, slo_ms=SLO, thresholds=strict).build(WEEK)
+        s = ReportBuilder(store, slos=Slos.of_maps(SLO), thresholds=strict).build(WEEK)
     finally:
         store.close()
     assert s.culprits and not s.recommendations
@@ -196,7 +197,7 @@ def test_a_repeat_offender_earns_a_recommendation_in_a_short_week(
     store = fortnight.open()
     try:
         short = Thresholds(min_victim_minutes=10_000, min_incidents=2)
-        s = ReportBuilder(store, slo_ms=SLO, thresholds=short).build(WEEK)
+        s = ReportBuilder(store, slos=Slos.of_maps(SLO), thresholds=short).build(WEEK)
     finally:
         store.close()
     repeat = {c.culprit for c in s.culprits if c.incidents >= 2}

@@ -11,9 +11,10 @@ from typing import Any
 from dash import Dash, Input, Output, dcc, html
 
 from cotenant.analysis.incident_record import Incident
-from cotenant.analysis.indicators import E2E, UNITS
+from cotenant.analysis.indicators import UNITS
 from cotenant.core.errors import CotenantError, QueryError
 from cotenant.core.phases import PHASE_COLUMNS
+from cotenant.core.slos import E2E
 from cotenant.core.timespec import format_ns
 from cotenant.dashboard import figures, theme
 from cotenant.dashboard.components import at, empty, error, fmt, incident_table, table, times

@@ -126,7 +126,7 @@ def register(app: Dash, pc: PageContext) -> None:
             traces.append(figures.line(times(x), y, m, data.colours(m)))
         fig = figures.figure(traces, y_titles=["p99 latency (ms)"])
         for m in order:
-            slo = data.slo_ms.get(m)
+            slo = data.slos.of(m)
             if slo:
                 figures.hline(fig, slo, data.colours(m), f"{m} SLO")
         fig["layout"]["xaxis"]["range"] = [at(rng.since_ns), at(rng.until_ns)]

@@ -1,0 +1,103 @@
+"""The SLOs: p99 latency objectives per model and indicator, and the one definition of breach.
+
+Built once from configuration (``[analysis] slo_ms``, ``slo_ttft_ms``, ``slo_tpot_ms`` and
+``[rules] slo_default_ms``, by ``cotenant.config.slos_of``) or from a scenario, and handed to
+every reader of SLOs: the live detector and on-demand diagnoses, the rendered alert rules,
+the weekly report, the actuators' verification, the dashboard. So a model pages in Prometheus
+exactly when its incident says ``breach``.
+
+Units: milliseconds. An SLO <= 0 is "none". The default applies to models not named for that
+indicator; a model named with a value <= 0 has no SLO whatever the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+E2E = "e2e"
+TTFT = "ttft"
+TPOT = "tpot"
+INDICATORS: tuple[str, ...] = (E2E, TTFT, TPOT)
+"""Latency indicators an SLO can be set on: end to end, time to first token, time per output
+token (the last two for generative models)."""
+
+
+@dataclass(frozen=True)
+class SloTable:
+    """One indicator's SLOs (ms): ``explicit`` model -> SLO, else ``default`` (0: none)."""
+
+    explicit: Mapping[str, float] = field(default_factory=dict)
+    default: float = 0.0
+
+    def of(self, model: str) -> float | None:
+        """``model``'s SLO in ms, or None when it has none."""
+        v = self.explicit.get(model, self.default)
+        return float(v) if v > 0 else None
+
+    def groups(self) -> list[tuple[float, list[str]]]:
+        """The models named explicitly, grouped by SLO value (> 0), ascending."""
+        out: dict[float, list[str]] = {}
+        for m, v in sorted(self.explicit.items()):
+            if v > 0:
+                out.setdefault(float(v), []).append(m)
+        return sorted(out.items())
+
+
+@dataclass(frozen=True)
+class Slos:
+    """Every indicator's :class:`SloTable`. Missing indicators have no SLO."""
+
+    tables: Mapping[str, SloTable] = field(default_factory=dict)
+
+    @classmethod
+    def of_maps(
+        cls,
+        e2e: Mapping[str, float] | None = None,
+        *,
+        ttft: Mapping[str, float] | None = None,
+        tpot: Mapping[str, float] | None = None,
+        default_ms: float = 0.0,
+    ) -> Slos:
+        """From per-indicator ``model -> ms`` maps; ``default_ms``: the end-to-end SLO of every
+        model not in ``e2e`` (TTFT and TPOT have no default)."""
+        return cls(
+            {
+                E2E: SloTable(dict(e2e or {}), float(default_ms)),
+                TTFT: SloTable(dict(ttft or {})),
+                TPOT: SloTable(dict(tpot or {})),
+            }
+        )
+
+    def table(self, indicator: str = E2E) -> SloTable:
+        """The SLOs of ``indicator`` (an empty table for an indicator without any)."""
+        if indicator not in INDICATORS:
+            raise ValueError(f"unknown indicator {indicator!r} (one of {', '.join(INDICATORS)})")
+        return self.tables.get(indicator, SloTable())
+
+    def of(self, model: str, indicator: str = E2E) -> float | None:
+        """``model``'s SLO on ``indicator`` in ms, or None."""
+        return self.table(indicator).of(model)
+
+    def breached(self, model: str, p99_ms: float, indicator: str = E2E) -> bool:
+        """The one definition of breach: a p99 strictly above the model's SLO on that
+        indicator (never, for a model without one)."""
+        slo = self.of(model, indicator)
+        return slo is not None and p99_ms > slo
+
+    def explicit(self, indicator: str = E2E) -> dict[str, float]:
+        """The models named for ``indicator`` -> ms (what ``[analysis] slo_ms`` lists)."""
+        return dict(self.table(indicator).explicit)
+
+    @property
+    def default_ms(self) -> float:
+        """The end-to-end SLO of models not named (0: none)."""
+        return self.table(E2E).default
+
+    def token_slos(self, model: str) -> dict[str, float | None]:
+        """``{"ttft": ms | None, "tpot": ms | None}`` of ``model``."""
+        return {TTFT: self.of(model, TTFT), TPOT: self.of(model, TPOT)}
+
+    def models(self) -> set[str]:
+        """Every model named for any indicator."""
+        return {m for t in self.tables.values() for m in t.explicit}
