@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -19,6 +20,29 @@ if TYPE_CHECKING:
     from cotenant.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+
+
+def _default(name: str) -> Any:
+    """``GatewaySettings``' default for ``name``: the one place a gateway default is written
+    (flags left out keep it; their help quotes it)."""
+    from cotenant.gateway.settings import GatewaySettings
+
+    f = GatewaySettings.__dataclass_fields__[name]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _source_text(name: str) -> str:
+    src = _default(name)
+    if src.kind == "header":
+        return f"header:{src.header.decode()}"
+    return f"{src.kind}:{src.field}" if src.field else str(src.kind)
+
+
+def _address(name: str) -> str:
+    host, port = _default(name)
+    return f":{port}, all interfaces" if host in ("", "0.0.0.0") else f"{host}:{port}"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,15 +84,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--listen",
-        default=":8080",
         metavar="[HOST]:PORT",
-        help="where clients connect (default :8080, all interfaces)",
+        help=f"where clients connect (default {_address('listen')})",
     )
     p.add_argument(
         "--control",
-        default="127.0.0.1:8081",
         metavar="[HOST]:PORT",
-        help="control API and /metrics (default 127.0.0.1:8081)",
+        help=f"control API and /metrics (default {_address('control')})",
     )
     p.add_argument(
         "--token-file",
@@ -85,80 +107,72 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--model-from",
-        default="body",
         metavar="SOURCE",
         help="where the model name is: body[:FIELD] (default: JSON 'model'), "
         "header:NAME, path[:REGEX], none",
     )
     p.add_argument(
         "--tenant-from",
-        default="header:X-Tenant",
         metavar="SOURCE",
-        help="where the tenant name is (default header:X-Tenant); same forms",
+        help=f"where the tenant name is (default {_source_text('tenant_from')}); same forms",
     )
     p.add_argument(
         "--priority-field",
         choices=("none", "vllm", "triton"),
-        default="none",
         help="write the model's (or tenant's) priority into the JSON body: vllm = "
-        "top-level 'priority', triton = 'parameters.priority' (default none)",
+        f"top-level 'priority', triton = 'parameters.priority' (default "
+        f"{_default('priority_field')})",
     )
     p.add_argument(
         "--default-priority",
         type=int,
-        default=0,
-        help="priority of requests with none set (lower is served first; default 0)",
+        help="priority of requests with none set (lower is served first; default "
+        f"{_default('default_priority')})",
     )
     p.add_argument(
         "--max-concurrency",
         type=int,
-        default=256,
         metavar="N",
-        help="requests in flight to the upstream at once; the rest queue by priority (default 256)",
+        help="requests in flight to the upstream at once; the rest queue by priority (default "
+        f"{_default('max_concurrency')})",
     )
     p.add_argument(
         "--max-queue",
         type=int,
-        default=4096,
         metavar="N",
-        help="requests that may wait; more answer 503 (default 4096)",
+        help=f"requests that may wait; more answer 503 (default {_default('max_queue')})",
     )
     p.add_argument(
         "--queue-timeout",
         type=duration,
-        default=30.0,
         metavar="S",
-        help="longest wait in the queue before 503 (default 30 s)",
+        help=f"longest wait in the queue before 503 (default {_default('queue_timeout_s'):g} s)",
     )
     p.add_argument(
         "--rate-limit-wait",
         type=duration,
-        default=0.0,
         metavar="S",
         help="a rate-limited request waits up to S seconds for a token instead "
-        "of getting 429 at once (default 0)",
+        f"of getting 429 at once (default {_default('rate_wait_s'):g})",
     )
     p.add_argument(
         "--connect-timeout",
         type=duration,
-        default=5.0,
         metavar="S",
-        help="upstream connect timeout (default 5 s)",
+        help=f"upstream connect timeout (default {_default('connect_timeout_s'):g} s)",
     )
     p.add_argument(
         "--read-timeout",
         type=duration,
-        default=300.0,
         metavar="S",
         help="longest upstream silence, before the response or between pieces of "
-        "it, before 504 (default 300 s)",
+        f"it, before 504 (default {_default('read_timeout_s'):g} s)",
     )
     p.add_argument(
         "--max-body-bytes",
         type=int,
-        default=16 * 1024 * 1024,
         metavar="N",
-        help="largest request body (default 16 MiB)",
+        help=f"largest request body in bytes (default {_default('max_body_bytes') >> 20} MiB)",
     )
     p.add_argument(
         "--shutdown-grace",
@@ -170,32 +184,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--idle-timeout",
         type=duration,
-        default=75.0,
         metavar="S",
         help="close a client connection idle (or sending a partial request) this long "
-        "(default 75 s)",
+        f"(default {_default('idle_timeout_s'):g} s)",
     )
     p.add_argument(
         "--max-connections",
         type=int,
-        default=4096,
         metavar="N",
         help="client connections open at once; more are answered 503 + Retry-After and "
-        "closed (0: no cap; default 4096)",
+        f"closed (0: no cap; default {_default('max_connections')})",
     )
     p.add_argument(
         "--max-connections-per-client",
         type=int,
-        default=512,
         metavar="N",
-        help="the same, per client IP address (0: no cap; default 512)",
+        help="the same, per client IP address (0: no cap; default "
+        f"{_default('max_connections_per_client')})",
     )
     p.add_argument(
         "--http-parser",
         choices=("httptools", "builtin"),
-        default="httptools",
         help="HTTP/1 request parser: httptools (llhttp, as uvicorn and Node.js use) or the "
-        "gateway's own (default httptools; see docs/performance.md)",
+        f"gateway's own (default {_default('http_parser')}; see docs/performance.md)",
     )
     p.add_argument(
         "--otlp-endpoint",
@@ -219,8 +230,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--service-name",
-        default="cotenant-gateway",
-        help="OTel service.name of the spans (default cotenant-gateway)",
+        help=f"OTel service.name of the spans (default {_default('service_name')})",
     )
     p.add_argument(
         "--loop",
@@ -286,43 +296,58 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         _positive(args.eject_time, "--eject-time")
         routing["eject_s"] = args.eject_time
     spec = check_routing(RoutingSpec((*cli, *file.replicas), file.routes, **routing))
-    _positive(args.max_concurrency, "--max-concurrency")
-    _positive(args.max_queue, "--max-queue", zero_ok=True)
-    _positive(args.queue_timeout, "--queue-timeout")
-    _positive(args.rate_limit_wait, "--rate-limit-wait", zero_ok=True)
-    _positive(args.connect_timeout, "--connect-timeout")
-    _positive(args.read_timeout, "--read-timeout")
-    _positive(args.max_body_bytes, "--max-body-bytes")
-    _positive(args.idle_timeout, "--idle-timeout")
+    given = {
+        name: value
+        for name, value in (
+            ("max_concurrency", args.max_concurrency),
+            ("max_queue", args.max_queue),
+            ("queue_timeout_s", args.queue_timeout),
+            ("rate_wait_s", args.rate_limit_wait),
+            ("default_priority", args.default_priority),
+            ("connect_timeout_s", args.connect_timeout),
+            ("read_timeout_s", args.read_timeout),
+            ("max_body_bytes", args.max_body_bytes),
+            ("idle_timeout_s", args.idle_timeout),
+            ("max_connections", args.max_connections),
+            ("max_connections_per_client", args.max_connections_per_client),
+            ("priority_field", args.priority_field),
+            ("http_parser", args.http_parser),
+            ("service_name", args.service_name),
+        )
+        if value is not None
+    }
+    for name, flag, zero_ok in (
+        ("max_concurrency", "--max-concurrency", False),
+        ("max_queue", "--max-queue", True),
+        ("queue_timeout_s", "--queue-timeout", False),
+        ("rate_wait_s", "--rate-limit-wait", True),
+        ("connect_timeout_s", "--connect-timeout", False),
+        ("read_timeout_s", "--read-timeout", False),
+        ("max_body_bytes", "--max-body-bytes", False),
+        ("idle_timeout_s", "--idle-timeout", False),
+        ("max_connections", "--max-connections", True),
+        ("max_connections_per_client", "--max-connections-per-client", True),
+    ):
+        if name in given:
+            _positive(given[name], flag, zero_ok=zero_ok)
     _positive(args.shutdown_grace, "--shutdown-grace", zero_ok=True)
-    _positive(args.max_connections, "--max-connections", zero_ok=True)
-    _positive(args.max_connections_per_client, "--max-connections-per-client", zero_ok=True)
     if not 0 < args.otlp_sample_ratio <= 1:
         raise UsageError(f"--otlp-sample-ratio {args.otlp_sample_ratio!r}: give 0 < R <= 1")
+    if args.listen is not None:
+        given["listen"] = parse_address(args.listen, "--listen")
+    if args.control is not None:
+        given["control"] = parse_address(args.control, "--control")
+    if args.model_from is not None:
+        given["model_from"] = parse_source(args.model_from, "--model-from")
+    if args.tenant_from is not None:
+        given["tenant_from"] = parse_source(args.tenant_from, "--tenant-from")
     return GatewaySettings(
         upstream=spec.replicas[0].url,
         token=read_token(args.token_file, os.environ),
-        listen=parse_address(args.listen, "--listen"),
-        control=parse_address(args.control, "--control"),
-        model_from=parse_source(args.model_from, "--model-from"),
-        tenant_from=parse_source(args.tenant_from, "--tenant-from"),
-        priority_field=args.priority_field,
-        max_concurrency=args.max_concurrency,
-        max_queue=args.max_queue,
-        queue_timeout_s=args.queue_timeout,
-        rate_wait_s=args.rate_limit_wait,
-        default_priority=args.default_priority,
-        connect_timeout_s=args.connect_timeout,
-        read_timeout_s=args.read_timeout,
-        max_body_bytes=args.max_body_bytes,
-        idle_timeout_s=args.idle_timeout,
-        http_parser=args.http_parser,
-        max_connections=args.max_connections,
-        max_connections_per_client=args.max_connections_per_client,
         otlp_endpoint=args.otlp_endpoint,
-        service_name=args.service_name,
         initial=file.initial,
         routing=spec,
+        **given,
     )
 
 

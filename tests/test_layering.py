@@ -334,7 +334,7 @@ def _synthetic(sources: Mapping[str, str]) -> dict[str, list[Import]]:
         pytest.param(
             {
                 "cotenant.dashboard.app": "import os\n\ndef f():\n"
-                "    import cotenant.actuators.contract\n"
+                "    import cotenant.actuators.controller\n"
             },
             ["cotenant/dashboard/app.py:4: forbidden arrow dashboard/ -> actuators/"],
             id="function-level",

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Protocol
 from fastapi import APIRouter, Body, Header, Query
 from pydantic import BaseModel, Field
 
-from cotenant.actuators.contract import ActionControl
+from cotenant.core.actions import ActionControl
 from cotenant.core.http_json import SafeJSONResponse
 from cotenant.core.timespec import parse_time_ns
 

@@ -58,7 +58,7 @@ class Notifier(Protocol):
     def notify(self, payload: dict[str, Any]) -> None: ...
 
 
-class ActionController(RerouteSteps):
+class ActionController:
     """Proposes, applies, verifies and reverts actions. Thread-safe."""
 
     def __init__(
@@ -92,6 +92,7 @@ class ActionController(RerouteSteps):
         self._clock = clock_ns
         self._slo = dict(slo_ms or {})
         self._step_s = step_s
+        self._reroute = RerouteSteps(self, self, source, slo_ms=self._slo, step_s=step_s)
         self._notifier = notifier
         self._horizon_s = horizon_s
         self.metrics = ActionMetrics(registry)
@@ -165,7 +166,7 @@ class ActionController(RerouteSteps):
                     "(set it to manual to approve)"
                 )
             now = self._clock()
-            a = self._enter(a, "approved", now, actor, reason=f"approved by {actor}")
+            a = self.enter(a, "approved", now, actor, reason=f"approved by {actor}")
             self._try_apply(a, now)
             self._publish()
             return self.log.get(action_id).to_dict()
@@ -178,7 +179,7 @@ class ActionController(RerouteSteps):
                     f"action {action_id} is {a.state}: only an applied change can be rolled back"
                 )
             now = self._clock()
-            self._revert(
+            self.revert(
                 a, "rolled_back", now, actor, f"rolled back by {actor}: {reason}", raise_errors=True
             )
             self._publish()
@@ -233,7 +234,7 @@ class ActionController(RerouteSteps):
             step_s=self._step_s,
             now_ns=now,
         )
-        p = self._maybe_reroute(inc, p, existing, now)
+        p = self._reroute.maybe_reroute(inc, p, existing, now)
         if p.kind == "notify" and open_now:
             return  # one notification per incident
         if any(a.kind == p.kind and a.target == p.target for a in existing):
@@ -254,8 +255,8 @@ class ActionController(RerouteSteps):
             reason=p.reason,
         )
         for n in open_now:  # the diagnosis firmed up: a change replaces the notification
-            self._enter(n, "expired", now, CONTROLLER, reason=f"superseded by {a.id}")
-        self._write(a, CONTROLLER, "proposed", now)
+            self.enter(n, "expired", now, CONTROLLER, reason=f"superseded by {a.id}")
+        self.write(a, CONTROLLER, "proposed", now)
         if p.kind == "notify" and self._notifier is not None and self.mode in ("manual", "auto"):
             try:
                 self._notifier.notify({"event": "notify", "action": a.to_dict()})
@@ -274,7 +275,7 @@ class ActionController(RerouteSteps):
         if a.state in ("proposed", "approved"):
             inc = incidents.get(a.incident_id) or self._incidents.get(a.incident_id)
             if inc is None or inc.state != "open":
-                self._enter(
+                self.enter(
                     a,
                     "expired",
                     now,
@@ -282,21 +283,21 @@ class ActionController(RerouteSteps):
                     reason=f"incident {a.incident_id} resolved before the change was applied",
                 )
             elif now - a.created_ns >= ttl:
-                self._enter(a, "expired", now, CONTROLLER, reason="not applied within ttl_s")
+                self.enter(a, "expired", now, CONTROLLER, reason="not applied within ttl_s")
             elif a.state == "proposed" and self.mode == "auto" and a.kind != "notify":
-                a = self._enter(a, "approved", now, CONTROLLER, reason="approved by the auto mode")
+                a = self.enter(a, "approved", now, CONTROLLER, reason="approved by the auto mode")
                 self._try_apply(a, now)
             elif a.state == "approved":
                 self._try_apply(a, now)
             return
         applied_ns = int(a.params.get("applied_ns", a.updated_ns))
         if now - applied_ns >= ttl:
-            self._revert(
+            self.revert(
                 a, "expired", now, CONTROLLER, f"ttl_s={self.settings.ttl_s:g} reached: reverted"
             )
             return
         if a.state == "applied" and a.kind == "reroute":
-            self._advance_reroute(a, applied_ns, now)
+            self._reroute.advance(a, applied_ns, now)
             return
         if a.state == "applied" and now - applied_ns >= int(self.settings.settle_s * 1e9):
             out = verify(
@@ -315,9 +316,9 @@ class ActionController(RerouteSteps):
             params = {**a.params, "verification": out.numbers}
             a = moved(a, a.state, a.updated_ns, params=params)
             if out.verdict == "verified":
-                self._enter(a, "verified", now, CONTROLLER, reason=out.reason)
+                self.enter(a, "verified", now, CONTROLLER, reason=out.reason)
             else:
-                self._revert(a, "rolled_back", now, CONTROLLER, out.reason)
+                self.revert(a, "rolled_back", now, CONTROLLER, out.reason)
 
     def _try_apply(self, a: ActionRecord, now: int) -> None:
         why = self.guardrails.blocked(a, self.mode, now)
@@ -331,10 +332,10 @@ class ActionController(RerouteSteps):
             before = self.backend.current(a.target)
             after = self.backend.apply(Change(a.kind, a.target, a.change_params))  # type: ignore[arg-type]
         except BackendError as exc:
-            self._enter(a, "failed", now, CONTROLLER, reason=f"apply failed: {exc}")
+            self.enter(a, "failed", now, CONTROLLER, reason=f"apply failed: {exc}")
             return
         params = {**a.params, "applied_ns": now}
-        self._enter(
+        self.enter(
             a,
             "applied",
             now,
@@ -345,7 +346,7 @@ class ActionController(RerouteSteps):
             after=after,
         )
 
-    def _revert(
+    def revert(
         self,
         a: ActionRecord,
         state: str,
@@ -372,11 +373,11 @@ class ActionController(RerouteSteps):
                 raise
             return
         self._errors.pop(a.id, None)
-        self._enter(a, state, now, actor, reason=reason, detail={"restored": restored})
+        self.enter(a, state, now, actor, reason=reason, detail={"restored": restored})
 
     # -- bookkeeping ---------------------------------------------------------------------
 
-    def _enter(
+    def enter(
         self,
         a: ActionRecord,
         state: str,
@@ -387,10 +388,10 @@ class ActionController(RerouteSteps):
         **changes: Any,
     ) -> ActionRecord:
         new = moved(a, state, now, **changes)
-        self._write(new, actor, state, now, detail)
+        self.write(new, actor, state, now, detail)
         return new
 
-    def _write(
+    def write(
         self,
         a: ActionRecord,
         actor: str,

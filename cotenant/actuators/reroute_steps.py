@@ -1,7 +1,8 @@
 """The control loop's half that moves traffic: proposing a ``reroute`` and stepping it.
 
-:class:`RerouteSteps` is mixed into :class:`actuators.controller.ActionController` (which
-owns the state machine, the store and the backend); the planning and judging are in
+:class:`RerouteSteps` is a part of :class:`actuators.controller.ActionController`, which
+owns the state machine, the store and the backend and hands itself in as the
+:class:`StepBook` the steps write through; the planning and judging are in
 :mod:`actuators.reroute`. A reroute is one action: its first apply records the weights to
 restore, each later step rewrites it in state ``applied`` with an audit row ``stepped``, and
 verification, rollback and TTL expiry work as for any action.
@@ -10,12 +11,13 @@ verification, rollback and TTL expiry work as for any action.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from cotenant.actuators.backend import Backend, Change
 from cotenant.actuators.policy import Policy
 from cotenant.actuators.proposals import Proposal
-from cotenant.actuators.records import ActionLog, ActionRecord, moved
+from cotenant.actuators.records import ActionRecord, moved
 from cotenant.actuators.reroute import Plan, judge_step, propose_reroute
 from cotenant.analysis.incident_record import Incident
 from cotenant.core.errors import BackendError
@@ -27,18 +29,17 @@ CONTROLLER = "controller"
 """The actor recorded in the audit for the loop's own steps."""
 
 
-class RerouteSteps:
-    """Reroute proposals and steps; the attributes and the three bookkeeping methods are
-    the controller's."""
+class PolicyAndBackend(Protocol):
+    """Whose policy and backend the steps use (the controller's attributes)."""
 
     policy: Policy
     backend: Backend
-    log: ActionLog
-    _source: MetricSource
-    _slo: dict[str, float]
-    _step_s: float
 
-    def _revert(
+
+class StepBook(Protocol):
+    """The controller's bookkeeping the reroute steps write through."""
+
+    def revert(
         self,
         a: ActionRecord,
         state: str,
@@ -48,9 +49,10 @@ class RerouteSteps:
         *,
         raise_errors: bool = False,
     ) -> None:
-        raise NotImplementedError
+        """Restore ``a.before`` through the backend and enter ``state`` (audited)."""
+        ...
 
-    def _enter(
+    def enter(
         self,
         a: ActionRecord,
         state: str,
@@ -60,9 +62,10 @@ class RerouteSteps:
         detail: dict[str, Any] | None = None,
         **changes: Any,
     ) -> ActionRecord:
-        raise NotImplementedError
+        """``a`` moved to ``state`` with ``changes``, written with an audit row."""
+        ...
 
-    def _write(
+    def write(
         self,
         a: ActionRecord,
         actor: str,
@@ -70,27 +73,49 @@ class RerouteSteps:
         now: int,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        raise NotImplementedError
+        """Write ``a`` as it is, with an audit row ``event``."""
+        ...
 
-    def _maybe_reroute(
+
+class RerouteSteps:
+    """Reroute proposals and steps of one controller: ``book`` is its bookkeeping, the rest
+    what it reads (its policy and backend are read through ``owner`` each time: they are
+    the controller's, and a test may swap them)."""
+
+    def __init__(
+        self,
+        book: StepBook,
+        owner: PolicyAndBackend,
+        source: MetricSource,
+        *,
+        slo_ms: Mapping[str, float],
+        step_s: float,
+    ) -> None:
+        self._book = book
+        self._owner = owner
+        self._source = source
+        self._slo = dict(slo_ms)
+        self._step_s = step_s
+
+    def maybe_reroute(
         self, inc: Incident, p: Proposal, existing: list[ActionRecord], now: int
     ) -> Proposal:
         """``p``, or a ``reroute`` of the victim's traffic where the policy says so: its
         cause's rule is ``reroute``, or the cause is a ``fallback`` kind and ``p`` cannot act
         (notify) or the same change was already rolled back on this incident."""
         kind = str((inc.top or {}).get("kind", "unknown"))
-        rule = self.policy.reroute
-        if rule is None or not self.policy.reroutes(kind):
+        rule = self._owner.policy.reroute
+        if rule is None or not self._owner.policy.reroutes(kind):
             return p
         failed = any(
             a.kind == p.kind and a.target == p.target and a.state == "rolled_back" for a in existing
         )
-        if not (self.policy.rule(kind).action == "reroute" or p.kind == "notify" or failed):
+        if not (self._owner.policy.rule(kind).action == "reroute" or p.kind == "notify" or failed):
             return p
         if any(a.kind == "reroute" for a in existing):
             return p  # one reroute per incident: never oscillate
         try:
-            weights = self.backend.current(inc.model).get("weights")
+            weights = self._owner.backend.current(inc.model).get("weights")
         except BackendError as exc:
             weights = None
             log.info("no reroute for %s: %s", inc.model, exc)
@@ -112,12 +137,12 @@ class RerouteSteps:
         }
         return Proposal("reroute", inc.model, params, plan.reason)
 
-    def _advance_reroute(self, a: ActionRecord, applied_ns: int, now: int) -> None:
+    def advance(self, a: ActionRecord, applied_ns: int, now: int) -> None:
         """Judge the latest step of an applied reroute; verify, take the next step, or roll
         back (every step is one audit row, ``stepped``)."""
-        rule = self.policy.reroute
+        rule = self._owner.policy.reroute
         if rule is None:  # the policy lost its reroute section across a restart
-            self._revert(a, "rolled_back", now, CONTROLLER, "the policy no longer reroutes")
+            self._book.revert(a, "rolled_back", now, CONTROLLER, "the policy no longer reroutes")
             return
         step_ns = int(a.params.get("step_applied_ns", applied_ns))
         if now - step_ns < int(rule.step_settle_s * 1e9):
@@ -129,7 +154,7 @@ class RerouteSteps:
             now,
             self._source,
             rule,
-            self.policy.verify,
+            self._owner.policy.verify,
             slo_ms=self._slo,
             step_s=self._step_s,
         )
@@ -137,20 +162,20 @@ class RerouteSteps:
             return
         params = {**a.params, "verification": out.numbers}
         if out.verdict == "verified":
-            self._enter(a, "verified", now, CONTROLLER, reason=out.reason, params=params)
+            self._book.enter(a, "verified", now, CONTROLLER, reason=out.reason, params=params)
             return
         if out.verdict == "rolled_back":
             a = moved(a, a.state, a.updated_ns, params=params)
-            self._revert(a, "rolled_back", now, CONTROLLER, out.reason)
+            self._book.revert(a, "rolled_back", now, CONTROLLER, out.reason)
             return
         weights = out.numbers["next_weights"]
         try:
-            after = self.backend.apply(Change("reroute", a.target, {"weights": weights}))
+            after = self._owner.backend.apply(Change("reroute", a.target, {"weights": weights}))
         except BackendError as exc:
             a = moved(a, a.state, a.updated_ns, params=params)
-            self._revert(a, "rolled_back", now, CONTROLLER, f"next step failed: {exc}")
+            self._book.revert(a, "rolled_back", now, CONTROLLER, f"next step failed: {exc}")
             return
         params.update(weights=weights, step=int(a.params.get("step", 0)) + 1, step_applied_ns=now)
         # still "applied" (one change, its first "before" restores it), audited as a step
         a = moved(a, "applied", now, reason=out.reason, params=params, after=after)
-        self._write(a, CONTROLLER, "stepped", now, {"weights": weights})
+        self._book.write(a, CONTROLLER, "stepped", now, {"weights": weights})

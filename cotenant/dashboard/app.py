@@ -17,9 +17,10 @@ import dash
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import DependencyException
 
+from cotenant.core.actions import ActionControl
 from cotenant.core.errors import ConfigError, QueryError
 from cotenant.dashboard import plotlyjs
-from cotenant.dashboard.context import ActionLog, PageContext
+from cotenant.dashboard.context import PageContext
 from cotenant.dashboard.data import DashboardData
 from cotenant.dashboard.pages import actions, gpus, incident, overview, reports
 from cotenant.dashboard.settings import DashboardSettings
@@ -42,7 +43,7 @@ _CHART_PATHS = ("/", "/incident", "/gpus")  # pages that always draw charts: fet
 def create_app(
     data: DashboardData,
     *,
-    actions_control: ActionLog | None = None,
+    actions_control: ActionControl | None = None,
     report_dir: str | Path = "./.cotenant/reports",
     refresh_s: float = DashboardSettings.refresh_s,
     default_range: str = DashboardSettings.default_range,

@@ -105,7 +105,7 @@ class GatewaySettings:
 
     upstream: str
     token: str
-    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    listen: tuple[str, int] = ("0.0.0.0", 8080)  # clients reach it from other hosts
     control: tuple[str, int] = ("127.0.0.1", 8081)
     model_from: Source = field(default_factory=lambda: parse_source("body", "--model-from"))
     tenant_from: Source = field(default_factory=lambda: parse_source("header:X-Tenant", "-"))
@@ -216,9 +216,3 @@ def load_gateway_file(path: Path) -> GatewayFile:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
     return GatewayFile(InitialState(**out), tuple(replicas), routes, routing)
-
-
-def load_initial_state(path: Path) -> InitialState:
-    """The starting limits and priorities of a ``--config`` file (see
-    :func:`load_gateway_file`)."""
-    return load_gateway_file(path).initial

@@ -153,17 +153,3 @@ def kernel_policy(sharing: str) -> Callable[[list[Job], GpuState], None]:
             j.rate = st.clock_factor / ((1 - j.mb) + j.mb * (1 + st.dram_hog))
 
     return {"timeslice": timeslice, "mps": mps, "mig": mig}[sharing]
-
-
-def transfer_policy(
-    pcie_gbps: float, background: Callable[[], float]
-) -> Callable[[list[Job], GpuState], None]:
-    """PCIe in one direction: capacity less hogs and background copies, shared by weight."""
-
-    def policy(jobs: list[Job], st: GpuState) -> None:
-        cap = max(0.02 * pcie_gbps, pcie_gbps * (1 - st.pcie_hog) - background())
-        total = sum(j.weight for j in jobs) or 1.0
-        for j in jobs:
-            j.rate = cap * j.weight / total
-
-    return policy

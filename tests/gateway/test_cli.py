@@ -239,3 +239,38 @@ def test_loop_uvloop_without_uvloop_says_what_to_do(monkeypatch: pytest.MonkeyPa
     assert loop_factory("auto") is None  # auto falls back to asyncio's loop
     with pytest.raises(UsageError, match=r"uvloop is not installed .*--loop asyncio"):
         loop_factory("uvloop")
+
+
+def test_flags_left_out_take_the_settings_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One place for the gateway's defaults: GatewaySettings. The command line without
+    flags builds exactly its defaults, listening on all interfaces (clients are elsewhere)
+    and controlled on loopback."""
+    import argparse
+
+    from cotenant.gateway.settings import GatewaySettings
+    from cotenant.gateway_cmd import add_parser, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    monkeypatch.setenv("COTENANT_GATEWAY_TOKEN", "t")
+    got = settings_from_args(parser.parse_args(["gateway", "--upstream", "http://127.0.0.1:9"]))
+    want = GatewaySettings(upstream="http://127.0.0.1:9", token="t", routing=got.routing)
+    assert got == want
+    assert (got.listen, got.control) == (("0.0.0.0", 8080), ("127.0.0.1", 8081))
+    given = settings_from_args(
+        parser.parse_args(
+            ["gateway", "--upstream", "http://127.0.0.1:9", "--max-queue", "7", "--listen", ":9"]
+        )
+    )
+    assert (given.max_queue, given.listen, given.max_concurrency) == (7, ("0.0.0.0", 9), 256)
+    help_text = (
+        parser.format_help()
+        + parser._subparsers._group_actions[0]
+        .choices[  # type: ignore[union-attr]
+            "gateway"
+        ]
+        .format_help()
+    )
+    assert "default 256" in help_text and "default 127.0.0.1:8081" in help_text

@@ -2,7 +2,7 @@
 ``manual`` mode, approve and roll-back buttons.
 
 The control token is typed into a password field, sent with the click, passed to
-``ActionLog.authorize`` and cleared from the field; it is never rendered, kept in a
+``ActionControl.authorize`` and cleared from the field; it is never rendered, kept in a
 ``dcc.Store`` or logged."""
 
 from __future__ import annotations

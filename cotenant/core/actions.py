@@ -1,9 +1,9 @@
-"""The contract the HTTP API uses to read and drive actions.
+"""The action log's contract: how the HTTP API and the dashboard read and drive actions.
 
-``actuators`` implements it (the control loop over the ``actions`` and ``audit`` tables);
-``/api/v1/actions`` depends only on this protocol. The dashboard, which must not import
-``actuators``, states the same methods as its own protocol (``dashboard.context.ActionLog``);
-the composition root hands it the controller.
+``cotenant.actuators.controller.ActionController`` implements it (the control loop over the
+``actions`` and ``audit`` tables); ``/api/v1/actions`` and the dashboard's Actions and
+Incident pages depend only on this protocol, so neither the dashboard nor anything but the
+composition root imports ``actuators`` to read actions.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class ActionControl(Protocol):
         ...
 
     def authorize(self, token: str | None) -> None:
-        """Raise :class:`store.errors.Unauthorized` when ``token`` is None or empty and
-        :class:`store.errors.Forbidden` when it is not the configured token."""
+        """Raise :class:`cotenant.core.errors.Unauthorized` when ``token`` is None or empty and
+        :class:`cotenant.core.errors.Forbidden` when it is not the configured token."""
         ...
 
     def list_actions(
