@@ -174,9 +174,9 @@ def test_a_weight_change_mid_run_takes_effect_and_is_reported() -> None:
     sim = Simulation(_load(_doc()))
     sim.run_until(20)
     sim.take_requests()
-    sim.set_weights("chat", {"chat-a": 0})
-    assert sim.routing("chat")["weights"] == {"chat-a": 0, "chat-b": 1}
-    assert sim.routing("chat")["gpus"] == {"chat-a": "gpu0", "chat-b": "gpu1"}
+    sim.controls.set_weights("chat", {"chat-a": 0})
+    assert sim.controls.routing("chat")["weights"] == {"chat-a": 0, "chat-b": 1}
+    assert sim.controls.routing("chat")["gpus"] == {"chat-a": "gpu0", "chat-b": "gpu1"}
     sim.run_until(21)  # requests routed before the change drain
     sim.take_requests()
     sim.run()
@@ -199,14 +199,14 @@ def test_bad_weight_changes_are_refused_and_change_nothing(
 ) -> None:
     sim = Simulation(_load(_doc()))
     with pytest.raises(UsageError, match=why):
-        sim.set_weights(model, weights)
-    assert sim.routing("chat")["weights"] == {"chat-a": 3, "chat-b": 1}
+        sim.controls.set_weights(model, weights)
+    assert sim.controls.routing("chat")["weights"] == {"chat-a": 3, "chat-b": 1}
 
 
 def test_priority_and_rate_limit_apply_to_every_replica_of_a_model() -> None:
     sim = Simulation(_load(_doc()))
-    sim.set_priority("chat", 2)
-    sim.set_rate_limit("chat", 10.0, 1)
+    sim.controls.set_priority("chat", 2)
+    sim.controls.set_rate_limit("chat", 10.0, 1)
     sim.run()
     c = sim.take_requests()
     prios = {

@@ -200,7 +200,7 @@ def limited_run(
     sim.run_until(lo_s)
     sim.take_requests()
     sim.take_samples()
-    sim.set_rate_limit(culprit, rate_rps, max(1, math.ceil(rate_rps)))
+    sim.controls.set_rate_limit(culprit, rate_rps, max(1, math.ceil(rate_rps)))
     sim.run_until(hi_s)
     t = requests_table(sim, sim.take_requests())
     end = (t.column("ts_end_ns").to_numpy() - START_NS) / 1e9
@@ -208,8 +208,8 @@ def limited_run(
     sel = mine & (end >= lo_s + P99_WINDOW_S) & (end < hi_s)
     lat = t.column("latency_ms").to_numpy()[sel]
     p99 = float(np.percentile(lat, 99)) if len(lat) else float("nan")
-    offered = _count_in(sim.arrival_times(culprit), lo_s, hi_s)
-    refused = _count_in(np.asarray(sim.rejected_times(culprit)), lo_s, hi_s)
+    offered = _count_in(sim.controls.arrival_times(culprit), lo_s, hi_s)
+    refused = _count_in(np.asarray(sim.controls.rejected_times(culprit)), lo_s, hi_s)
     return p99, (refused / offered if offered else 0.0)
 
 
@@ -221,7 +221,9 @@ def minimum_limit(s: Scenario) -> tuple[float, float] | None:
     f = s.faults[0]
     hi_s = min(s.duration_s, f.end_s)
     sim = Simulation(s, start_ns=START_NS)
-    offered = _count_in(sim.arrival_times(culprit), f.start_s, hi_s) / max(1e-9, hi_s - f.start_s)
+    offered = _count_in(sim.controls.arrival_times(culprit), f.start_s, hi_s) / max(
+        1e-9, hi_s - f.start_s
+    )
     floor = 1e-3
     p99, lost = limited_run(s, culprit, victim, floor, f.start_s, hi_s)
     if not p99 <= slo:

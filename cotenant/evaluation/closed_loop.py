@@ -178,9 +178,9 @@ def run_closed_loop(
         changes=list(backend.log),
         actions=actions,
         detections=detections,
-        admission={n: sim.admission(n) for n in names},
-        rejected_s={n: np.asarray(sim.rejected_times(n)) for n in names},
-        offered_s={n: sim.arrival_times(n) for n in names},
+        admission={n: sim.controls.admission(n) for n in names},
+        rejected_s={n: np.asarray(sim.controls.rejected_times(n)) for n in names},
+        offered_s={n: sim.controls.arrival_times(n) for n in names},
         wall_s=time.perf_counter() - t_wall,
         passes={"analysis": analysis.passes, "control": controller.passes},
     )

@@ -57,7 +57,7 @@ class SimulatorBackend:
             "max_wait_s": a["max_wait_s"],
             "priority": -int(a["priority"]),
         }
-        weights = self._sim.routing(target)["weights"]
+        weights = self._sim.controls.routing(target)["weights"]
         if weights:
             out["weights"] = dict(weights)
         return out
@@ -69,10 +69,10 @@ class SimulatorBackend:
             rate = _number(p, "rate_rps", change)
             burst = _number(p, "burst", change, integer=True)
             wait = _number(p, "max_wait_s", change, default=0.0, zero_ok=True)
-            self._sim.set_rate_limit(change.target, rate, int(burst), max_wait_s=wait)
+            self._sim.controls.set_rate_limit(change.target, rate, int(burst), max_wait_s=wait)
         elif change.kind == "priority":
             prio = _number(p, "priority", change, integer=True, signed=True)
-            self._sim.set_priority(change.target, -int(prio))
+            self._sim.controls.set_priority(change.target, -int(prio))
         elif change.kind == "reroute":
             weights = p.get("weights")
             if not isinstance(weights, dict) or not weights:
@@ -81,7 +81,7 @@ class SimulatorBackend:
                     f"{weights!r}: expected a mapping of replica to weight"
                 )
             try:
-                self._sim.set_weights(change.target, weights)
+                self._sim.controls.set_weights(change.target, weights)
             except UsageError as exc:
                 raise BackendError(
                     f"simulator backend: reroute {change.target!r}: weights: {exc}"
@@ -103,19 +103,19 @@ class SimulatorBackend:
         prio = before.get("priority", now["priority"])
         try:
             if rate is None:
-                self._sim.set_rate_limit(target, None)
+                self._sim.controls.set_rate_limit(target, None)
             else:
-                self._sim.set_rate_limit(
+                self._sim.controls.set_rate_limit(
                     target,
                     float(rate),
                     int(before.get("burst") or 1),
                     max_wait_s=float(before.get("max_wait_s") or 0.0),
                 )
             if prio != now["priority"]:
-                self._sim.set_priority(target, -int(prio))
+                self._sim.controls.set_priority(target, -int(prio))
             weights = before.get("weights")
             if weights and weights != now.get("weights"):
-                self._sim.set_weights(target, dict(weights))
+                self._sim.controls.set_weights(target, dict(weights))
         except (UsageError, TypeError, ValueError, AttributeError) as exc:
             raise BackendError(
                 f"simulator backend: cannot restore {target!r} to {before!r}: {exc}"
@@ -132,7 +132,7 @@ class SimulatorBackend:
 
     def _admission(self, target: str) -> dict[str, Any]:
         try:
-            return self._sim.admission(target)
+            return self._sim.controls.admission(target)
         except UsageError as exc:
             raise BackendError(f"simulator backend: {exc}") from exc
 

@@ -1,15 +1,15 @@
 """What a gateway in front of the simulated models changes at run time, and what it reads.
 
-:class:`RunControls` is the half of :class:`simulator.engine.Simulation` that actions use
-(:mod:`evaluation.sim_backend`): a model's rate limit, priority and replica weights, set at the
-simulation's current virtual time, and its admission counts, routing and arrivals read back.
-Every method raises :class:`store.errors.UsageError` for an unknown model or a bad value and
-then changes nothing.
+:class:`RunControls` is what actions use of a running :class:`simulator.engine.Simulation`
+(``Simulation.controls``; :mod:`evaluation.sim_backend`): a model's rate limit, priority and
+replica weights, set at the simulation's current virtual time, and its admission counts,
+routing and arrivals read back. Every method raises :class:`cotenant.core.errors.UsageError`
+for an unknown model or a bad value and then changes nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,37 +21,46 @@ from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.state import SimGpu, SimModel
 
 
-class RunControls:
-    """Run-time controls over the state a :class:`~simulator.engine.Simulation` builds."""
+class RunState(Protocol):
+    """What the controls read and change of a running simulation (its virtual time ``t``
+    moves as it runs)."""
 
     s: Scenario
     t: float
     gpus: list[SimGpu]
-    models: list[SimModel]
     routes: list[Route]
-    _arrivals: MergedArrivals
+
+    @property
+    def arrivals(self) -> MergedArrivals: ...
+
+
+class RunControls:
+    """Run-time controls over the state of one running simulation (``run``)."""
+
+    def __init__(self, run: RunState) -> None:
+        self._run = run
 
     def _model(self, name: str) -> SimModel:
         """The model's first (or only) run-time instance."""
-        return self.routes[self._model_index(name)].members[0]
+        return self._run.routes[self._model_index(name)].members[0]
 
     def _model_index(self, name: str) -> int:
-        for i, m in enumerate(self.s.models):
+        for i, m in enumerate(self._run.s.models):
             if m.name == name:
                 return i
-        known = ", ".join(m.name for m in self.s.models)
-        raise UsageError(f"no model {name!r} in scenario {self.s.name!r} (models: {known})")
+        known = ", ".join(m.name for m in self._run.s.models)
+        raise UsageError(f"no model {name!r} in scenario {self._run.s.name!r} (models: {known})")
 
     def routing(self, model: str) -> dict[str, Any]:
         """``model``'s routing now: ``policy`` and ``weights`` (replica -> weight; empty for a
         model without replicas), ``gpus`` (replica -> GPU id) and ``in_flight`` (replica ->
         requests routed there and not finished). Raises UsageError for an unknown model."""
-        route = self.routes[self._model_index(model)]
+        route = self._run.routes[self._model_index(model)]
         reps = [ms for ms in route.members if ms.replica is not None]
         return {
             "policy": route.policy,
             "weights": {ms.replica: w for ms, w in zip(reps, route.weights, strict=False)},
-            "gpus": {ms.replica: self.gpus[ms.gpu].spec.id for ms in reps},
+            "gpus": {ms.replica: self._run.gpus[ms.gpu].spec.id for ms in reps},
             "in_flight": {ms.replica: ms.in_flight for ms in reps},
         }
 
@@ -60,7 +69,7 @@ class RunControls:
         named keep theirs; requests already routed stay). Raises UsageError for an unknown
         model or replica, a model without replicas, a weight outside 0..256 or weights that
         leave no replica a weight > 0 (nothing changes then)."""
-        route = self.routes[self._model_index(model)]
+        route = self._run.routes[self._model_index(model)]
         if route.members[0].replica is None:
             raise UsageError(f"model {model!r} has no replicas to route between")
         route.set_weights(weights)
@@ -76,7 +85,7 @@ class RunControls:
         ms.adm.bucket = (
             None
             if rate_rps is None
-            else VirtualTokenBucket(rate_rps, burst, max_wait_s=max_wait_s, t=self.t)
+            else VirtualTokenBucket(rate_rps, burst, max_wait_s=max_wait_s, t=self._run.t)
         )
 
     def set_priority(self, model: str, priority: int) -> None:
@@ -85,15 +94,15 @@ class RunControls:
         re-weighted at once. Raises UsageError for an unknown model."""
         if int(priority) != priority:
             raise UsageError(f"priority {priority!r} must be an integer")
-        for ms in self.routes[self._model_index(model)].members:
+        for ms in self._run.routes[self._model_index(model)].members:
             ms.priority = int(priority)
             ms.weight = 2.0**ms.priority
-            g = self.gpus[ms.gpu]
+            g = self._run.gpus[ms.gpu]
             mine = [j for j in g.kern.jobs if j.owner == ms.idx]
             for j in mine:
                 j.weight = ms.weight
             if mine:
-                g.kern.changed(self.t)
+                g.kern.changed(self._run.t)
 
     def admission(self, model: str) -> dict[str, Any]:
         """``model``'s current limit and priority and its admission counts so far:
@@ -115,8 +124,8 @@ class RunControls:
         """Virtual times (s) of ``model``'s open-loop arrivals over the whole run (offered
         load, before admission), sorted; empty for a closed-loop model."""
         idx = self._model_index(model)
-        t = np.asarray(self._arrivals.t)
-        return t[np.asarray(self._arrivals.model, dtype=np.int64) == idx] if len(t) else t
+        t = np.asarray(self._run.arrivals.t)
+        return t[np.asarray(self._run.arrivals.model, dtype=np.int64) == idx] if len(t) else t
 
     def rejected_times(self, model: str) -> list[float]:
         """Virtual times (s) at which ``model``'s requests were refused, in order."""

@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from cotenant.simulator.arrivals import merged_arrivals
+from cotenant.simulator.arrivals import MergedArrivals, merged_arrivals
 from cotenant.simulator.controls import RunControls
 from cotenant.simulator.decode import DecodePool, token_counts
 from cotenant.simulator.events import EventKind, EventQueue
@@ -50,7 +50,7 @@ Handler = Callable[[float, Any, Any], None]
 """An event handler: ``(t, a, b)`` with the payload its :class:`EventKind` documents."""
 
 
-class Simulation(RunControls):
+class Simulation:
     """One run of a scenario. ``start_ns`` maps virtual time 0 onto wall-clock nanoseconds;
     ``model_pids`` overrides the pid of a model (default ``1000 + index``)."""
 
@@ -120,6 +120,8 @@ class Simulation(RunControls):
         self._seq_batch: dict[int, tuple[Batch, int]] = {}  # decoding rid -> (prefill, batch)
         self._arrivals = merged_arrivals(s)
         self._a_i = 0
+        self.controls = RunControls(self)
+        """Rate limits, priorities and replica weights at run time (:mod:`simulator.controls`)."""
         handlers: dict[EventKind, Handler] = {
             EventKind.CLOSED_ARRIVAL: lambda t, m, _: self._arrive(m, t, 1.0, -1, -1, closed=True),
             EventKind.LOCKS: self._take_locks,
@@ -151,6 +153,11 @@ class Simulation(RunControls):
         push(s.sample_period_s, EventKind.SAMPLE)
 
     # -- main loop --------------------------------------------------------------------------
+
+    @property
+    def arrivals(self) -> MergedArrivals:
+        """Every open-loop arrival of the run (virtual times, models), sorted."""
+        return self._arrivals
 
     def run_until(self, t_end: float) -> None:
         """Process every event up to virtual time ``t_end`` (capped at the duration)."""

@@ -56,7 +56,7 @@ def test_rate_limit_mid_run_brings_the_victim_back_and_counts_refusals() -> None
     assert _p99(without, "rerank", 160, 190) > 50  # the flood breaches rerank's SLO
     assert _p99(with_limit, "rerank", 160, 190) < 50  # the limit restores it
     assert _p99(with_limit, "rerank", 120, 150) > 50  # before the change: still slow
-    state = sim.admission("embed")
+    state = sim.controls.admission("embed")
     assert state["rejected_total"] > 1000 and state["admitted_total"] > 0
     assert backend.current("embed")["rate_rps"] == 20.0
     (event,) = backend.log
@@ -80,7 +80,7 @@ def test_lower_culprit_priority_gives_the_victim_more_of_the_gpu() -> None:
 def test_bounded_wait_defers_requests_into_their_queue_phase() -> None:
     wait = Change("rate_limit", "embed", {"rate_rps": 100.0, "burst": 1, "max_wait_s": 0.05})
     sim, _, t = _sim_with("actuate_cotenant", wait, 150, 170)
-    state = sim.admission("embed")
+    state = sim.controls.admission("embed")
     assert state["deferred_total"] > 0 and state["rejected_total"] > 0
     end = (t.column("ts_end_ns").to_numpy() - START_NS) / 1e9
     embed = np.asarray(t.column("model").to_pylist(), dtype=object) == "embed"
