@@ -48,6 +48,7 @@ from cotenant.collectors.nvml_health import DeviceState, FieldSpec, GpuDevice, N
 from cotenant.collectors.nvml_metrics import NvmlMetrics
 from cotenant.collectors.nvml_processes import P_TS, PROCESS_SCHEMA, ProcessReader
 from cotenant.core.errors import CotenantError, NvmlUnavailable
+from cotenant.core.periodic import Periodic
 from cotenant.store.schema import arrow_schema
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,7 @@ class NvmlCollector:
         self._proc_cols: list[list[Any]] = [[] for _ in PROCESS_SCHEMA]
         self._last_flush_ns = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker: Periodic | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -175,31 +175,25 @@ class NvmlCollector:
     def start(self) -> None:
         """Poll on a daemon thread every ``poll_interval_s`` until :meth:`stop`."""
         self.open()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="cotenant-nvml", daemon=True)
-        self._thread.start()
+        self._worker = Periodic(
+            "cotenant-nvml",
+            self.poll_interval_s,
+            self.poll_once,
+            what="the NVML poll",
+            fixed_rate=True,
+        )
+        self._worker.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the thread, submit the rows still buffered, ``nvmlShutdown``."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        if self._worker is not None:
+            self._worker.stop(timeout_s)
+            self._worker = None
         with self._lock:
             self._flush()
             if self._opened:
                 self._devs.shutdown_nvml()
                 self._opened = False
-
-    def _run(self) -> None:
-        next_t = time.monotonic()
-        while not self._stop.is_set():
-            self.poll_once()
-            next_t += self.poll_interval_s
-            delay = next_t - time.monotonic()
-            if delay < 0:  # fell behind: skip the missed ticks rather than poll in a burst
-                next_t, delay = time.monotonic(), 0.0
-            self._stop.wait(delay)
 
     # ---- polling ---------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.core.errors import CotenantError
+from cotenant.core.periodic import Periodic
 from cotenant.store.schema import arrow_schema
 
 log = logging.getLogger(__name__)
@@ -194,23 +195,26 @@ class ProcfsCollector:
         self._fd_budget = min(max_pids, _fd_budget())
         self._logged: set[str] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker: Periodic | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
         """Poll on a daemon thread every ``interval_s`` until :meth:`stop`."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="cotenant-procfs", daemon=True)
-        self._thread.start()
+        self._worker = Periodic(
+            "cotenant-procfs",
+            self.interval_s,
+            self.poll_once,
+            what="the procfs poll",
+            fixed_rate=True,
+        )
+        self._worker.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread and close the descriptors held (a later poll reopens them)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        if self._worker is not None:
+            self._worker.stop(timeout_s)
+            self._worker = None
         with self._lock:
             self.close()
 
@@ -219,16 +223,6 @@ class ProcfsCollector:
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
-
-    def _run(self) -> None:
-        next_t = time.monotonic()
-        while not self._stop.is_set():
-            self.poll_once()
-            next_t += self.interval_s
-            delay = next_t - time.monotonic()
-            if delay < 0:  # fell behind: skip the missed ticks rather than poll in a burst
-                next_t, delay = time.monotonic(), 0.0
-            self._stop.wait(delay)
 
     # ---- polling ---------------------------------------------------------------------
 

@@ -1,11 +1,17 @@
 """A daemon thread that calls one function every ``interval_s`` until stopped, surviving any
-exception it raises (logged, and counted by ``on_error``). The continuous analysis loop and the
-actuators' control loop run on it."""
+exception it raises (logged, and counted by ``on_error``): the one worker of every periodic
+job — the continuous analysis loop, the actuators' control loop, the NVML and procfs pollers.
+
+Two schedules: ``fixed_rate=False`` waits ``interval_s`` after each call ends (first call one
+interval after start); ``fixed_rate=True`` calls at start and then on a fixed grid of
+``interval_s``, skipping the ticks it fell behind on rather than calling in a burst (a poller:
+samples evenly spaced)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -20,9 +26,12 @@ class Periodic:
         *,
         what: str,
         on_error: Callable[[], None] | None = None,
+        fixed_rate: bool = False,
     ) -> None:
-        """``name``: the thread's name; ``what``: how a failed call is named in the log."""
+        """``name``: the thread's name; ``what``: how a failed call is named in the log;
+        ``fixed_rate``: the schedule (module docstring)."""
         self.name = name
+        self._fixed_rate = fixed_rate
         self.interval_s = interval_s
         self._fn = fn
         self._what = what
@@ -41,11 +50,28 @@ class Periodic:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self._fn()
-            except Exception:  # the loop must survive any bad pass
-                log.exception("%s failed", self._what)
-                if self._on_error is not None:
-                    self._on_error()
+        if not self._fixed_rate:
+            while not self._stop.wait(self.interval_s):
+                self._call()
+            return
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            self._call()
+            next_t += self.interval_s
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind: skip the missed ticks rather than call in a burst
+                next_t, delay = time.monotonic(), 0.0
+            self._stop.wait(delay)
+
+    def _call(self) -> None:
+        try:
+            self._fn()
+        except Exception:  # the loop must survive any bad pass
+            log.exception("%s failed", self._what)
+            if self._on_error is not None:
+                self._on_error()
