@@ -39,6 +39,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="DIR",
         help="folder of tabular cases (data.csv + label.json per case)",
     )
+    src.add_argument(
+        "--gentd26",
+        type=Path,
+        nargs="?",
+        const=Path(),
+        metavar="DIR",
+        help="diagnose the whole Alibaba GenTD26 trace in DIR (default: ../shared/data/"
+        "alibaba-gentd26 beside the checkout): every e2e incident with ranked causes "
+        "(model_load, load, unknown) and the summary",
+    )
     p.add_argument(
         "--live",
         action="store_true",
@@ -86,6 +96,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return bench_actuate(args.actuate, args.json, policy=args.policy)
     if args.policy is not None:
         raise UsageError("--policy applies only to --actuate")
+    if args.gentd26 is not None:
+        return _bench_gentd26(args.gentd26, args.json)
     if args.tabular is not None:
         from cotenant.evaluation.tabular_cases import bench_tabular, render_tabular
 
@@ -192,4 +204,14 @@ def _bench_live(paths: list[Path], out: Path | None) -> int:
                 default=str,
             )
         )
+    return 0
+
+
+def _bench_gentd26(folder: Path, out: Path | None) -> int:
+    from cotenant.evaluation.gentd26_diagnosis import bench, render
+
+    result = bench(None if folder == Path() else folder)
+    print(render(result["summary"]))
+    if out:
+        out.write_text(json.dumps(result, indent=2, default=str))
     return 0
