@@ -17,13 +17,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.argtypes import seconds
 from cotenant.core.errors import CotenantError, UsageError
+from cotenant.core.slos import E2E, TPOT, TTFT
+
+if TYPE_CHECKING:
+    from cotenant.config import Config
+    from cotenant.simulator.scenario import Scenario
 
 DEMO_STORE = "./.cotenant/demo.duckdb"
 
@@ -78,6 +83,34 @@ def _fresh_store(path: str) -> None:
             f.unlink()
 
 
+def demo_config(cfg: Config, scenario: Scenario, *, store: str, speed: float) -> Config:
+    """``cfg`` for a demo of ``scenario`` at ``speed`` x real time on the store ``store``: the
+    fake NVML on, polls and passes paced in virtual seconds, and the scenario's SLOs (end to
+    end, TTFT, TPOT; :meth:`Scenario.slos`) under the configuration's own."""
+    slos = scenario.slos()  # the configuration's own SLOs win over the scenario's
+    return dataclasses.replace(
+        cfg,
+        store=dataclasses.replace(cfg.store, path=store),
+        nvml=dataclasses.replace(
+            cfg.nvml,
+            enabled=True,
+            host=scenario.host,
+            poll_interval_s=max(0.05, 1.0 / speed),
+            process_interval_s=max(0.05, 1.0 / speed),  # one virtual second, like polls
+        ),
+        # ingest lags by about a wall second (writer flush, NVML batches): that is `speed`
+        # virtual seconds, which every analysis pass must re-read
+        analysis=dataclasses.replace(
+            cfg.analysis,
+            slo_ms={**slos.explicit(E2E), **cfg.analysis.slo_ms},
+            slo_ttft_ms={**slos.explicit(TTFT), **cfg.analysis.slo_ttft_ms},
+            slo_tpot_ms={**slos.explicit(TPOT), **cfg.analysis.slo_tpot_ms},
+            interval_s=max(0.2, 5.0 / speed),
+            reread_s=max(30.0, 5.0 * speed),
+        ),
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cotenant.config import load_config
     from cotenant.service import Service
@@ -88,26 +121,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not args.speed > 0:
         raise UsageError("--speed must be a positive number")
     scenario = load_scenario(find_scenario(args.scenario))
-    cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
-    slo = {m.name: m.slo_p99_ms for m in scenario.models if m.slo_p99_ms}
-    cfg = dataclasses.replace(
-        cfg,
-        store=dataclasses.replace(cfg.store, path=args.store),
-        nvml=dataclasses.replace(
-            cfg.nvml,
-            enabled=True,
-            host=scenario.host,
-            poll_interval_s=max(0.05, 1.0 / args.speed),
-            process_interval_s=max(0.05, 1.0 / args.speed),  # one virtual second, like polls
-        ),
-        # ingest lags by about a wall second (writer flush, NVML batches): that is `speed`
-        # virtual seconds, which every analysis pass must re-read
-        analysis=dataclasses.replace(
-            cfg.analysis,
-            slo_ms={**slo, **cfg.analysis.slo_ms},
-            interval_s=max(0.2, 5.0 / args.speed),
-            reread_s=max(30.0, 5.0 * args.speed),
-        ),
+    cfg = demo_config(
+        load_config(args.config or os.environ.get("COTENANT_CONFIG")),
+        scenario,
+        store=args.store,
+        speed=args.speed,
     )
     _fresh_store(args.store)
     clock = VirtualClock(args.speed)

@@ -172,6 +172,8 @@ class Model:
     kernel: Kernel
     batching: Batching = field(default_factory=Batching)
     slo_p99_ms: float | None = None
+    slo_ttft_ms: float | None = None  # p99 time to first token; LLM models (``llm``) only
+    slo_tpot_ms: float | None = None  # p99 time per output token; LLM models only
     preprocess_ms: float = 0.0  # host CPU time per request, on the shared pool
     postprocess_ms: float = 0.0
     locks: tuple[Lock, ...] = ()
@@ -262,8 +264,13 @@ class Scenario:
         return next(g for g in self.gpus if g.id == gpu_id)
 
     def slos(self) -> Slos:
-        """The models' SLOs as the analysis, rules and report take them."""
-        return Slos.of_maps({m.name: m.slo_p99_ms for m in self.models if m.slo_p99_ms})
+        """The models' SLOs as the analysis, rules and report take them: end to end
+        (``slo_p99_ms``), and TTFT / TPOT (``slo_ttft_ms`` / ``slo_tpot_ms``) of LLM models."""
+        return Slos.of_maps(
+            {m.name: m.slo_p99_ms for m in self.models if m.slo_p99_ms},
+            ttft={m.name: m.slo_ttft_ms for m in self.models if m.slo_ttft_ms},
+            tpot={m.name: m.slo_tpot_ms for m in self.models if m.slo_tpot_ms},
+        )
 
     def without_fault(self, index: int) -> Scenario:
         """The same scenario with fault ``index`` removed (for counterfactual runs)."""

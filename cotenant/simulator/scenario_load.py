@@ -115,6 +115,7 @@ _LLM_KEYS: dict[str, Check] = {
     "prompt_tokens": number(1),
     "output_tokens": number(1),
 }
+_TOKEN_SLO_KEYS = ("slo_ttft_ms", "slo_tpot_ms")  # a model's keys that need its llm section
 _TRANSFER_KEYS: dict[str, Check] = {"h2d_mb": NON_NEGATIVE, "d2h_mb": NON_NEGATIVE}
 _LOCK_KEYS: dict[str, Check] = {"name": nonempty_str, "hold_ms": POSITIVE}
 _REPLICA_KEYS: dict[str, Check] = {
@@ -186,6 +187,8 @@ class _Parser:
             "name": nonempty_str,
             "gpu": nonempty_str,
             "slo_p99_ms": nullable(POSITIVE),
+            "slo_ttft_ms": nullable(POSITIVE),
+            "slo_tpot_ms": nullable(POSITIVE),
             "preprocess_ms": NON_NEGATIVE,
             "postprocess_ms": NON_NEGATIVE,
             "memory_gib": NON_NEGATIVE,
@@ -271,6 +274,15 @@ class _Parser:
             fields["gpu"] = fields["replicas"][0].gpu
         elif "routing" in fields:
             bad(join_path(path, "routing"), fields["routing"], "only a model with replicas")
+        if fields.get("llm") is None:
+            for key in _TOKEN_SLO_KEYS:
+                if fields.get(key) is not None:
+                    bad(
+                        join_path(path, key),
+                        fields[key],
+                        f"model {fields['name']!r} has no llm section; TTFT and TPOT SLOs "
+                        "apply only to generative (llm) models",
+                    )
         return Model(**fields)
 
     def scenario(self, doc: Any) -> Scenario:
