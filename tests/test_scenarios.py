@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from cotenant.core.errors import CotenantError, ScenarioError, UsageError
+from cotenant.simulator.ground_truth import TruthCause, truth_cause
 from cotenant.simulator.scenario import (
     CLOCK_REASON_BITS,
     GPU_TYPES,
@@ -25,14 +26,12 @@ from cotenant.simulator.scenario_checks import MODEL_PID_BASE, PROCESS_PID_BASE
 from cotenant.simulator.scenario_load import (
     SCENARIOS_DIR,
     TRACES_DIR,
-    TruthCause,
     find_scenario,
     library,
     load_scenario,
     model_pid,
     parse_scenario,
     schema_keys,
-    truth_cause,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

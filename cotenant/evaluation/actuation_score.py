@@ -42,9 +42,9 @@ import pyarrow.compute as pc
 from cotenant.core.errors import UsageError
 from cotenant.evaluation.closed_loop import START_NS, ClosedLoopRun
 from cotenant.simulator.engine import Simulation
+from cotenant.simulator.ground_truth import truth_cause
 from cotenant.simulator.output import requests_table
 from cotenant.simulator.scenario import Scenario
-from cotenant.simulator.scenario_load import truth_cause
 
 P99_WINDOW_S = 10.0
 HOLD_S = 30.0

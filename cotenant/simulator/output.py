@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.simulator.engine import Simulation
+from cotenant.simulator.ground_truth import truth_cause
 from cotenant.simulator.scenario import Fault, Scenario
-from cotenant.simulator.scenario_load import truth_cause
 from cotenant.store.schema import arrow_schema
 
 SETTLE_S = 10.0
