@@ -5,8 +5,8 @@ the queue is bounded by rows and by bytes (Arrow buffers), and a full queue rais
 :class:`Overloaded` at once so the receiver can answer 503/UNAVAILABLE with a retry hint
 instead of blocking. One thread drains the queue, concatenates batches per table and appends
 each with one ``INSERT … SELECT`` over Arrow: one transaction, in DuckDB's write-ahead log
-when it returns, so a ``kill -9`` after it loses nothing. The same thread refreshes rollups
-and applies retention (:mod:`store.maintenance`).
+when it returns, so a ``kill -9`` after it loses nothing (the appends: :mod:`store.commits`).
+The same thread refreshes rollups and applies retention (:mod:`store.maintenance`).
 :meth:`close` drains everything still queued before it returns.
 
 **Group commit.** :meth:`submit` returns a :class:`Receipt`; a producer that must not answer
@@ -78,10 +78,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import duckdb
 import pyarrow as pa
 
 from cotenant.core.errors import Overloaded, StoreError
+from cotenant.store.commits import Commits, QueuedBatch
 from cotenant.store.db import Store
 from cotenant.store.maintenance import Maintenance
 from cotenant.store.schema import APPEND_TABLES, arrow_schema
@@ -90,15 +90,10 @@ from cotenant.store.spool import AckLog, Mark
 from cotenant.store.write_batches import (
     Receipt,
     WriteObserver,
-    append_batch,
     conform,
-    touched_minutes,
 )
 
 log = logging.getLogger(__name__)
-
-
-_Item = tuple[str, pa.Table, Receipt, bool]  # table, rows, receipt, durable
 
 
 class Writer:
@@ -133,9 +128,8 @@ class Writer:
         self._group_commit_s = group_commit_s
         self._retry_after_s = retry_after_s
         self._maintenance = maintenance
-        self._observer = observer
         self._clock = clock
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[QueuedBatch] = deque()
         self._queued_rows = 0
         self._in_flight = 0
         self._queued_bytes = 0
@@ -148,6 +142,7 @@ class Writer:
         self._flushers = 0
         self._schemas = {t: arrow_schema(t) for t in APPEND_TABLES}
         self._spool = spool
+        self._commits = Commits(store, maintenance=maintenance, observer=observer)
         self._mark: Mark = (0, 0)  # the spool's end when everything queued was last taken
         if spool is not None:
             self._recover(spool)
@@ -306,7 +301,7 @@ class Writer:
                 self.queued_rows,
             )
 
-    def _take(self) -> tuple[list[_Item], bool]:
+    def _take(self) -> tuple[list[QueuedBatch], bool]:
         """Wait for work, then take it off the queue: everything when a batch is full, a
         flush or close is waiting, or the oldest non-durable row has waited
         ``flush_interval_s``; otherwise, once a group commit is due, only the durable batches.
@@ -361,7 +356,7 @@ class Writer:
             if items:
                 try:
                     if self._spool is None or not everything:
-                        self._write(items)
+                        self._commits.write(items)
                     else:
                         self._load(items, self._spool, self._mark)
                 finally:  # no waiter is left hanging, whatever happened
@@ -380,7 +375,7 @@ class Writer:
                     self._spool.close()
                 return
 
-    def _requeue(self, items: list[_Item]) -> None:
+    def _requeue(self, items: list[QueuedBatch]) -> None:
         """Put spooled (acknowledged) batches back in the queue, due at the flush interval."""
         with self._cond:
             for table, batch, receipt, _ in items:
@@ -390,25 +385,25 @@ class Writer:
             if self._flush_due is None:
                 self._flush_due = self._clock() + self._flush_interval_s
 
-    def _load(self, items: list[_Item], spool: AckLog, mark: Mark) -> None:
+    def _load(self, items: list[QueuedBatch], spool: AckLog, mark: Mark) -> None:
         """Everything queued, under a spool: the tables holding spooled batches (receipt
         already settled) in one transaction that also records the spool as loaded up to its
         end (so a restart never loads them twice), the others as :meth:`_write` does. If that
         transaction fails, the spooled batches are queued again (they are acknowledged)."""
         spooled_tables = {table for table, _, receipt, _ in items if receipt.settled}
         if not spooled_tables:
-            self._write(items)
+            self._commits.write(items)
             return
-        self._write([item for item in items if item[0] not in spooled_tables])
+        self._commits.write([item for item in items if item[0] not in spooled_tables])
         ours = [item for item in items if item[0] in spooled_tables]
         try:
             with self._store.cursor() as cur:
-                self._commit_loaded(cur, ours, mark, spool)
+                self._commits.commit_loaded(cur, ours, mark, spool)
         except Exception as exc:  # the data path must not kill the writer thread
             log.exception("loading %d spooled batches failed; kept for the next flush", len(ours))
             waiting = [item for item in ours if not item[2].settled]
             for table in {item[0] for item in waiting}:
-                self._failed(table, [(b, r) for t, b, r, _ in waiting if t == table], exc)
+                self._commits.failed(table, [(b, r) for t, b, r, _ in waiting if t == table], exc)
             self._requeue([item for item in ours if item[2].committed])
             return
         with self._cond:  # producers append to the spool under it
@@ -417,86 +412,19 @@ class Writer:
             if not receipt.settled:
                 receipt.settle()
 
-    def _commit_loaded(
-        self, cur: duckdb.DuckDBPyConnection, items: list[_Item], mark: Mark, spool: AckLog
-    ) -> None:
-        """Append ``items`` (one statement per table) and ``mark`` in one transaction."""
-        by_table: dict[str, list[pa.Table]] = {}
-        for table, batch, _, _ in items:
-            by_table.setdefault(table, []).append(batch)
-        t0 = time.perf_counter()
-        cur.execute("BEGIN TRANSACTION")
-        try:
-            # one chunk: DuckDB scans 25 chunks of 40 rows ~2 ms slower than one of 1,000
-            combined = {t: pa.concat_tables(bs).combine_chunks() for t, bs in by_table.items()}
-            for table, data in combined.items():
-                append_batch(cur, table, data)
-            spool.mark_loaded(cur, mark)
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        seconds = time.perf_counter() - t0
-        for table, data in combined.items():
-            if self._observer is not None:
-                self._observer.rows_written(table, data.num_rows, seconds)
-            if self._maintenance is not None:
-                self._maintenance.mark_dirty(table, touched_minutes(table, data))
-
     def _recover(self, spool: AckLog) -> None:
         """Load what a previous process spooled (acknowledged) but did not load."""
         with self._store.cursor() as cur:
             batches, mark = spool.recover(cur)
-            items: list[_Item] = []
+            items: list[QueuedBatch] = []
             for table, batch in batches:
                 if table not in self._schemas:
                     raise StoreError(f"the spool holds rows for {table}, which takes no appends")
                 items.append((table, conform(table, batch, self._schemas[table]), Receipt(), False))
             if items:
-                self._commit_loaded(cur, items, mark, spool)
+                self._commits.commit_loaded(cur, items, mark, spool)
                 log.info(
                     "loaded %d acknowledged rows left in the spool by the last run",
                     sum(b.num_rows for _, b, _, _ in items),
                 )
         spool.loaded(mark)
-
-    def _write(self, items: list[_Item]) -> None:
-        by_table: dict[str, list[tuple[pa.Table, Receipt]]] = {}
-        for table, batch, receipt, _ in items:
-            by_table.setdefault(table, []).append((batch, receipt))
-        try:
-            cur = self._store.cursor()
-        except Exception as exc:  # the data path must not kill the writer thread
-            for table, entries in by_table.items():
-                self._failed(table, entries, exc)
-            return
-        with cur:
-            for table, entries in by_table.items():
-                self._write_table(cur, table, entries)
-
-    def _write_table(
-        self, cur: duckdb.DuckDBPyConnection, table: str, entries: list[tuple[pa.Table, Receipt]]
-    ) -> None:
-        """One append (one transaction) of every batch queued for ``table``."""
-        rows = sum(b.num_rows for b, _ in entries)
-        t0 = time.perf_counter()
-        try:
-            combined = pa.concat_tables([b for b, _ in entries])
-            append_batch(cur, table, combined)
-        except Exception as exc:  # the data path must not kill the writer thread
-            self._failed(table, entries, exc)
-            return
-        for _, receipt in entries:
-            receipt.settle()
-        if self._observer is not None:
-            self._observer.rows_written(table, rows, time.perf_counter() - t0)
-        if self._maintenance is not None:
-            self._maintenance.mark_dirty(table, touched_minutes(table, combined))
-
-    def _failed(self, table: str, entries: list[tuple[pa.Table, Receipt]], exc: Exception) -> None:
-        rows = sum(b.num_rows for b, _ in entries)
-        log.exception("writing %d rows to %s failed: %s", rows, table, exc)
-        if self._observer is not None:
-            self._observer.write_failed(table, rows)
-        for _, receipt in entries:
-            receipt.settle(f"writing {rows} rows to {table} failed: {exc}")
