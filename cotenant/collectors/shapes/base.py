@@ -11,8 +11,10 @@ shapes (:data:`collectors.shapes.SHAPES` by default) and sorts every span of an 
 2. A span whose name is in a shape's :attr:`SpanShape.root_names` is that shape's request root
    (a name outranks attributes: names are checked before any :meth:`SpanShape.claim`).
 3. Otherwise each shape's :meth:`SpanShape.claim` is asked in tuple order with the span's
-   attributes; the first answer other than :attr:`Claim.NONE` wins: a root, or a :data:`Child`
-   of the shape's own to hold for its parent (e.g. Triton's model span).
+   attributes and its resource's; the first answer other than :attr:`Claim.NONE` wins: a root,
+   or a :data:`Child` of the shape's own to hold for its parent (e.g. Triton's model span, or
+   Ray Serve's replica span, which carries the replica process's ``process.pid`` from another
+   resource than its root's).
 4. A span nobody claims is ignored and counted as ``unrecognized``.
 
 Then :meth:`SpanShape.build_row` turns each root into one ``requests`` row, taking its
@@ -119,10 +121,12 @@ class SpanShape(Protocol):
         """Span names that are this shape's roots whatever their attributes (may be empty)."""
         ...
 
-    def claim(self, span: Any, attrs: Attrs) -> Claim | Child:
+    def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         """Sort a span that neither a phase name nor any shape's ``root_names`` claimed.
 
-        ``span`` is an OTLP ``Span`` message and ``attrs`` its decoded attributes. Returns
+        ``span`` is an OTLP ``Span`` message, ``attrs`` its decoded attributes and
+        ``resource`` its resource's (read it only for what a root cannot see: a child from
+        another process; it is not copied, so keep only the values you need). Returns
         :attr:`Claim.ROOT`, a :data:`Child` to hold for the span's parent, or
         :attr:`Claim.NONE`. Runs for every such span: keep it to a lookup or two."""
         ...

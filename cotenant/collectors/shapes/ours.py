@@ -25,7 +25,7 @@ class OursShape:
     source = "ours"
     root_names: frozenset[str] = frozenset()
 
-    def claim(self, span: Any, attrs: Attrs) -> Claim | Child:
+    def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         return _ROOT if ATTR_MODEL in attrs else _NONE
 
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:

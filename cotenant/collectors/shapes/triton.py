@@ -41,7 +41,7 @@ class TritonShape:
     source = "triton"
     root_names = frozenset({TRITON_ROOT})
 
-    def claim(self, span: Any, attrs: Attrs) -> Claim | Child:
+    def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         if TRITON_MODEL_ATTR not in attrs:
             return Claim.NONE
         events = {e.name: e.time_unix_nano for e in span.events}

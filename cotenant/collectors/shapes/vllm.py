@@ -35,7 +35,7 @@ class VllmShape:
     source = "vllm"
     root_names = frozenset({VLLM_SPAN})
 
-    def claim(self, span: Any, attrs: Attrs) -> Claim | Child:
+    def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         return Claim.NONE  # roots are claimed by name; vLLM emits no child spans
 
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
