@@ -176,3 +176,36 @@ def test_a_missing_triton_model_span_is_rejected_and_counted() -> None:
     f.tracer.start_span("InferRequest", start_time=T0).end(end_time=T0 + MS)
     res = Normalizer(GpuResolver()).normalize(f.otlp())
     assert res.requests.num_rows == 0 and res.rejected == {"triton_incomplete": 1}
+
+
+def test_request_row_puts_each_named_column_where_the_store_has_it() -> None:
+    """Shapes build rows by name; the tuple's order is the ``requests`` table's."""
+    from cotenant.collectors.shapes.base import request_row
+    from cotenant.core.phases import PHASE_COLUMNS
+    from cotenant.store.schema import REQUESTS
+
+    names = [c for c, _ in REQUESTS]
+    phases = [float(i) for i in range(len(PHASE_COLUMNS))]
+    given = {
+        "ts_start_ns": 1_000_000,
+        "ts_end_ns": 3_000_000,
+        "trace_id": "t",
+        "span_id": "s",
+        "model": "m",
+        "host": "h",
+        "pid": 7,
+        "gpu": "g",
+        "status": "ok",
+        "source": "ours",
+        "tenant": "te",
+        "priority": 2,
+        "batch_size": 3,
+        "prompt_tokens": 4,
+        "output_tokens": 5,
+        "lock_name": "ln",
+        "lock_holder": "lh",
+        "ttft_ms": 0.5,
+        "replica": "r",
+    }
+    row = dict(zip(names, request_row(**given, phases_ms=phases), strict=True))
+    assert row == {**given, "latency_ms": 2.0, **dict(zip(PHASE_COLUMNS, phases, strict=True))}

@@ -29,6 +29,7 @@ shape and not the normalizer change.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cotenant.collectors.critical_path import OTHER
@@ -45,7 +46,62 @@ The phase indexes :data:`store.schema.PHASES`; a negative phase marks a shape's 
 JSON-serialisable: pending children are persisted at shutdown."""
 
 Row = tuple[Any, ...]
-"""One ``requests`` row, in the column order of ``store.schema.REQUESTS``."""
+"""One ``requests`` row, in the column order of ``store.schema.REQUESTS``; shapes build it by
+name with :func:`request_row` (a tuple: the normalizer turns a batch of them into one Arrow
+struct array)."""
+
+
+def request_row(
+    *,
+    ts_start_ns: int,
+    ts_end_ns: int,
+    trace_id: str,
+    span_id: str,
+    model: Any,
+    host: Any,
+    pid: Any,
+    gpu: Any,
+    status: str,
+    source: str,
+    phases_ms: Sequence[float],
+    tenant: Any = None,
+    priority: Any = None,
+    batch_size: Any = None,
+    prompt_tokens: Any = None,
+    output_tokens: Any = None,
+    lock_name: Any = None,
+    lock_holder: Any = None,
+    ttft_ms: Any = None,
+    replica: Any = None,
+) -> Row:
+    """A ``requests`` row from its columns by name: ``latency_ms`` is ``ts_end_ns -
+    ts_start_ns`` in ms and ``phases_ms`` the phase columns in :data:`PHASES` order (they sum
+    to it, see :func:`fit_phases`). ``tests/test_span_shapes.py`` checks the order against
+    ``store.schema.REQUESTS``."""
+    return (
+        ts_start_ns,
+        ts_end_ns,
+        (ts_end_ns - ts_start_ns) / 1e6,
+        trace_id,
+        span_id,
+        model,
+        tenant,
+        host,
+        pid,
+        gpu,
+        priority,
+        batch_size,
+        prompt_tokens,
+        output_tokens,
+        status,
+        source,
+        *phases_ms,
+        lock_name,
+        lock_holder,
+        ttft_ms,
+        replica,
+    )
+
 
 Identity = tuple[int, int, str, str, str, int | None, str]
 """``(start ns, end ns, model, host, gpu, pid or None, status "ok" | "error")``."""

@@ -34,6 +34,7 @@ from cotenant.collectors.shapes.base import (
     Row,
     RowContext,
     fit_phases,
+    request_row,
 )
 from cotenant.core.phases import PHASES
 
@@ -110,26 +111,18 @@ class RayServeShape:
             phases[QUEUE] = max(0, replica[1] - route[1]) / 1e6
             phases[COMPUTE] = max(0, replica[2] - replica[1]) / 1e6
         fit_phases(phases, latency)
-        return (
-            start,
-            end,
-            latency,
-            trace_id.hex(),
-            span_id.hex(),
-            model,
-            as_str(resource.get("cotenant.tenant")),
-            host,
-            pid,
-            gpu,
-            None,
-            None,
-            None,
-            None,
-            status,
-            self.source,
-            *phases,
-            None,
-            None,
-            None,
-            (replica[4] or {}).get("replica") if replica is not None else None,
+        return request_row(
+            ts_start_ns=start,
+            ts_end_ns=end,
+            trace_id=trace_id.hex(),
+            span_id=span_id.hex(),
+            model=model,
+            tenant=as_str(resource.get("cotenant.tenant")),
+            host=host,
+            pid=pid,
+            gpu=gpu,
+            status=status,
+            source=self.source,
+            phases_ms=phases,
+            replica=(replica[4] or {}).get("replica") if replica is not None else None,
         )
