@@ -176,6 +176,16 @@ _FAULT_KEYS: dict[str, tuple[dict[str, Check], tuple[str, ...]]] = {
         },
         ("target", "factor"),
     ),
+    "model_load": (
+        {
+            "target": nonempty_str,
+            "load_s": POSITIVE,
+            "every_s": NON_NEGATIVE,
+            "load_kind": one_of(("base", "lora", "controlnet", "pipeline", "adapter")),
+            "load_name": nonempty_str,
+        },
+        ("target", "load_s"),
+    ),
 }
 
 
@@ -414,6 +424,7 @@ def truth_cause(fault: Fault, scenario: Scenario | None = None) -> TruthCause:
         "cpu_hog": "cpu",
         "load_surge": "load",
         "length_shift": "mix",
+        "model_load": "model_load",
     }.get(fault.kind)
     if kind is None:
         raise UsageError(f"unknown fault kind {fault.kind!r}")

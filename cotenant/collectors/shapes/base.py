@@ -114,8 +114,13 @@ PHASE_SPANS: dict[str, int] = {
     "compute": PHASES.index("compute"),
     "transfer.d2h": PHASES.index("d2h"),
     "postprocess": PHASES.index("postprocess"),
+    "model.load": PHASES.index("other"),
 }
-"""Span name -> phase index of the phase children (step 1 of the module docstring)."""
+"""Span name -> phase index of the phase children (step 1 of the module docstring).
+
+``model.load`` (a model, adapter or pipeline load the request waited for; attributes
+``cotenant.load.kind`` and ``cotenant.load.name``) has no phase of its own: its time on the
+critical path is ``other``, like time no child covers (docs/instrumenting.md, "Model loads")."""
 
 LOCK = PHASES.index("lock_wait")
 COMPUTE = PHASES.index("compute")
