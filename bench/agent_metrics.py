@@ -96,14 +96,14 @@ def _agent(
 
 def _fleet_nvml(gpus: int, processes: int, timed: bool = False) -> tuple[FakeNvml, list[str]]:
     fake = _TimedNvml() if timed else FakeNvml()
-    uuids = [fake.add_gpu() for _ in range(gpus)]
+    uuids = [fake.model.add_gpu() for _ in range(gpus)]
     rng = np.random.default_rng(5)
     for u in uuids:
-        fake.set_gpu(u, sm_util=60, mem_util=30, memory_used_bytes=40 * GIB, power_w=400)
+        fake.model.set_gpu(u, sm_util=60, mem_util=30, memory_used_bytes=40 * GIB, power_w=400)
     for p in range(processes):
         pid = 5000 + p
-        fake.add_process(uuids[p % gpus], pid, f"worker-{p}", 2 * GIB)
-        fake.record_process_util(pid, int(rng.integers(5, 60)), 10)
+        fake.model.add_process(uuids[p % gpus], pid, f"worker-{p}", 2 * GIB)
+        fake.model.record_process_util(pid, int(rng.integers(5, 60)), 10)
     return fake, uuids
 
 

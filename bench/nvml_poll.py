@@ -68,8 +68,8 @@ def build(
     resolver = GpuResolver()
     pids = []
     for g in range(gpus):
-        uuid = fake.add_gpu()
-        fake.set_gpu(
+        uuid = fake.model.add_gpu()
+        fake.model.set_gpu(
             uuid,
             sm_util=rng.uniform(20, 95),
             mem_util=rng.uniform(10, 60),
@@ -84,7 +84,7 @@ def build(
         )
         for p in range(procs):
             pid = 10_000 + g * 100 + p
-            fake.add_process(uuid, pid, f"worker-{p}", rng.randrange(1, 4) << 30)
+            fake.model.add_process(uuid, pid, f"worker-{p}", rng.randrange(1, 4) << 30)
             resolver.note_model(HOST, pid, f"model-{p % 5}")
             pids.append(pid)
     return fake, pids, resolver
@@ -98,7 +98,7 @@ def prerecord(
     for k in range(steps):
         ts = start_ns + k * step + step // 2
         for pid in pids:
-            fake.record_process_util(pid, rng.uniform(0, 100), rng.uniform(0, 50), ts_ns=ts)
+            fake.model.record_process_util(pid, rng.uniform(0, 100), rng.uniform(0, 50), ts_ns=ts)
 
 
 def collector(

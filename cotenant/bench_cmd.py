@@ -66,7 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--policy",
         type=Path,
         metavar="FILE",
-        help="with --actuate: the actuation policy (default: the bundled rules/policy.yaml)",
+        help="with --actuate: the actuation policy (default: the bundled "
+        "cotenant/rules/policy.yaml)",
     )
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the results here")
     p.set_defaults(func=cmd_bench)

@@ -133,12 +133,12 @@ def build_central(
         source=source,
         registry=registry,
         clock_ns=clock_ns,
-        slo_ms=ac.slo_ms,
+        slos=slos,
         step_s=ac.step_s,
     )
     if actions is not None:
         api.include_router(actions_router(actions, actions))
-    SloMetric(ac.slo_ms, registry)  # cotenant_slo_seconds, read by rules/
+    SloMetric(slos.explicit(), registry)  # cotenant_slo_seconds; the rules add the default
     alerts = None
     if config.alerts.enabled:
         alerts = AlertReceiver(

@@ -13,9 +13,9 @@ from cotenant.remote import call_api
 
 if TYPE_CHECKING:
     from cotenant.config import Config
+    from cotenant.core.week_reads import WeekRollups
     from cotenant.reports.compute import ReportBuilder
     from cotenant.store.db import Store
-    from cotenant.store.week_rollups import WeekRollups
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -150,3 +150,49 @@ class SpanFactory:
         root.end(end_time=end)
         sc = root.get_span_context()
         return f"{sc.trace_id:032x}", f"{sc.span_id:016x}"
+
+    def rayserve(
+        self,
+        t0: int,
+        deployment: str,
+        *,
+        app: str = "app",
+        replica_id: str = "r1abcdef",
+        latency_ms: float,
+        queue_ms: float,
+        compute_ms: float,
+        replica: SpanFactory | None = None,
+    ) -> tuple[str, str]:
+        """Ray Serve 2.60's three spans: ``proxy_http_request`` -> ``route_to_replica`` ->
+        ``replica_handle_request``, attributes as Ray sets them. The replica span is recorded
+        by ``replica`` (another process's factory, with its own resource) when given, else
+        by this one; ``replica=self`` with ``compute_ms=0`` still emits it. The route starts
+        1 ms into the request and the replica span ``queue_ms`` after that."""
+        common = {"deployment": deployment, "app": app, "request_id": "req-1"}
+        root = self.tracer.start_span(
+            f"proxy_http_request {deployment} GET /",
+            kind=SpanKind.SERVER,
+            start_time=t0,
+            attributes={**common, "request_type": "http", "http.status_code": 200},
+        )
+        r0 = t0 + MS
+        route = self.tracer.start_span(
+            f"route_to_replica {deployment} __call__",
+            context=set_span_in_context(root),
+            kind=SpanKind.SERVER,
+            start_time=r0,
+            attributes={**common, "call_method": "__call__", "http.method": "__call__"},
+        )
+        s0 = r0 + int(queue_ms * MS)
+        rep = (replica or self).tracer.start_span(
+            f"replica_handle_request {deployment} __call__",
+            context=set_span_in_context(route),
+            kind=SpanKind.SERVER,
+            start_time=s0,
+            attributes={**common, "replica_id": replica_id, "http.status_code": "200"},
+        )
+        route.end(end_time=s0 + MS // 10)
+        rep.end(end_time=s0 + int(compute_ms * MS))
+        root.end(end_time=t0 + int(latency_ms * MS))
+        sc = root.get_span_context()
+        return f"{sc.trace_id:032x}", f"{sc.span_id:016x}"

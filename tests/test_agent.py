@@ -164,10 +164,10 @@ def test_a_running_agent_exposes_what_central_diagnosis_reads_and_drills_down(
     tmp_path: Path,
 ) -> None:
     fake = FakeNvml()
-    gpu = fake.add_gpu()
-    fake.set_gpu(gpu, sm_util=61, memory_used_bytes=10 * GIB, power_w=300, sm_clock_mhz=1500)
-    fake.add_process(gpu, 4242, "python3", 5 * GIB)
-    fake.record_process_util(4242, 40, 10)
+    gpu = fake.model.add_gpu()
+    fake.model.set_gpu(gpu, sm_util=61, memory_used_bytes=10 * GIB, power_w=300, sm_clock_mhz=1500)
+    fake.model.add_process(gpu, 4242, "python3", 5 * GIB)
+    fake.model.record_process_util(4242, 40, 10)
     svc, thread, api, otlp = _agent(tmp_path, fake)
     try:
         f = SpanFactory({"service.name": "tts", "host.name": "node-a"})
@@ -237,7 +237,7 @@ def test_a_spooled_agent_drills_down_into_every_acknowledged_request(tmp_path: P
     # [agent] spool: acknowledged once in the spool; an hour-long flush interval, so only the
     # drill-down's flush can bring the rows into the store before it reads
     fake = FakeNvml()
-    gpu = fake.add_gpu()
+    gpu = fake.model.add_gpu()
     env = {"COTENANT_STORE_SPOOL": "true", "COTENANT_STORE_FLUSH_INTERVAL_S": "3600"}
     svc, thread, api, otlp = _agent(tmp_path, fake, env)
     try:

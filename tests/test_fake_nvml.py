@@ -69,20 +69,20 @@ def test_the_nvml_api_is_pynvmls_and_the_fake_has_it(name: str) -> None:
 def nvml() -> tuple[FakeNvml, Clock, object]:
     clock = Clock()
     fake = FakeNvml(clock=clock)
-    fake.add_gpu()
+    fake.model.add_gpu()
     fake.nvmlInit()
     return fake, clock, fake.nvmlDeviceGetHandleByIndex(0)
 
 
 def test_calls_need_init_and_shutdown_is_counted() -> None:
     fake = FakeNvml()
-    fake.add_gpu()
+    fake.model.add_gpu()
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         fake.nvmlDeviceGetCount()
     fake.nvmlInit()
     fake.nvmlInit()
     fake.nvmlShutdown()
-    assert fake.nvmlDeviceGetCount() == 1 and fake.init_count == 1
+    assert fake.nvmlDeviceGetCount() == 1 and fake.model.init_count == 1
     fake.nvmlShutdown()
     with pytest.raises(pynvml.NVMLError):
         fake.nvmlDeviceGetCount()
@@ -92,10 +92,10 @@ def test_library_missing_and_driver_gone() -> None:
     with pytest.raises(pynvml.NVMLError_LibraryNotFound):
         FakeNvml(library_found=False).nvmlInit()
     fake = FakeNvml()
-    fake.add_gpu()
+    fake.model.add_gpu()
     fake.nvmlInit()
     handle = fake.nvmlDeviceGetHandleByIndex(0)
-    fake.unload_driver()
+    fake.model.unload_driver()
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
         fake.nvmlDeviceGetPowerUsage(handle)
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
@@ -104,8 +104,8 @@ def test_library_missing_and_driver_gone() -> None:
 
 def test_counters_structures_and_units(nvml: tuple[FakeNvml, Clock, object]) -> None:
     fake, clock, h = nvml
-    fake.set_gpu(0, sm_util=71, mem_util=12, power_w=301.5, temp_c=55, sm_clock_mhz=1410)
-    fake.set_gpu(0, pcie_tx_bps=1024**3, nvlink_rx_bps=2 * 1024**3, memory_used_bytes=3 * GIB)
+    fake.model.set_gpu(0, sm_util=71, mem_util=12, power_w=301.5, temp_c=55, sm_clock_mhz=1410)
+    fake.model.set_gpu(0, pcie_tx_bps=1024**3, nvlink_rx_bps=2 * 1024**3, memory_used_bytes=3 * GIB)
     util = fake.nvmlDeviceGetUtilizationRates(h)
     assert isinstance(util, pynvml.c_nvmlUtilization_t) and (util.gpu, util.memory) == (71, 12)
     mem = fake.nvmlDeviceGetMemoryInfo(h)
@@ -132,12 +132,12 @@ def test_counters_structures_and_units(nvml: tuple[FakeNvml, Clock, object]) -> 
 
 def test_process_utilization_since_a_timestamp(nvml: tuple[FakeNvml, Clock, object]) -> None:
     fake, clock, h = nvml
-    fake.add_process(0, 7, "python3", 2 * GIB)
+    fake.model.add_process(0, 7, "python3", 2 * GIB)
     with pytest.raises(pynvml.NVMLError_NotFound):
         fake.nvmlDeviceGetProcessUtilization(h, 0)
-    fake.record_process_util(7, 50, 5)
+    fake.model.record_process_util(7, 50, 5)
     clock.ns += 100_000_000
-    fake.record_process_util(7, 70, 9)
+    fake.model.record_process_util(7, 70, 9)
     samples = fake.nvmlDeviceGetProcessUtilization(h, 0)
     assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [(7, 50, 5), (7, 70, 9)]
     assert isinstance(samples[0], pynvml.c_nvmlProcessUtilizationSample_t)
@@ -148,7 +148,7 @@ def test_process_utilization_since_a_timestamp(nvml: tuple[FakeNvml, Clock, obje
     [proc] = fake.nvmlDeviceGetComputeRunningProcesses(h)
     assert (proc.pid, proc.usedGpuMemory) == (7, 2 * GIB)
     assert fake.nvmlSystemGetProcessName(7) == "python3"
-    fake.remove_process(7)
+    fake.model.remove_process(7)
     assert fake.nvmlDeviceGetComputeRunningProcesses(h) == []
     with pytest.raises(pynvml.NVMLError_NotFound):
         fake.nvmlSystemGetProcessName(7)
@@ -156,13 +156,13 @@ def test_process_utilization_since_a_timestamp(nvml: tuple[FakeNvml, Clock, obje
 
 def test_unsupported_lost_and_mig(nvml: tuple[FakeNvml, Clock, object]) -> None:
     fake, _, h = nvml
-    fake.set_unsupported(0, "power")
+    fake.model.set_unsupported(0, "power")
     with pytest.raises(pynvml.NVMLError_NotSupported):
         fake.nvmlDeviceGetPowerUsage(h)
     with pytest.raises(ValueError, match="unknown features"):
-        fake.set_unsupported(0, "fan_speed")
+        fake.model.set_unsupported(0, "fan_speed")
     assert "power" in FEATURES
-    mig = fake.create_mig(0, memory_total_bytes=10 * GIB)
+    mig = fake.model.create_mig(0, memory_total_bytes=10 * GIB)
     assert fake.nvmlDeviceGetMigMode(h) == [pynvml.NVML_DEVICE_MIG_ENABLE] * 2
     mh = fake.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
     assert fake.nvmlDeviceGetUUID(mh) == mig and fake.nvmlDeviceIsMigDeviceHandle(mh) == 1
@@ -170,27 +170,27 @@ def test_unsupported_lost_and_mig(nvml: tuple[FakeNvml, Clock, object]) -> None:
         fake.nvmlDeviceGetMigDeviceHandleByIndex(h, 1)
     with pytest.raises(pynvml.NVMLError_NotSupported):
         fake.nvmlDeviceGetUtilizationRates(h)  # a MIG-mode GPU, as on an A100/H100
-    fake.add_process(mig, 9, "vllm", GIB)
+    fake.model.add_process(mig, 9, "vllm", GIB)
     assert [p.pid for p in fake.nvmlDeviceGetComputeRunningProcesses(h)] == [9]
-    fake.lose_gpu(0)
+    fake.model.lose_gpu(0)
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
         fake.nvmlDeviceGetMemoryInfo(mh)
-    fake.recover_gpu(0)
-    fake.destroy_mig(mig)
+    fake.model.recover_gpu(0)
+    fake.model.destroy_mig(mig)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         fake.nvmlDeviceGetMemoryInfo(mh)
 
 
 def test_driving_and_reading_from_two_threads(nvml: tuple[FakeNvml, Clock, object]) -> None:
     fake, clock, h = nvml
-    fake.add_process(0, 1, "p", GIB)
+    fake.model.add_process(0, 1, "p", GIB)
     errors: list[BaseException] = []
 
     def drive() -> None:
         try:
             for i in range(1500):  # within the sample buffer, so none is dropped
                 clock.ns += 1000
-                fake.record_process_util(1, i % 100, 0)
+                fake.model.record_process_util(1, i % 100, 0)
         except BaseException as exc:  # reported below
             errors.append(exc)
 

@@ -223,3 +223,25 @@ def test_real_clock_spans_from_instrument_helpers() -> None:
     assert r["gpu"] == "1" and r["batch_size"] == 2 and r["lock_name"] == "l"
     assert r["queue_ms"] >= 2.0 and r["compute_ms"] >= 3.0
     assert sum(r[c] for c in PHASE_COLUMNS) == pytest.approx(r["latency_ms"])
+
+
+def test_a_model_load_child_is_booked_as_other_and_not_ignored() -> None:
+    f = SpanFactory()
+    f.ours("sdxl", T0, 100.0, [("queue", 0, 10), ("model.load", 10, 70), ("compute", 70, 100)])
+    res = Normalizer(GpuResolver()).normalize(f.otlp())
+    [r] = res.requests.to_pylist()
+    assert r["other_ms"] == pytest.approx(60.0) and r["queue_ms"] == pytest.approx(10.0)
+    assert not res.ignored
+
+
+def test_instrument_model_load_helper() -> None:
+    from cotenant.collectors.instrument import request
+
+    f = SpanFactory()
+    with request("sdxl", gpu=0, tracer=f.tracer) as req:
+        with req.model_load("lora", "pixel-art"):
+            time.sleep(0.003)
+        with pytest.raises(ValueError, match="load kind"), req.model_load("weights", "x"):
+            pass
+    [r] = rows(Normalizer(GpuResolver()), f.otlp())
+    assert r["other_ms"] >= 3.0

@@ -115,8 +115,8 @@ def make_rig(fake: FakeNvml | None = None, clock: Clock | None = None, **kw: Any
 def rig() -> Iterator[Rig]:
     clock = Clock()
     fake = FakeNvml(clock=clock)
-    fake.add_gpu()
-    fake.add_gpu(name="NVIDIA L4", memory_total_bytes=24 * GIB, nvlink=False)
+    fake.model.add_gpu()
+    fake.model.add_gpu(name="NVIDIA L4", memory_total_bytes=24 * GIB, nvlink=False)
     r = make_rig(fake, clock)
     r.collector.open()
     yield r
@@ -129,7 +129,7 @@ def by_gpu(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def test_every_gpu_field_lands_in_base_units_in_rows_and_metrics(rig: Rig) -> None:
     g0, g1 = (d.uuid for d in rig.collector.devices())
-    rig.fake.set_gpu(
+    rig.fake.model.set_gpu(
         g0,
         sm_util=70,
         mem_util=40,
@@ -200,8 +200,8 @@ def test_unsupported_fields_are_null_with_one_log_line_and_the_gpu_stays_up(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     g0, g1 = (d.uuid for d in rig.collector.devices())
-    rig.fake.set_unsupported(g0, "power", "temperature", "clock_event_reasons")
-    rig.fake.set_gpu(g0, sm_util=55, pcie_tx_bps=1e9)
+    rig.fake.model.set_unsupported(g0, "power", "temperature", "clock_event_reasons")
+    rig.fake.model.set_gpu(g0, sm_util=55, pcie_tx_bps=1e9)
     caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml")
     for _ in range(4):
         rig.poll()
@@ -225,14 +225,14 @@ def test_unsupported_fields_are_null_with_one_log_line_and_the_gpu_stays_up(
 
 def test_pcie_falls_back_to_the_sampled_throughput_without_byte_counters(rig: Rig) -> None:
     g0 = rig.collector.devices()[0].uuid
-    rig.fake.set_unsupported(g0, "pcie_counters")
-    rig.fake.set_gpu(g0, pcie_tx_bps=3 * 1024**3, pcie_rx_bps=512 * 1024)
+    rig.fake.model.set_unsupported(g0, "pcie_counters")
+    rig.fake.model.set_gpu(g0, pcie_tx_bps=3 * 1024**3, pcie_rx_bps=512 * 1024)
     rig.poll()
     row = by_gpu(rig.sink.last("gpu_samples"))[g0]
     # nvmlDeviceGetPcieThroughput is KiB/s over its own 20 ms window: a rate on the first poll
     assert (row["pcie_tx_bps"], row["pcie_rx_bps"]) == (3 * 1024**3, 512 * 1024)
     assert row["nvlink_tx_bps"] is None  # first NVLink counter read
-    rig.fake.set_unsupported(g0, "pcie_throughput")
+    rig.fake.model.set_unsupported(g0, "pcie_throughput")
     rig.poll(10)  # support is probed again at each rediscovery (rediscover_interval_s)
     assert by_gpu(rig.sink.last("gpu_samples"))[g0]["pcie_tx_bps"] is None
 
@@ -243,7 +243,7 @@ def test_a_lost_gpu_is_marked_down_and_reopened_with_backoff(
     g0, g1 = (d.uuid for d in rig.collector.devices())
     caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml")
     rig.poll()
-    rig.fake.lose_gpu(g0)
+    rig.fake.model.lose_gpu(g0)
     t_lost = rig.clock.ns + 10**9
     up: dict[float, bool] = {}
 
@@ -256,7 +256,7 @@ def test_a_lost_gpu_is_marked_down_and_reopened_with_backoff(
     # attempts 1 s, 2 s, then 4 s (backoff_max_s) apart: at 1 and 3 (both fail), then 7
     for t in (0, 1, 2, 3, 4):
         poll_at(t)
-    rig.fake.recover_gpu(g0)
+    rig.fake.model.recover_gpu(g0)
     for t in (5, 6, 7, 8):
         poll_at(t)
     assert [t for t, ok in up.items() if ok] == [7, 8]
@@ -271,10 +271,10 @@ def test_a_lost_gpu_is_marked_down_and_reopened_with_backoff(
 
 def test_backoff_waits_for_the_next_attempt_after_recovery(rig: Rig) -> None:
     g0 = rig.collector.devices()[0].uuid
-    rig.fake.lose_gpu(g0)
+    rig.fake.model.lose_gpu(g0)
     rig.poll(0)  # down; next attempt after 1 s
     rig.poll(1)  # fails; next after 2 s
-    rig.fake.recover_gpu(g0)
+    rig.fake.model.recover_gpu(g0)
     rig.poll(1)  # 1 s into a 2 s wait: not tried yet
     assert rig.metric("cotenant_gpu_up", host=HOST, gpu=g0) == 0.0
     rig.poll(1)
@@ -287,7 +287,7 @@ def test_driver_gone_marks_every_gpu_down_and_nvml_is_reinitialised(
 ) -> None:
     gpus = [d.uuid for d in rig.collector.devices()]
     rig.poll()
-    rig.fake.unload_driver()
+    rig.fake.model.unload_driver()
     rig.poll()
     assert [rig.metric("cotenant_gpu_up", host=HOST, gpu=g) for g in gpus] == [0.0, 0.0]
     assert rig.metric("cotenant_nvml_available") == 0.0
@@ -295,16 +295,16 @@ def test_driver_gone_marks_every_gpu_down_and_nvml_is_reinitialised(
     rig.poll()
     rig.poll()
     assert len(rig.sink.rows("gpu_samples")) == before
-    rig.fake.load_driver()
+    rig.fake.model.load_driver()
     rig.poll(4)
     assert [rig.metric("cotenant_gpu_up", host=HOST, gpu=g) for g in gpus] == [1.0, 1.0]
     assert rig.metric("cotenant_nvml_available") == 1.0
     assert set(by_gpu(rig.sink.last("gpu_samples"))) == set(gpus)
-    assert rig.fake.init_count == 1  # re-initialised, not leaked
+    assert rig.fake.model.init_count == 1  # re-initialised, not leaked
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "driver" in errors[0].getMessage().lower()
     rig.collector.stop()
-    assert rig.fake.init_count == 0
+    assert rig.fake.model.init_count == 0
 
 
 def test_no_nvml_library_is_one_clear_error_and_nothing_polls() -> None:
@@ -323,14 +323,14 @@ def test_no_nvml_library_is_one_clear_error_and_nothing_polls() -> None:
 def test_mig_instances_are_their_own_gpus_with_their_processes() -> None:
     clock = Clock()
     fake = FakeNvml(clock=clock)
-    parent = fake.add_gpu(name="NVIDIA A100-SXM4-80GB")
-    plain = fake.add_gpu()
-    mig_a = fake.create_mig(parent, memory_total_bytes=10 * GIB)
-    mig_b = fake.create_mig(parent, memory_total_bytes=20 * GIB, profile="2g.20gb")
-    fake.add_process(mig_a, 501, "triton", 6 * GIB)
-    fake.add_process(mig_b, 502, "vllm", 15 * GIB)
-    fake.add_process(plain, 503, "python3", 1 * GIB)
-    fake.set_gpu(parent, power_w=300, sm_util=90)
+    parent = fake.model.add_gpu(name="NVIDIA A100-SXM4-80GB")
+    plain = fake.model.add_gpu()
+    mig_a = fake.model.create_mig(parent, memory_total_bytes=10 * GIB)
+    mig_b = fake.model.create_mig(parent, memory_total_bytes=20 * GIB, profile="2g.20gb")
+    fake.model.add_process(mig_a, 501, "triton", 6 * GIB)
+    fake.model.add_process(mig_b, 502, "vllm", 15 * GIB)
+    fake.model.add_process(plain, 503, "python3", 1 * GIB)
+    fake.model.set_gpu(parent, power_w=300, sm_util=90)
     r = make_rig(fake, clock)
     r.collector.open()
     r.poll()
@@ -358,7 +358,7 @@ def test_mig_instances_are_their_own_gpus_with_their_processes() -> None:
     )
     assert info == 1.0
     # an instance created later shows up at the next rediscovery
-    mig_c = fake.create_mig(parent, memory_total_bytes=10 * GIB)
+    mig_c = fake.model.create_mig(parent, memory_total_bytes=10 * GIB)
     r.poll(1)
     assert mig_c not in by_gpu(r.sink.last("gpu_samples"))
     r.poll(10)
@@ -368,28 +368,28 @@ def test_mig_instances_are_their_own_gpus_with_their_processes() -> None:
 
 def test_process_samples_are_counted_once(rig: Rig) -> None:
     g0 = rig.collector.devices()[0].uuid
-    rig.fake.add_process(g0, 100, "a", 2 * GIB)
-    rig.fake.add_process(g0, 200, "b", 3 * GIB)
+    rig.fake.model.add_process(g0, 100, "a", 2 * GIB)
+    rig.fake.model.add_process(g0, 200, "b", 3 * GIB)
 
     def util() -> dict[int, tuple[float | None, float | None, int | None]]:
         rows = [r for r in rig.sink.last("process_samples") if r["gpu"] == g0]
         return {r["pid"]: (r["sm_util"], r["mem_util"], r["mem_used_bytes"]) for r in rows}
 
     rig.clock.advance(0.2)
-    rig.fake.record_process_util(100, 40, 10)
+    rig.fake.model.record_process_util(100, 40, 10)
     rig.clock.advance(0.2)
-    rig.fake.record_process_util(100, 60, 30)
-    rig.fake.record_process_util(200, 5, 1)
+    rig.fake.model.record_process_util(100, 60, 30)
+    rig.fake.model.record_process_util(200, 5, 1)
     rig.poll()
     assert util() == {100: (50.0, 20.0, 2 * GIB), 200: (5.0, 1.0, 3 * GIB)}
     rig.poll()  # nothing new: listed with memory, utilization unknown, nothing re-counted
     assert util() == {100: (None, None, 2 * GIB), 200: (None, None, 3 * GIB)}
-    rig.fake.record_process_util(200, 80, 20)
-    rig.fake.set_process_memory(100, 4 * GIB)
+    rig.fake.model.record_process_util(200, 80, 20)
+    rig.fake.model.set_process_memory(100, 4 * GIB)
     rig.poll()
     assert util() == {100: (None, None, 4 * GIB), 200: (80.0, 20.0, 3 * GIB)}
     # a sample stamped before the last one taken is not counted (NVML's lastSeenTimeStamp)
-    rig.fake.record_process_util(100, 99, 99, ts_ns=rig.clock.ns - 1_500_000_000)
+    rig.fake.model.record_process_util(100, 99, 99, ts_ns=rig.clock.ns - 1_500_000_000)
     rig.poll()
     assert util()[100] == (None, None, 4 * GIB)
     assert rig.metric(
@@ -401,11 +401,11 @@ def test_process_samples_are_counted_once(rig: Rig) -> None:
         model="",
     ) == float(4 * GIB)
     # a defunct process's garbage sample (NVML can report more than 100 %) is dropped
-    rig.fake.record_process_util(100, 4_000_000, 7)
-    rig.fake.record_process_util(200, 30, 3)
+    rig.fake.model.record_process_util(100, 4_000_000, 7)
+    rig.fake.model.record_process_util(200, 30, 3)
     rig.poll()
     assert util() == {100: (None, None, 4 * GIB), 200: (30.0, 3.0, 3 * GIB)}
-    rig.fake.remove_process(200)
+    rig.fake.model.remove_process(200)
     rig.poll()
     assert set(util()) == {100}
 
@@ -426,11 +426,11 @@ def test_processes_are_read_at_their_interval_and_no_sample_is_lost(rig: Rig) ->
     )
     c.open()
     g0 = c.devices()[0].uuid
-    rig.fake.add_process(g0, 100, "a", 2 * GIB)
+    rig.fake.model.add_process(g0, 100, "a", 2 * GIB)
     c.poll_once()  # the first poll reads processes
     for k in range(20):  # two seconds at 10 Hz, a sample every poll: 10, 20, ..., 200 %/10
         rig.clock.advance(0.1)
-        rig.fake.record_process_util(100, 10.0 * (k % 10), 1.0)
+        rig.fake.model.record_process_util(100, 10.0 * (k % 10), 1.0)
         c.poll_once()
     c.flush()
     gpu_ts = [r["ts_ns"] for r in rig.sink.rows("gpu_samples") if r["gpu"] == g0]
@@ -443,10 +443,10 @@ def test_processes_are_read_at_their_interval_and_no_sample_is_lost(rig: Rig) ->
 
 def test_pid_to_model_join_through_span_resources(rig: Rig) -> None:
     g0, g1 = (d.uuid for d in rig.collector.devices())
-    rig.fake.add_process(g0, 4242, "python3", 20 * GIB)
-    rig.fake.add_process(g1, 777, "python3", 2 * GIB)
-    rig.fake.add_process(g1, 9, "unrelated", 1 * GIB)
-    rig.fake.record_process_util(4242, 65, 30)
+    rig.fake.model.add_process(g0, 4242, "python3", 20 * GIB)
+    rig.fake.model.add_process(g1, 777, "python3", 2 * GIB)
+    rig.fake.model.add_process(g1, 9, "unrelated", 1 * GIB)
+    rig.fake.model.record_process_util(4242, 65, 30)
     norm = Normalizer(rig.resolver)
     spans = SpanFactory({"host.name": HOST, "process.pid": 4242})
     spans.ours("llama-8b", T0, 10.0)
@@ -474,7 +474,7 @@ def test_pid_to_model_join_through_span_resources(rig: Rig) -> None:
     got = [r["gpu"] for s in (spans, bare) for r in norm.normalize(s.otlp()).requests.to_pylist()]
     assert got == [g0, g1]
     # a process that exits is forgotten: its pid no longer places requests
-    rig.fake.remove_process(4242)
+    rig.fake.model.remove_process(4242)
     rig.poll()
     spans.ours("llama-8b", T0, 10.0)
     assert norm.normalize(spans.otlp()).requests.to_pylist()[0]["gpu"] == ""
@@ -496,7 +496,7 @@ def test_a_refused_batch_is_counted_and_polling_goes_on(
 def test_rows_are_batched_per_interval_and_flushed_on_stop() -> None:
     clock = Clock()
     fake = FakeNvml(clock=clock)
-    fake.add_gpu()
+    fake.model.add_gpu()
     r = make_rig(fake, clock, batch_interval_s=1.0)
     r.collector.open()
     for _ in range(25):
@@ -508,8 +508,8 @@ def test_rows_are_batched_per_interval_and_flushed_on_stop() -> None:
 
 def test_the_thread_polls_at_100_ms_until_stopped() -> None:
     fake = FakeNvml()  # real time
-    gpu = fake.add_gpu()
-    fake.set_gpu(gpu, sm_util=12)
+    gpu = fake.model.add_gpu()
+    fake.model.set_gpu(gpu, sm_util=12)
     sink, registry = Sink(), CollectorRegistry(auto_describe=True)
     c = NvmlCollector(
         fake,
@@ -530,16 +530,16 @@ def test_the_thread_polls_at_100_ms_until_stopped() -> None:
     assert len(rows) >= 5 and {r["sm_util"] for r in rows} == {12.0}
     # every poll's row was handed over by stop(), and NVML was released
     assert len(rows) == registry.get_sample_value("cotenant_nvml_polls_total")
-    assert fake.init_count == 0
+    assert fake.model.init_count == 0
 
 
 def test_metrics_exposition_parses_and_drops_series_of_exited_processes(rig: Rig) -> None:
     g0 = rig.collector.devices()[0].uuid
-    rig.fake.add_process(g0, 31, "x", GIB)
+    rig.fake.model.add_process(g0, 31, "x", GIB)
     rig.poll()
     text = generate_latest(rig.registry).decode()
     assert 'cotenant_gpu_process_memory_used_bytes{gpu="' in text and 'pid="31"' in text
-    rig.fake.remove_process(31)
+    rig.fake.model.remove_process(31)
     rig.poll()
     assert 'pid="31"' not in generate_latest(rig.registry).decode()
 
@@ -571,10 +571,10 @@ def run_service(svc: Service) -> threading.Thread:
 
 def test_serve_polls_an_injected_nvml_into_the_store_and_metrics(tmp_path: Path) -> None:
     fake = FakeNvml()
-    gpu = fake.add_gpu()
-    fake.set_gpu(gpu, sm_util=33, power_w=250)
-    fake.add_process(gpu, 4242, "python3", 5 * GIB)
-    fake.record_process_util(4242, 20, 5)
+    gpu = fake.model.add_gpu()
+    fake.model.set_gpu(gpu, sm_util=33, power_w=250)
+    fake.model.add_process(gpu, 4242, "python3", 5 * GIB)
+    fake.model.record_process_util(4242, 20, 5)
     svc = Service(serve_config(tmp_path), nvml=fake)
     t = run_service(svc)
     assert svc.endpoints is not None
@@ -594,7 +594,7 @@ def test_serve_polls_an_injected_nvml_into_the_store_and_metrics(tmp_path: Path)
     assert values["cotenant_gpu_up"] == 1.0 and values["cotenant_gpu_power_watts"] == 250.0
     svc.stop()
     t.join(60)
-    assert fake.init_count == 0  # stopped before the store closed, NVML released
+    assert fake.model.init_count == 0  # stopped before the store closed, NVML released
     store = Store(tmp_path / "s.duckdb", read_only=True)
     with store.cursor() as cur:
         gpu_rows = cur.execute(
@@ -627,27 +627,27 @@ def test_serve_without_nvml_warns_once_and_serves(
 
 def test_serve_with_nvml_disabled_does_not_touch_it(tmp_path: Path) -> None:
     fake = FakeNvml()
-    fake.add_gpu()
+    fake.model.add_gpu()
     svc = Service(serve_config(tmp_path, COTENANT_NVML_ENABLED="false"), nvml=fake)
     t = run_service(svc)
     svc.stop()
     t.join(60)
-    assert svc.nvml is None and fake.init_count == 0
+    assert svc.nvml is None and fake.model.init_count == 0
 
 
 def test_cotenant_nvml_lists_gpus_and_one_poll() -> None:
     clock = Clock()
     fake = FakeNvml(clock=clock)
-    gpu = fake.add_gpu()
-    other = fake.add_gpu(name="NVIDIA L4", memory_total_bytes=24 * GIB)
-    mig = fake.create_mig(other, memory_total_bytes=12 * GIB, profile="3g.12gb")
-    fake.set_gpu(gpu, sm_util=70, pcie_tx_bps=2e9, power_w=300, clock_event_reasons=0x4)
-    fake.add_process(gpu, 4242, "python3", 20 * GIB)
+    gpu = fake.model.add_gpu()
+    other = fake.model.add_gpu(name="NVIDIA L4", memory_total_bytes=24 * GIB)
+    mig = fake.model.create_mig(other, memory_total_bytes=12 * GIB, profile="3g.12gb")
+    fake.model.set_gpu(gpu, sm_util=70, pcie_tx_bps=2e9, power_w=300, clock_event_reasons=0x4)
+    fake.model.add_process(gpu, 4242, "python3", 20 * GIB)
     out = io.StringIO()
     cfg = dataclasses.replace(Config(), nvml=dataclasses.replace(Config().nvml, host=HOST))
     assert nvml_report(fake, cfg, out, clock=clock, sleep=clock.advance) == 0
     lines = out.getvalue().splitlines()
-    assert lines[0] == f"NVML: 2 GPUs on host {HOST} (driver {fake.driver_version})"
+    assert lines[0] == f"NVML: 2 GPUs on host {HOST} (driver {fake.model.driver_version})"
     assert lines[1].startswith(f"GPU 0  {gpu}  NVIDIA H100 80GB HBM3  memory 80.0 GiB  MIG off")
     assert lines[2].startswith(f"GPU 1  {other}  NVIDIA L4  memory 24.0 GiB  MIG on")
     assert lines[3].startswith(f"  MIG  {mig}  NVIDIA L4 MIG 3g.12gb  memory 12.0 GiB")
@@ -656,7 +656,7 @@ def test_cotenant_nvml_lists_gpus_and_one_poll() -> None:
     assert "sm 70%" in g and "pcie tx 2.00 GB/s" in g and "power 300 W" in g
     assert "clock events 0x4 sw_power_cap" in g
     assert "pid 4242  python3" in text and "used 20.0 GiB" in text
-    assert fake.init_count == 0
+    assert fake.model.init_count == 0
 
 
 def test_cotenant_nvml_without_the_library_exits_2_saying_what_to_do(

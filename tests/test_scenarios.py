@@ -360,6 +360,10 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
      "no such model or process"),
     ("cpu-hog-targets-nobody", _set("faults.6.target", "nobody"), "faults[6].target",
      "no such model or process; declared: tts, sdxl, chat, train-job, batch-etl"),
+    ("load-targets-process", _set("faults.0", {"kind": "model_load", "target": "batch-etl",
+     "load_s": 2, "start_s": 10, "duration_s": 30}), "faults[0].target", "targets a model"),
+    ("loads-overlap", _set("faults.0", {"kind": "model_load", "target": "sdxl", "load_s": 5,
+     "every_s": 3, "start_s": 10, "duration_s": 30}), "faults[0].every_s", "loads overlap"),
     ("lock-undeclared", _set("faults.3.lock", "gil"), "faults[3].lock",
      "no model declares this lock; declared locks: tokenizer"),
     ("holder-undeclared", _set("faults.3.holder", "nobody"), "faults[3].holder",
@@ -466,7 +470,11 @@ def test_truth_cause_of_every_fault_kind() -> None:
     # length_shift needs an LLM model (tests/test_sim_llm.py loads one)
     shift = Fault("length_shift", 10, 5, target="chat", factor=2)
     assert truth_cause(shift) == ("mix", "chat", None)
-    assert {f.kind for f in s.faults} | {shift.kind} == set(get_args(FaultKind))
+    swap = Fault("model_load", 10, 30, target="sdxl", load_s=4, every_s=10)
+    assert truth_cause(swap) == ("model_load", "sdxl", None)
+    assert swap.load_times() == [(10, 14), (20, 24), (30, 34)]
+    kinds = {f.kind for f in s.faults} | {shift.kind, swap.kind}
+    assert kinds == set(get_args(FaultKind))
 
 
 # --- the bundled library ----------------------------------------------------------------------

@@ -264,3 +264,30 @@ def test_trace_replay_keeps_the_real_rate_and_tokens() -> None:
     rate = np.sum(r["model"] == "chat") / 600
     assert 1.0 < rate < 5.0  # the code trace: 8,818 requests in about an hour
     assert np.all(r["prompt_tokens"] > 0) and np.all(r["output_tokens"] >= 0)
+
+
+def test_a_model_load_blocks_its_replica_and_books_the_wait_as_other() -> None:
+    """Adapter churn: no batch of the target launches during a load; the wait behind it is
+    ``other`` (a model.load span), the rest of the wait stays ``queue``; the neighbour is
+    untouched."""
+    import numpy as np
+
+    from cotenant.simulator.output import run
+    from cotenant.simulator.scenario_load import load_scenario
+
+    s = load_scenario("cotenant/simulator/scenarios/model-load-lora-churn-slows-sdxl.yaml")
+    out = run(s)
+    t = out.requests.to_pandas()
+    t0 = t["ts_start_ns"].min()
+    t["start_s"] = (t["ts_start_ns"] - t0) / 1e9
+    sdxl, embed = t[t["model"] == "sdxl"], t[t["model"] == "embed"]
+    outside = sdxl[(sdxl["start_s"] < 230) | (sdxl["start_s"] > 370)]
+    inside = sdxl[(sdxl["start_s"] >= 240) & (sdxl["start_s"] < 356)]
+    assert outside["other_ms"].max() < 1.0
+    # a request arriving just as a load starts waits about the whole 4 s for it
+    assert inside["other_ms"].max() > 3500 and inside["other_ms"].mean() > 200
+    assert np.allclose(
+        t[[c for c in t.columns if c.endswith("_ms") and c != "latency_ms"]].sum(axis=1),
+        t["latency_ms"],
+    )
+    assert embed["other_ms"].max() < 1.0

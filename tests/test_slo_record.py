@@ -41,6 +41,6 @@ def test_a_report_over_the_store_uses_the_recorded_slos_under_its_own(tmp_path: 
     ro = Store(path, read_only=True)
     try:
         builder = report_builder(Config(), ro)
-        assert builder.slo_ms == {"tts": 100.0, "chat": 400.0}
+        assert builder.slos.explicit() == {"tts": 100.0, "chat": 400.0}
     finally:
         ro.close()

@@ -131,3 +131,16 @@ def test_detector_rules_and_report_agree_on_who_breaches(tmp_path: Path) -> None
         timeout=120,
     )
     assert r.returncode != 0
+
+
+def test_the_lookup_applies_the_default_where_a_dict_would_not() -> None:
+    # what the actuators take: ``model in slo`` / ``slo[model]`` as for a dict, default included
+    look = Slos.of_maps({"a": 100.0, "off": 0.0}, default_ms=200.0).lookup()
+    assert "a" in look and look["a"] == 100.0
+    assert "b" in look and look["b"] == 200.0 and look.get("b") == 200.0
+    assert "off" not in look and look.get("off") is None
+    assert sorted(look) == ["a"] and len(look) == 1  # only the named models can be listed
+    none = Slos.of_maps({"a": 100.0}).lookup()
+    assert "b" not in none and none.get("b") is None
+    with pytest.raises(KeyError):
+        none["b"]

@@ -60,10 +60,22 @@ def _triton_no_queue(f: SpanFactory) -> None:
     f.triton(T0, "resnet50", queue_ms=0.0, input_ms=0.5, infer_ms=30.0, output_ms=0.5)
 
 
+def _rayserve_plain(f: SpanFactory) -> None:
+    f.rayserve(T0, "MatMul", latency_ms=12.0, queue_ms=2.0, compute_ms=6.0)
+
+
+def _rayserve_replica_elsewhere(f: SpanFactory) -> None:
+    # the replica runs in another process: its span comes with its own resource (pid 9)
+    other = SpanFactory({"service.name": "served-model", "host.name": "h", "process.pid": 9})
+    f.rayserve(T0, "MatMul", latency_ms=12.0, queue_ms=2.0, compute_ms=6.0, replica=other)
+    f.exporter.export(other.take())
+
+
 CASES: dict[str, list[Emit]] = {
     "ours": [_ours_plain, _ours_overlapping],
     "vllm": [_vllm_plain, _vllm_overshoot],
     "triton": [_triton_plain, _triton_no_queue],
+    "rayserve": [_rayserve_plain, _rayserve_replica_elsewhere],
 }
 BY_SOURCE = {s.source: s for s in SHAPES}
 PAIRS = [(src, emit) for src, emits in CASES.items() for emit in emits]
@@ -76,10 +88,11 @@ def _export(emit: Emit) -> Any:
     return f.otlp()
 
 
-def _sortable_spans(req: Any) -> list[Any]:
-    """The spans a shape is asked about: all but phase children (the normalizer's own)."""
+def _sortable_spans(req: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """The spans a shape is asked about, with their resource's attributes: all but phase
+    children (the normalizer's own)."""
     return [
-        span
+        (span, attributes(rs.resource.attributes))
         for rs in req.resource_spans
         for ss in rs.scope_spans
         for span in ss.spans
@@ -87,9 +100,9 @@ def _sortable_spans(req: Any) -> list[Any]:
     ]
 
 
-def _claims(shape: SpanShape, span: Any) -> bool:
+def _claims(shape: SpanShape, span: Any, resource: dict[str, Any]) -> bool:
     return span.name in shape.root_names or (
-        shape.claim(span, attributes(span.attributes)) is not Claim.NONE
+        shape.claim(span, attributes(span.attributes), resource) is not Claim.NONE
     )
 
 
@@ -103,7 +116,7 @@ def test_a_shape_claims_its_own_spans_and_no_other_shape_does(source: str, emit:
     spans = _sortable_spans(_export(emit))
     assert spans
     for shape in SHAPES:
-        claimed = [s.name for s in spans if _claims(shape, s)]
+        claimed = [s.name for s, res in spans if _claims(shape, s, res)]
         if shape.source == source:
             assert len(claimed) == len(spans), f"{source} left some of its spans unclaimed"
         else:
@@ -144,7 +157,7 @@ class _ClaimsComputeByName:
     source = "bad"
     root_names = frozenset({"compute"})
 
-    def claim(self, span: Any, attrs: dict[str, Any]) -> Claim:
+    def claim(self, span: Any, attrs: dict[str, Any], resource: dict[str, Any]) -> Claim:
         return Claim.NONE
 
     def build_row(self, *args: Any) -> tuple[Any, ...]:
@@ -163,3 +176,36 @@ def test_a_missing_triton_model_span_is_rejected_and_counted() -> None:
     f.tracer.start_span("InferRequest", start_time=T0).end(end_time=T0 + MS)
     res = Normalizer(GpuResolver()).normalize(f.otlp())
     assert res.requests.num_rows == 0 and res.rejected == {"triton_incomplete": 1}
+
+
+def test_request_row_puts_each_named_column_where_the_store_has_it() -> None:
+    """Shapes build rows by name; the tuple's order is the ``requests`` table's."""
+    from cotenant.collectors.shapes.base import request_row
+    from cotenant.core.phases import PHASE_COLUMNS
+    from cotenant.store.schema import REQUESTS
+
+    names = [c for c, _ in REQUESTS]
+    phases = [float(i) for i in range(len(PHASE_COLUMNS))]
+    given = {
+        "ts_start_ns": 1_000_000,
+        "ts_end_ns": 3_000_000,
+        "trace_id": "t",
+        "span_id": "s",
+        "model": "m",
+        "host": "h",
+        "pid": 7,
+        "gpu": "g",
+        "status": "ok",
+        "source": "ours",
+        "tenant": "te",
+        "priority": 2,
+        "batch_size": 3,
+        "prompt_tokens": 4,
+        "output_tokens": 5,
+        "lock_name": "ln",
+        "lock_holder": "lh",
+        "ttft_ms": 0.5,
+        "replica": "r",
+    }
+    row = dict(zip(names, request_row(**given, phases_ms=phases), strict=True))
+    assert row == {**given, "latency_ms": 2.0, **dict(zip(PHASE_COLUMNS, phases, strict=True))}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -17,6 +17,7 @@ from cotenant.actuators.settings import ActuatorSettings
 from cotenant.analysis.settings import AnalysisSettings
 from cotenant.core.errors import BackendError
 from cotenant.core.readers import MetricSource
+from cotenant.core.slos import Slos
 from cotenant.store.db import Store
 
 
@@ -50,7 +51,7 @@ def build_controller(
     source: MetricSource,
     registry: CollectorRegistry | None,
     clock_ns: Callable[[], int] = time.time_ns,
-    slo_ms: Mapping[str, float] | None = None,
+    slos: Slos | None = None,
     step_s: float = AnalysisSettings.step_s,
 ) -> ActionController | None:
     """The controller for the ``[actuators]`` keys ``cfg``, or None when the mode is
@@ -76,7 +77,7 @@ def build_controller(
         token=token,
         registry=registry,
         clock_ns=clock_ns,
-        slo_ms=slo_ms,
+        slo_ms=(slos or Slos()).lookup(),
         step_s=step_s,
         notifier=notifier,
     )

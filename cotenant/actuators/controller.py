@@ -81,7 +81,8 @@ class ActionController:
         """``settings``: the ``[actuators]`` keys (the mode, ``interval_s``, the guardrails,
         ``settle_s``, ``ttl_s``). ``token``: the bearer token mutating API calls need ('' refuses
         them all). ``slo_ms``: p99 SLO per model, used to judge whether a change hurt its
-        target. ``horizon_s``: how far back each pass reads incidents."""
+        target (``Slos.lookup()``: the default applies to models not named). ``horizon_s``:
+        how far back each pass reads incidents."""
         self.settings = settings
         self.policy = policy
         self._incidents = incidents
@@ -90,7 +91,7 @@ class ActionController:
         self.log = ActionLog(store)
         self._token = token
         self._clock = clock_ns
-        self._slo = dict(slo_ms or {})
+        self._slo: Mapping[str, float] = slo_ms if slo_ms is not None else {}
         self._step_s = step_s
         self._reroute = RerouteSteps(self, self, source, slo_ms=self._slo, step_s=step_s)
         self._notifier = notifier

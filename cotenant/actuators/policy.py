@@ -30,6 +30,7 @@ CAUSE_KINDS = (
     "cpu",
     "load",
     "mix",
+    "model_load",
     "unknown",
 )
 """The root-cause vocabulary of the analysis (DESIGN.md)."""

@@ -24,7 +24,7 @@ more, its p99 bounds the mixture's from above): conservative, from per-(model, G
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +133,31 @@ def model_p99(
     return float(np.median(per)) if per else None
 
 
+class _Under(Mapping[str, float]):
+    """``base``, and ``extra`` for the models ``base`` has no SLO for."""
+
+    def __init__(self, base: Mapping[str, float], extra: Mapping[str, float]) -> None:
+        self._base, self._extra = base, extra
+
+    def __getitem__(self, model: str) -> float:
+        return self._base[model] if model in self._base else self._extra[model]
+
+    def __contains__(self, model: object) -> bool:
+        return model in self._base or model in self._extra
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._base, *self._extra]))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys([*self._base, *self._extra]))
+
+
+def _with(slo_ms: Mapping[str, float], victim: str, recorded: Any) -> Mapping[str, float]:
+    """``slo_ms``, with the victim's SLO as its incident recorded it where ``slo_ms`` has
+    none for it (a ``Slos.lookup()`` keeps its default for every other model)."""
+    return _Under(slo_ms, {victim: float(recorded)} if recorded else {})
+
+
 def _over(
     p99: Mapping[str, float], slo_ms: Mapping[str, float], ratio: float, victim: str = ""
 ) -> list[tuple[str, float, float]]:
@@ -170,9 +195,8 @@ def propose_reroute(
     fine = [s for s in sibs if s.get("fine")]
     if not fine:
         return f"{victim} has no healthy replica elsewhere to take {replica}'s traffic"
-    slo = dict(slo_ms)
-    if incident.slo_ms:
-        slo.setdefault(victim, float(incident.slo_ms))
+    # the victim's SLO as the incident recorded it, where the SLOs given have none for it
+    slo = _with(slo_ms, victim, incident.slo_ms)
     lo = now_ns - int(rule.lookback_s * 1e9)
     to: dict[str, str] = {}
     why: list[str] = []
@@ -214,9 +238,7 @@ def judge_step(
     victim = str(context["victim"])
     settle_ns = int(rule.step_settle_s * 1e9)
     lo = min(step_ns + settle_ns // 2, now_ns - int(step_s * 1e9))
-    slo = dict(slo_ms)
-    if context.get("slo_ms"):
-        slo.setdefault(victim, float(context["slo_ms"]))
+    slo = _with(slo_ms, victim, context.get("slo_ms"))
     after = model_p99(source, victim, lo, now_ns, step_s)
     goal = slo.get(victim)
     if goal is None:

@@ -94,7 +94,7 @@ class RerouteSteps:
         self._book = book
         self._owner = owner
         self._source = source
-        self._slo = dict(slo_ms)
+        self._slo = slo_ms
         self._step_s = step_s
 
     def maybe_reroute(

@@ -27,7 +27,7 @@ class ActuatorSettings:
     )
     token_file: str = key("", "file holding the bearer token (used when token is '')")
     policy: str = key(
-        "", "policy file mapping causes to actions ('' = the bundled rules/policy.yaml)"
+        "", "policy file mapping causes to actions ('' = the bundled cotenant/rules/policy.yaml)"
     )
     backend: str = key(
         "gateway",

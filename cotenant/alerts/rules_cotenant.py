@@ -117,6 +117,17 @@ def _alerts(s: RuleSettings) -> list[Alert]:
             "{{ $labels.victim }}'s latency spike is co-located work of {{ $labels.culprit }}.",
         ),
         Alert(
+            "ModelLoadSlowing",
+            "max by (victim, gpu) "
+            "(max_over_time(cotenant_incident_active"
+            f'{{cause="model_load",severity="breach"}}[{INCIDENT_HOLD}])) > 0',
+            "warning",
+            "Model and adapter loads are slowing {{ $labels.victim }} on GPU {{ $labels.gpu }}",
+            "cotenant has an open incident on GPU {{ $labels.gpu }}: the top cause of "
+            "{{ $labels.victim }}'s latency spike is its own replica loading models or adapters "
+            "more slowly or more often than usual.",
+        ),
+        Alert(
             "GPUMemoryBandwidthSaturated",
             "cotenant:gpu_memory_bandwidth_utilization:avg_1m > " + number(s.dram_saturated),
             "warning",

@@ -14,8 +14,9 @@ Recording rules: ``exporter:request_latency_seconds:p50_1m|p99_1m {model}`` (vLL
 default), ``exporter:request_queue_seconds:p99_1m`` (vLLM) / ``:mean_1m`` (Triton),
 ``exporter:gpu_utilization:avg_1m``, ``exporter:gpu_dram_active:avg_1m``,
 ``exporter:gpu_pcie_bytes_per_second:avg_1m``, ``exporter:gpu_memory_used:ratio`` and
-``exporter:slo_seconds {model}``; vLLM's TTFT and TPOT (``vllm:time_to_first_token_seconds``,
-``vllm:time_per_output_token_seconds``): :mod:`alerts.rules_tokens`.
+``exporter:slo_seconds {model}``; vLLM's TTFT and TPOT (``vllm:time_to_first_token_seconds``;
+``vllm:time_per_output_token_seconds`` or, on current vLLM, ``vllm:inter_token_latency_seconds``
+/ ``vllm:request_time_per_output_token_seconds``): :mod:`alerts.rules_tokens`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,11 @@
 Both rule files get them: ``cotenant.rules.yml`` over cotenant's own histograms
 (``cotenant_time_to_first_token_seconds`` / ``cotenant_time_per_output_token_seconds``
 ``{model,gpu}``, filled from spans that carry token counts), ``exporters.rules.yml`` over
-vLLM's (``vllm:time_to_first_token_seconds`` / ``vllm:time_per_output_token_seconds``, label
-``model_name``). Recording rules (``<prefix>`` is ``cotenant`` or ``exporter``):
+vLLM's (``vllm:time_to_first_token_seconds``, label ``model_name``; TPOT from
+``vllm:time_per_output_token_seconds``, else, on vLLM releases that hid (0.12) and then removed
+it, its renamed per-token successor ``vllm:inter_token_latency_seconds``, else the per-request
+``vllm:request_time_per_output_token_seconds``: the first name a model's vLLM exports is read,
+chosen per model by PromQL ``or``). Recording rules (``<prefix>`` is ``cotenant`` or ``exporter``):
 
 * ``<prefix>:time_to_first_token_seconds:p99_1m`` and
   ``<prefix>:time_per_output_token_seconds:p99_1m`` (cotenant: also ``p99_5m``, by model and
@@ -22,7 +25,15 @@ OWN = {
     "ttft": "cotenant_time_to_first_token_seconds",
     "tpot": "cotenant_time_per_output_token_seconds",
 }
-VLLM = {"ttft": "vllm:time_to_first_token_seconds", "tpot": "vllm:time_per_output_token_seconds"}
+VLLM: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "tpot": (
+        "vllm:time_per_output_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    ),
+}
+"""vLLM's histograms per indicator, in order of preference (see the module docstring)."""
 SERIES = {"ttft": "time_to_first_token_seconds", "tpot": "time_per_output_token_seconds"}
 WHAT = {"ttft": "time to first token", "tpot": "time per output token"}
 
@@ -45,11 +56,14 @@ def token_records(s: RuleSettings, prefix: str) -> list[Record]:
                     )
                 )
         else:
+            buckets = " or ".join(
+                f"sum by (model_name, le) (rate({name}_bucket[1m]))" for name in VLLM[ind]
+            )
             out.append(
                 Record(
                     f"exporter:{SERIES[ind]}:p99_1m",
-                    f"label_replace(histogram_quantile(0.99, sum by (model_name, le) "
-                    f'(rate({VLLM[ind]}_bucket[1m]))), "model", "$1", "model_name", "(.*)")',
+                    f"label_replace(histogram_quantile(0.99, {buckets}), "
+                    '"model", "$1", "model_name", "(.*)")',
                 )
             )
         const = slo_constants(_slos(s)[ind])

@@ -17,7 +17,10 @@ Given the victim's windows *during* an incident and a *before* baseline on the s
    (per-item service-time ratio - 1); lost capacity goes to the compute causes.
 4. **Lock wait** goes to the lock most waited on (its holder in the evidence); **preprocess**
    and **postprocess** to host CPU (the process whose CPU use rose most); **transfers** to
-   PCIe bandwidth (the process most active while PCIe traffic rose); **other** is unknown.
+   PCIe bandwidth (the process most active while PCIe traffic rose); **other** is unknown,
+   unless the victim's other time (its ``model.load`` waits) rose well beyond its history:
+   then it and the queue excess nothing else explains are ``model_load``
+   (:mod:`analysis.load_causes`).
 
 Shares are fractions of the summed phase excess and add up to at most 1; ``unknown`` holds the
 rest, with the fellow victims in its evidence (``fellow_victims``) and, when every co-tenant
@@ -55,6 +58,7 @@ from cotenant.analysis.demand import (
     fellow_victims,
     slowdown,
 )
+from cotenant.analysis.load_causes import load_finding
 from cotenant.analysis.mix import MixExcess
 from cotenant.analysis.windows import GpuWindows
 from cotenant.core.phases import PHASE_COLUMNS
@@ -157,6 +161,13 @@ def attribute(
         evidence[cand] = mix.evidence
     for cand, ms in compute.items():
         excess[cand] += ms
+    # model loads on the victim's own replica: its other time (model.load spans) rose
+    loads = load_finding(v, before, during, total) if has_phases else None
+    unexplained = Candidate("unknown", "—")
+    if loads is not None:
+        unexplained = Candidate("model_load", victim)
+        conf[unexplained] = loads.confidence
+        evidence[unexplained] = loads.evidence(victim)
     # queue: own load vs lost capacity
     q = phases.get("queue_ms", 0.0)
     if q > 0:
@@ -182,10 +193,10 @@ def attribute(
             if ctotal > 0:
                 for cand, ms in compute.items():
                     excess[cand] += lost * ms / ctotal
-            else:
-                excess[Candidate("unknown", "—")] += lost
+            else:  # the backlog behind the loads, when there were unusual ones
+                excess[unexplained] += lost
         else:
-            excess[Candidate("unknown", "—")] += q
+            excess[unexplained] += q
     # lock wait
     lw_ms = phases.get("lock_wait_ms", 0.0)
     if lw_ms > 0:
@@ -222,7 +233,7 @@ def attribute(
         evidence[pcand] = pev
     other = phases.get("other_ms", 0.0)
     if other > 0:
-        excess[Candidate("unknown", "—")] += other
+        excess[unexplained] += other
 
     causes = []
     explained = 0.0

@@ -7,20 +7,21 @@ for running processes), and carries pynvml's constants (``NVML_*``,
 …) as attributes, so code written against ``pynvml`` runs unchanged against it. Only
 ``pynvml`` itself is imported, never the NVML shared library. mypy checks it against
 :class:`collectors.nvml_api.NvmlApi`, the surface the collector uses (bottom of this module).
-The state it answers from, and the driving API below, are
-:class:`collectors.fake_nvml_model.FakeNvmlModel`, which it extends.
+The state it answers from, and the driving API below, are its ``model``, a
+:class:`collectors.fake_nvml_model.FakeNvmlModel` (composition: the NVML surface here, the
+devices and processes there, one lock between them).
 
-Driving API (the methods without the ``nvml`` prefix)::
+Driving API (the model's methods)::
 
     fake = FakeNvml(clock=virtual_clock_ns)         # clock() -> int ns; NVML stamps are µs
-    gpu = fake.add_gpu(name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
-    fake.set_gpu(gpu, sm_util=70, mem_util=40, pcie_tx_bps=2e9, power_w=350, ...)
-    fake.add_process(gpu, pid=4242, name="python3", used_memory_bytes=20 << 30)
-    fake.record_process_util(4242, sm_util=65, mem_util=30)   # one sample, stamped now
-    fake.set_unsupported(gpu, "nvlink", "power")              # NVMLError_NotSupported
-    fake.lose_gpu(gpu); fake.recover_gpu(gpu)                 # NVMLError_GpuIsLost
-    fake.unload_driver(); fake.load_driver()                  # NVMLError_DriverNotLoaded
-    mig = fake.create_mig(gpu, memory_total_bytes=10 << 30)   # MIG mode on, one instance
+    gpu = fake.model.add_gpu(name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
+    fake.model.set_gpu(gpu, sm_util=70, mem_util=40, pcie_tx_bps=2e9, power_w=350, ...)
+    fake.model.add_process(gpu, pid=4242, name="python3", used_memory_bytes=20 << 30)
+    fake.model.record_process_util(4242, sm_util=65, mem_util=30)  # one sample, stamped now
+    fake.model.set_unsupported(gpu, "nvlink", "power")        # NVMLError_NotSupported
+    fake.model.lose_gpu(gpu); fake.model.recover_gpu(gpu)     # NVMLError_GpuIsLost
+    fake.model.unload_driver(); fake.model.load_driver()      # NVMLError_DriverNotLoaded
+    mig = fake.model.create_mig(gpu, memory_total_bytes=10 << 30)  # MIG on, one instance
     fake = FakeNvml(library_found=False)                      # NVMLError_LibraryNotFound
 
 A GPU is named by its index (physical GPUs) or its UUID (any device, MIG included).
@@ -49,7 +50,8 @@ from __future__ import annotations
 
 import bisect
 import struct
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import pynvml
@@ -82,8 +84,24 @@ def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)  # type: ignore[no-untyped-call]  # unannotated __new__
 
 
-class FakeNvml(FakeNvmlModel):
-    """NVML in memory; see the module docstring for the driving API and the semantics."""
+class FakeNvml:
+    """NVML in memory: pynvml's surface over a :class:`FakeNvmlModel` (``model``, the state
+    and its driving API); see the module docstring for both and the semantics."""
+
+    def __init__(
+        self,
+        model: FakeNvmlModel | None = None,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        library_found: bool = True,
+        sample_buffer: int = 2048,
+    ) -> None:
+        """``model``: the devices and processes answered from (a new one of ``clock``,
+        ``library_found`` and ``sample_buffer`` when None, see :class:`FakeNvmlModel`)."""
+        self.model = model or FakeNvmlModel(
+            clock, library_found=library_found, sample_buffer=sample_buffer
+        )
+        self._lock = self.model.lock  # one lock: a driver thread and a poller share the state
 
     # what collectors.nvml_api.NvmlApi names, spelled out for mypy; every other NVML_*
     # constant and NVMLError_* class is copied in at import (the loop at the bottom)
@@ -120,18 +138,22 @@ class FakeNvml(FakeNvmlModel):
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
     def _check(self) -> None:
-        if not self.library_found or self._init_count == 0:
+        if not self.model.library_found or self.model._init_count == 0:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
-        if not self.driver_loaded:
+        if not self.model.driver_loaded:
             raise _error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
 
     def _dev(self, handle: FakeHandle, feature: str | None = None) -> FakeDevice:
-        if not self.library_found or self._init_count == 0 or not self.driver_loaded:
+        if (
+            not self.model.library_found
+            or self.model._init_count == 0
+            or not self.model.driver_loaded
+        ):
             self._check()
-        dev = self._devices.get(handle.uuid)
+        dev = self.model._devices.get(handle.uuid)
         if dev is None:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        top = self._devices[dev.parent] if dev.parent is not None else dev
+        top = self.model._devices[dev.parent] if dev.parent is not None else dev
         if top.lost:
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
         if feature is not None and (
@@ -145,39 +167,39 @@ class FakeNvml(FakeNvmlModel):
 
     @locked
     def nvmlInit(self) -> None:
-        if not self.library_found:
+        if not self.model.library_found:
             raise _error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-        if not self.driver_loaded:
+        if not self.model.driver_loaded:
             raise _error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-        self._init_count += 1
+        self.model._init_count += 1
 
     @locked
     def nvmlShutdown(self) -> None:
         # works with the driver gone, so a poller can re-initialise cleanly
-        if not self.library_found or self._init_count == 0:
+        if not self.model.library_found or self.model._init_count == 0:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
-        self._init_count -= 1
+        self.model._init_count -= 1
 
     def nvmlSystemGetDriverVersion(self) -> str:
         self._check()
-        return self.driver_version
+        return self.model.driver_version
 
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         self._check()
-        proc = self._procs.get(pid)
+        proc = self.model._procs.get(pid)
         if proc is None:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
         return proc.name
 
     def nvmlDeviceGetCount(self) -> int:
         self._check()
-        return len(self._gpus)
+        return len(self.model._gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
         self._check()
-        if not 0 <= index < len(self._gpus):
+        if not 0 <= index < len(self.model._gpus):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        handle = FakeHandle(self._gpus[index])
+        handle = FakeHandle(self.model._gpus[index])
         self._dev(handle)
         return handle
 
@@ -199,14 +221,14 @@ class FakeNvml(FakeNvmlModel):
     @locked
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: Any = None) -> Any:
         dev = self._dev(handle, "memory")
-        info = self._mem.get(dev.uuid)
+        info = self.model._mem.get(dev.uuid)
         if info is None:
             used = dev.memory_used
             if used is None:
                 used = sum(o.usedGpuMemory for o in self._running_objects(dev))
             total, used = dev.memory_total, min(used, dev.memory_total)
             info = new_struct(pynvml.c_nvmlMemory_t, total=total, free=total - used, used=used)
-            self._mem[dev.uuid] = info
+            self.model._mem[dev.uuid] = info
         return info
 
     def nvmlDeviceGetPcieThroughput(self, device: FakeHandle, counter: int) -> int:
@@ -221,7 +243,7 @@ class FakeNvml(FakeNvmlModel):
     @locked
     def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: Iterable[Any]) -> Any:
         dev = self._dev(handle)
-        self._advance(dev)
+        self.model._advance(dev)
         ts_us, counters, unsupported = dev.counters_ns // 1000, dev.counters, dev.unsupported
         args: list[int] = []
         for fid, scope, slot, unit, feature in self._field_plan(tuple(fieldIds)):
@@ -238,7 +260,7 @@ class FakeNvml(FakeNvmlModel):
 
     def _field_plan(self, ids: tuple[Any, ...]) -> list[tuple[int, int, int, float, str]]:
         """Per requested field: id, scope, counter slot (-1: not modelled), unit, feature."""
-        plan = self._plans.get(ids)
+        plan = self.model._plans.get(ids)
         if plan is None:
             plan = []
             for item in ids:
@@ -247,7 +269,7 @@ class FakeNvml(FakeNvmlModel):
                 if feature == "nvlink" and scope != ALL_LINKS:
                     slot = -1  # per-link counters are not modelled
                 plan.append((fid, scope, slot, unit, feature))
-            self._plans[ids] = plan
+            self.model._plans[ids] = plan
         return plan
 
     def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
@@ -278,7 +300,7 @@ class FakeNvml(FakeNvmlModel):
     def nvmlDeviceGetProcessUtilization(self, handle: FakeHandle, timeStamp: int) -> list[Any]:
         dev = self._dev(handle, "process_utilization")
         start = bisect.bisect_right(dev.sample_ts, timeStamp)
-        end = bisect.bisect_right(dev.sample_ts, self.clock() // 1000)  # none from the future
+        end = bisect.bisect_right(dev.sample_ts, self.model.clock() // 1000)  # none from the future
         n = end - start
         if n == 0:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
@@ -292,18 +314,18 @@ class FakeNvml(FakeNvmlModel):
         return list(self._running_objects(self._dev(handle, "running_processes")))
 
     def _running_objects(self, dev: FakeDevice) -> list[Any]:
-        cached = self._running.get(dev.uuid)
+        cached = self.model._running.get(dev.uuid)
         if cached is None:
             cached = []
             for p in self._processes(dev):
-                owner = self._devices[p.device]
+                owner = self.model._devices[p.device]
                 gi = owner.mig_slot if owner.mig_slot >= 0 else 0xFFFFFFFF
                 info = pynvml.c_nvmlProcessInfo_v2_t(
                     pid=p.pid, usedGpuMemory=p.used_memory, gpuInstanceId=gi, computeInstanceId=gi
                 )
                 # pynvml's own conversion (unannotated), so the objects are the very kind it returns
                 cached.append(pynvml.nvmlStructToFriendlyObject(info))  # type: ignore[no-untyped-call]
-            self._running[dev.uuid] = cached
+            self.model._running[dev.uuid] = cached
         return cached
 
     def nvmlDeviceGetMigMode(self, device: FakeHandle) -> list[int]:
@@ -332,7 +354,7 @@ class FakeNvml(FakeNvmlModel):
 
     def _processes(self, dev: FakeDevice) -> list[FakeProcess]:
         owners = {dev.uuid, *dev.children}
-        return [p for p in self._procs.values() if p.device in owners]
+        return [p for p in self.model._procs.values() if p.device in owners]
 
 
 _FIELD_VALUES: dict[int, struct.Struct] = {}

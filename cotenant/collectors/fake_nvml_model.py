@@ -140,6 +140,7 @@ class FakeNvmlModel:
         self._procs: dict[int, FakeProcess] = {}
         self._running: dict[str, list[Any]] = {}  # device uuid -> cached process objects
         self._lock = threading.Lock()
+        self.lock = self._lock  # the surface over this model takes the same lock
         self._mem: dict[str, Any] = {}  # device uuid -> cached c_nvmlMemory_t
         self._plans: dict[tuple[Any, ...], list[tuple[int, int, int, float, str]]] = {}
 

@@ -35,6 +35,8 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 PHASE_NAMES = ("queue", "preprocess", "transfer.h2d", "compute", "transfer.d2h", "postprocess")
 """Phase span names besides ``lock.wait`` (use :meth:`RequestSpan.lock_wait` for that)."""
+LOAD_KINDS = ("base", "lora", "controlnet", "pipeline", "adapter")
+"""``cotenant.load.kind`` values of a ``model.load`` span (:meth:`RequestSpan.model_load`)."""
 
 _TRACER_NAME = "cotenant.instrument"
 
@@ -74,6 +76,18 @@ class RequestSpan:
             attrs["cotenant.lock.holder"] = holder
         with self._tracer.start_as_current_span(
             "lock.wait", context=self._ctx, attributes=attrs
+        ) as s:
+            yield s
+
+    @contextlib.contextmanager
+    def model_load(self, kind: str, name: str) -> Iterator[Span]:
+        """Time this request waited for a load (its own, or one already in flight on its
+        replica): ``kind`` one of :data:`LOAD_KINDS`, ``name`` what was loaded."""
+        if kind not in LOAD_KINDS:
+            raise ValueError(f"unknown load kind {kind!r}: use one of {', '.join(LOAD_KINDS)}")
+        attrs = {"cotenant.load.kind": kind, "cotenant.load.name": name}
+        with self._tracer.start_as_current_span(
+            "model.load", context=self._ctx, attributes=attrs
         ) as s:
             yield s
 

@@ -174,7 +174,7 @@ class Normalizer:
                         roots.append((shape, span, a, rattrs))
                         continue
                     for shape in shapes:
-                        claim = shape.claim(span, a)
+                        claim = shape.claim(span, a, rattrs)
                         if claim is not_mine:
                             continue
                         if isinstance(claim, tuple):  # a Child of the shape's own

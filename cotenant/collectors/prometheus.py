@@ -56,7 +56,9 @@ replicas, ``kv_cache_usage_perc`` (``gpu_cache_usage_perc`` before vLLM 0.9) ave
 ``rate(num_preemptions_total)``).
 
 **TOKEN_WINDOWS** from vLLM's histograms: ``ttft_*`` from ``vllm:time_to_first_token_seconds``,
-``tpot_*`` from ``vllm:time_per_output_token_seconds`` (p99 and mean, s -> ms), token counts
+``tpot_*`` from ``vllm:time_per_output_token_seconds``, else (current vLLM) its rename
+``vllm:inter_token_latency_seconds``, else ``vllm:request_time_per_output_token_seconds`` (p99
+and mean, s -> ms), token counts
 from ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` (mean and p99);
 ``count`` = first tokens per second x step.
 
@@ -329,9 +331,10 @@ class PrometheusSource:
     ) -> pa.Table:
         """From cotenant's token histograms (agents: TTFT, TPOT, prompt and output tokens per
         model and GPU) and, for models that have none, vLLM's
-        ``vllm:time_to_first_token_seconds``, ``vllm:time_per_output_token_seconds``,
-        ``vllm:request_prompt_tokens`` and ``vllm:request_generation_tokens``; ``count`` is
-        the requests that got a first token in the window. Models with none are absent."""
+        ``vllm:time_to_first_token_seconds``, ``vllm:time_per_output_token_seconds`` (or
+        its successors, see :data:`promql.VLLM_TOKENS`), ``vllm:request_prompt_tokens`` and
+        ``vllm:request_generation_tokens``; ``count`` is the requests that got a first token
+        in the window. Models with none are absent."""
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return TOKEN_WINDOWS.empty_table()

@@ -43,7 +43,7 @@ from typing import Any, overload
 from cotenant.collectors import promql
 from cotenant.collectors.prometheus import PrometheusSource
 from cotenant.core.slos import SloTable
-from cotenant.store.week_rollups import GpuThresholds
+from cotenant.core.week_reads import GpuThresholds
 
 MINUTE_NS = 60_000_000_000
 MS_NS = 1_000_000

@@ -336,13 +336,20 @@ TOKEN_QUANTILES = ("ttft_p99", "tpot_p99", "prompt_p99", "output_p99")
 """Fields of :func:`token_query` that are quantiles (averaged, not added, across series)."""
 
 
-VLLM_TOKENS = {
+VLLM_TOKENS: dict[str, str | tuple[str, ...]] = {
     "ttft": "vllm:time_to_first_token_seconds",
-    "tpot": "vllm:time_per_output_token_seconds",
+    "tpot": (
+        "vllm:time_per_output_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    ),
     "prompt": "vllm:request_prompt_tokens",
     "output": "vllm:request_generation_tokens",
 }
-"""vLLM's token histograms, by :func:`token_query` field prefix."""
+"""vLLM's token histograms, by :func:`token_query` field prefix. TPOT has alternatives, read in
+this order per series: vLLM hid ``time_per_output_token_seconds`` in 0.12 and later removed it
+for its per-token rename ``inter_token_latency_seconds`` (same observations: one per output
+token); ``request_time_per_output_token_seconds`` (one per request) is the last resort."""
 OWN_TOKENS = {
     "ttft": "cotenant_time_to_first_token_seconds",
     "tpot": "cotenant_time_per_output_token_seconds",
@@ -359,22 +366,27 @@ def token_query(
     r: str,
     *,
     lengths: bool = False,
-    names: Mapping[str, str] = VLLM_TOKENS,
+    names: Mapping[str, str | tuple[str, ...]] = VLLM_TOKENS,
     by: str = VLLM_TOKENS_BY,
 ) -> str:
     """The TTFT and TPOT histograms (seconds) and the prompt / output token histograms of
     ``names`` (vLLM's by default, per model_name, namespace and pod), summed ``by`` these
     labels: ``<x>_sum`` and ``<x>_n`` (per second) and ``<x>_p99`` for ``x`` in ttft, tpot,
     prompt, output (the token counts' p99 only with ``lengths``). vLLM's TPOT count is of
-    output tokens, cotenant's of requests; either way ``tpot_sum / tpot_n`` is a mean TPOT."""
+    output tokens, cotenant's of requests; either way ``tpot_sum / tpot_n`` is a mean TPOT.
+    A tuple of names is a list of alternatives joined by ``or``: per label set, the first that
+    has series."""
     parts: dict[str, str] = {}
     for x, metric in names.items():
-        parts[f"{x}_sum"] = f"sum by ({by}) (rate({metric}_sum{{{m}}}[{r}]))"
-        parts[f"{x}_n"] = f"sum by ({by}) (rate({metric}_count{{{m}}}[{r}]))"
+        alts = (metric,) if isinstance(metric, str) else metric
+
+        def summed(suffix: str, labels: str, alts: tuple[str, ...] = alts) -> str:
+            return " or ".join(f"sum by ({labels}) (rate({n}{suffix}{{{m}}}[{r}]))" for n in alts)
+
+        parts[f"{x}_sum"] = summed("_sum", by)
+        parts[f"{x}_n"] = summed("_count", by)
         if lengths or x in ("ttft", "tpot"):
-            parts[f"{x}_p99"] = (
-                f"histogram_quantile(0.99, sum by ({by}, le) (rate({metric}_bucket{{{m}}}[{r}])))"
-            )
+            parts[f"{x}_p99"] = f"histogram_quantile(0.99, {summed('_bucket', f'{by}, le')})"
     return union(parts)
 
 

@@ -12,7 +12,7 @@ indicator; a model named with a value <= 0 has no SLO whatever the default.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 E2E = "e2e"
@@ -42,6 +42,31 @@ class SloTable:
             if v > 0:
                 out.setdefault(float(v), []).append(m)
         return sorted(out.items())
+
+
+class SloLookup(Mapping[str, float]):
+    """One indicator's SLOs as a read-only ``model -> ms`` mapping that knows the default:
+    ``model in lookup`` and ``lookup[model]`` answer for every model with an SLO, named or by
+    the default; iteration lists the named models with one (models that only the default
+    covers cannot be listed). What code written against a ``model -> SLO`` dict takes."""
+
+    def __init__(self, table: SloTable) -> None:
+        self._t = table
+
+    def __getitem__(self, model: str) -> float:
+        v = self._t.of(model)
+        if v is None:
+            raise KeyError(model)
+        return v
+
+    def __contains__(self, model: object) -> bool:
+        return isinstance(model, str) and self._t.of(model) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([m for m, v in self._t.explicit.items() if v > 0])
+
+    def __len__(self) -> int:
+        return sum(1 for v in self._t.explicit.values() if v > 0)
 
 
 @dataclass(frozen=True)
@@ -93,6 +118,10 @@ class Slos:
     def default_ms(self) -> float:
         """The end-to-end SLO of models not named (0: none)."""
         return self.table(E2E).default
+
+    def lookup(self, indicator: str = E2E) -> SloLookup:
+        """``indicator``'s SLOs as a ``model -> ms`` mapping with the default applied."""
+        return SloLookup(self.table(indicator))
 
     def token_slos(self, model: str) -> dict[str, float | None]:
         """``{"ttft": ms | None, "tpot": ms | None}`` of ``model``."""

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from cotenant.core.slos import E2E, TPOT, TTFT, Slos
+from cotenant.core.week_reads import WeekRollups
 from cotenant.reports.isoweek import IsoWeek
 from cotenant.reports.operations import action_rows, count_actions, gpu_weeks
 from cotenant.reports.recommend import recommend
@@ -32,7 +33,7 @@ from cotenant.reports.summary import (
 )
 from cotenant.store.db import Store
 from cotenant.store.report_queries import ReportQueries
-from cotenant.store.week_rollups import StoreWeekRollups, WeekRollups
+from cotenant.store.week_rollups import StoreWeekRollups
 
 MINUTE_NS = 60_000_000_000
 

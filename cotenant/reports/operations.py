@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from cotenant.core.week_reads import GpuThresholds, WeekRollups
 from cotenant.reports.summary import ActionCounts, ActionRow, GpuWeek, Thresholds
 from cotenant.store.report_queries import ReportQueries
-from cotenant.store.week_rollups import GpuThresholds, WeekRollups
 
 MINUTE_NS = 60_000_000_000
 THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80

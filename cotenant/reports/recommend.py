@@ -13,7 +13,8 @@ carries its evidence and the expected gain (the victim-minutes it cost this week
   move the copy traffic to a GPU on another PCIe switch or pace it;
 * ``lock``: fix the lock (its name in the evidence); ``throttle``: check cooling and power
   cap (hours throttled); ``memory``: cap the culprit's memory or move it; ``load``: rate-limit
-  the model or add a replica; ``cpu``: give the host more cores or move the process.
+  the model or add a replica; ``cpu``: give the host more cores or move the process;
+  ``model_load``: keep the model's hot adapters resident or pre-warm them.
 
 A week with no culprit over the thresholds gives none, and :func:`nothing_to_recommend` says
 why in a sentence.
@@ -156,6 +157,20 @@ def recommend(s: WeekSummary) -> list[Recommendation]:
                     "rate_limit",
                     c.culprit,
                     f"its own load surges cost it {own:.0f} minutes over its latency baseline",
+                    ev,
+                )
+            )
+        elif kind == "model_load":
+            own = minutes.get((c.culprit, "model_load"), c.victim_minutes)
+            out.append(
+                Recommendation(
+                    f"Keep {c.culprit}'s hot adapters resident or pre-warm them",
+                    "prewarm",
+                    c.culprit,
+                    f"waiting for its own model and adapter loads cost it {own:.0f} minutes "
+                    "over its latency baseline (loads slower or more frequent than usual: "
+                    "a larger adapter cache, pinning the most used ones, or loading them "
+                    "before traffic needs them)",
                     ev,
                 )
             )

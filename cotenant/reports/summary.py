@@ -146,7 +146,7 @@ class ActionCounts:
 @dataclass(frozen=True)
 class Recommendation:
     title: str  # what to do, e.g. "Move embed off gpu-0"
-    kind: str  # move | mps | mig | rate_limit | fix_lock | cooling | memory | cpu
+    kind: str  # move | mps | mig | rate_limit | fix_lock | cooling | memory | cpu | prewarm
     target: str
     because: str  # the evidence in a sentence
     evidence: dict[str, Any] = field(default_factory=dict)

@@ -21,6 +21,7 @@ the run-time state in :mod:`simulator.state` and request timings in
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -96,6 +97,10 @@ class Simulation:
             weights = [r.weight for r in m.replicas]
             self.routes.append(Route(m.routing, self.models[first:], weights, f"{s.seed}:{m.name}"))
         self.locks = locks
+        for f in s.faults:  # a model swap or adapter churn blocks every replica of its target
+            for ms in self.models:
+                if ms.m.name == f.target:
+                    ms.loads = sorted([*ms.loads, *f.load_times()])
         self._cpus = HostCpus(s.host_cpus)
         hogs = HogLoad()
         faults = FaultEffects(s, self.gpus, self.models, locks, self._cpus, hogs, self._events)
@@ -278,6 +283,8 @@ class Simulation:
             self._events.push(ms.timer_at, EventKind.BATCH_TIMER, ms.idx)
 
     def _launch(self, t: float, ms: SimModel) -> None:
+        if ms.loads and self._blocked(t, ms):
+            return
         b = ms.m.batching
         n = min(b.max_batch, len(ms.queue))
         pool = self._pools.get(ms.idx) if self._pools else None
@@ -287,6 +294,8 @@ class Simulation:
             if n <= 0:
                 return
         rids = [ms.queue.popleft() for _ in range(n)]
+        if ms.loads:
+            self._requests.waited_for_loads(rids, t, ms.loads)
         ms.busy = True
         ms.timer_at = -1.0
         self._batch_seq += 1
@@ -301,6 +310,18 @@ class Simulation:
             )
         else:
             self._start_kernel(t, batch)
+
+    def _blocked(self, t: float, ms: SimModel) -> bool:
+        """A load runs on ``ms`` at ``t``: its batches wait, a timer launches them when it
+        ends (``model_load`` faults)."""
+        i = bisect.bisect_right(ms.loads, (t, INF)) - 1
+        if i < 0 or ms.loads[i][1] <= t:
+            return False
+        end = ms.loads[i][1]
+        if ms.timer_at != end:
+            ms.timer_at = end
+            self._events.push(end, EventKind.BATCH_TIMER, ms.idx)
+        return True
 
     def _start_kernel(self, t: float, batch: Batch, _: object = None) -> None:
         ms = self.models[batch.model]

@@ -4,7 +4,8 @@
 calls :meth:`FaultEffects.start` / :meth:`FaultEffects.end` at the fault's times), one method
 per fault kind. ``cotenant_burst``, ``load_surge`` and ``length_shift`` change nothing here:
 their extra arrivals and changed token counts are generated up front
-(:mod:`simulator.arrivals`). Memory pressure also acts on every kernel launch through
+(:mod:`simulator.arrivals`); ``model_load``'s loads are a fixed schedule the engine reads
+(:attr:`simulator.state.SimModel.loads`). Memory pressure also acts on every kernel launch through
 :meth:`FaultEffects.preemption_factor`. Times are seconds of virtual time.
 """
 
@@ -57,6 +58,7 @@ class FaultEffects:
             "cotenant_burst": _arrivals_only,
             "load_surge": _arrivals_only,
             "length_shift": _arrivals_only,
+            "model_load": _arrivals_only,
         }
 
     def start(self, t: float, fi: int) -> None:
@@ -205,4 +207,5 @@ class FaultEffects:
 
 
 def _arrivals_only(t: float, fi: int, f: Fault, start: bool) -> None:
-    """``cotenant_burst``, ``load_surge``, ``length_shift``: arrivals generated up front."""
+    """``cotenant_burst``, ``load_surge``, ``length_shift``: arrivals generated up front;
+    ``model_load``: its schedule is read by the engine."""

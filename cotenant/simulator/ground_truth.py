@@ -46,6 +46,7 @@ def truth_cause(fault: Fault, scenario: Scenario | None = None) -> TruthCause:
         "cpu_hog": "cpu",
         "load_surge": "load",
         "length_shift": "mix",
+        "model_load": "model_load",
     }.get(fault.kind)
     if kind is None:
         raise UsageError(f"unknown fault kind {fault.kind!r}")

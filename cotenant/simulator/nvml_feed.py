@@ -182,7 +182,7 @@ def add_to_fake(fake: FakeNvml, header: FeedHeader, have: Iterable[str] = ()) ->
     have = set(have)
     for g in header.gpus:
         if g.uuid not in have:
-            fake.add_gpu(
+            fake.model.add_gpu(
                 name=g.name,
                 memory_total_bytes=g.memory_total_bytes,
                 max_sm_clock_mhz=g.max_sm_clock_mhz,
@@ -191,7 +191,9 @@ def add_to_fake(fake: FakeNvml, header: FeedHeader, have: Iterable[str] = ()) ->
             )
     uuids = {g.id: g.uuid for g in header.gpus}
     for p in header.processes:
-        fake.add_process(uuids[p.gpu], p.pid, name=p.name, used_memory_bytes=p.used_memory_bytes)
+        fake.model.add_process(
+            uuids[p.gpu], p.pid, name=p.name, used_memory_bytes=p.used_memory_bytes
+        )
     return uuids
 
 
@@ -272,12 +274,14 @@ def apply_record(fake: FakeNvml, uuids: Mapping[str, str], rec: Mapping[str, Any
     reaches it), its memory set now. FeedError for a process the header did not list."""
     if rec["kind"] == "gpu":
         kw = {k: _cast(f, rec[f]) for f, k in _GPU_FIELDS.items() if rec.get(f) is not None}
-        fake.set_gpu(uuids[rec["gpu"]], **kw)
+        fake.model.set_gpu(uuids[rec["gpu"]], **kw)
         return
     pid = int(rec["pid"])
     try:
-        fake.record_process_util(pid, rec["sm_util"], rec["mem_util"], ts_ns=int(rec["ts_ns"]))
-        fake.set_process_memory(pid, int(rec["used_memory_bytes"]))
+        fake.model.record_process_util(
+            pid, rec["sm_util"], rec["mem_util"], ts_ns=int(rec["ts_ns"])
+        )
+        fake.model.set_process_memory(pid, int(rec["used_memory_bytes"]))
     except KeyError:
         raise FeedError(f"pid {pid}: not one of the header's processes") from None
 

@@ -44,7 +44,8 @@ class RequestLog:
 
     In flight, per request id (seconds of virtual time): ``model`` (index), ``arrived``,
     ``gate_wait`` (waiting for an admission token), ``preprocess`` (on a core or holding
-    locks), ``lock_wait``, ``lock_name`` / ``lock_holder`` (the lock it waited longest for and
+    locks), ``lock_wait``, ``load_wait`` (queued behind a model load), ``lock_name`` /
+    ``lock_holder`` (the lock it waited longest for and
     who held it; None when it never waited), ``ready`` (when it may join the batch queue),
     ``scale`` (kernel work multiplier) and ``tokens`` (prompt, output; -1 when unknown)."""
 
@@ -54,6 +55,7 @@ class RequestLog:
         self.arrived: list[float] = []
         self.preprocess: list[float] = []
         self.lock_wait: list[float] = []
+        self.load_wait: list[float] = []
         self.lock_name: list[str | None] = []
         self.lock_holder: list[str | None] = []
         self.ready: list[float] = []
@@ -82,10 +84,23 @@ class RequestLog:
         self.tokens.append((ctx, gen))
         self.preprocess.append(ready - t)
         self.lock_wait.append(0.0)
+        self.load_wait.append(0.0)
         self.lock_name.append(None)
         self.lock_holder.append(None)
         self.ready.append(ready)
         return rid
+
+    def waited_for_loads(
+        self, rids: list[int], launch: float, loads: list[tuple[float, float]]
+    ) -> None:
+        """Requests ``rids`` launch at ``launch``: the part of their wait in the batch queue
+        that a load on their replica covered (``loads``: (start, end) seconds, in order) is
+        a ``model.load`` wait, booked as ``other`` (docs/instrumenting.md), not queue."""
+        for r in rids:
+            lo = self.ready[r]
+            self.load_wait[r] = sum(
+                min(b, launch) - max(a, lo) for a, b in loads if a < launch and b > lo
+            )
 
     def complete(self, t: float, batch: Batch, ms: SimModel, gpu_id: str) -> None:
         """``batch`` of model ``ms`` on GPU ``gpu_id`` finishes postprocessing at ``t``: one
@@ -140,7 +155,8 @@ class RequestLog:
         ctx, gen = self.tokens[rid]
         o["prompt_tokens"].append(ctx if ctx >= 0 else None)
         o["output_tokens"].append(gen if gen >= 0 else None)
-        o["queue_ms"].append((launch - self.ready[rid] + self.gate_wait[rid]) * 1000.0)
+        queued = launch - self.ready[rid] + self.gate_wait[rid] - self.load_wait[rid]
+        o["queue_ms"].append(queued * 1000.0)
         o["lock_wait_ms"].append(self.lock_wait[rid] * 1000.0)
         o["preprocess_ms"].append(self.preprocess[rid] * 1000.0)
         o["h2d_ms"].append(h2d_ms)

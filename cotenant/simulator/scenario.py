@@ -31,6 +31,7 @@ FaultKind = Literal[
     "cpu_hog",
     "load_surge",
     "length_shift",
+    "model_load",
 ]
 TokenLengths = Literal["output", "prompt", "both"]
 
@@ -223,6 +224,21 @@ class Fault:
     gib: float = 0.0  # memory_pressure
     cores: int = 0  # cpu_hog
     lengths: TokenLengths = "output"  # length_shift: which token counts ``factor`` multiplies
+    load_s: float = 0.0  # model_load: seconds each load blocks the target's replicas
+    every_s: float = 0.0  # model_load: a load every this many seconds (0: one load, at start)
+    load_kind: str = "lora"  # model_load: base | lora | controlnet | pipeline | adapter
+    load_name: str = ""  # model_load: what is loaded (evidence only)
+
+    def load_times(self) -> list[tuple[float, float]]:
+        """``model_load``: the ``(start, end)`` seconds of each load, in order (none for other
+        kinds)."""
+        if self.kind != "model_load" or self.load_s <= 0:
+            return []
+        if self.every_s <= 0:
+            return [(self.start_s, self.start_s + self.load_s)]
+        n = int(self.duration_s // self.every_s) + 1
+        starts = [self.start_s + k * self.every_s for k in range(n)]
+        return [(a, a + self.load_s) for a in starts if a < self.end_s]
 
     @property
     def end_s(self) -> float:

@@ -246,7 +246,12 @@ def _check_fault(
         )
     names = ", ".join([*models, *procs]) or "none"
     gpu_procs = [n for n, p in procs.items() if p.gpu is not None]
-    if f.kind in ("cotenant_burst", "load_surge", "memory_pressure") and f.target not in models:
+    if f.kind == "model_load":
+        _check_model_load(where, f)
+    if (
+        f.kind in ("cotenant_burst", "load_surge", "memory_pressure", "model_load")
+        and f.target not in models
+    ):
         bad(
             f"{where}.target",
             f.target,
@@ -284,6 +289,13 @@ def _check_fault(
         bad(f"{where}.holder", f.holder, f"no such model or process; declared: {names}")
     if f.kind == "throttle" and f.gpu not in [g.id for g in s.gpus]:
         bad(f"{where}.gpu", f.gpu, "no such gpu; declared: " + ", ".join(g.id for g in s.gpus))
+
+
+def _check_model_load(where: str, f: Fault) -> None:
+    if f.load_s > f.duration_s:
+        bad(f"{where}.load_s", f.load_s, f"must be <= duration_s ({f.duration_s:g})")
+    if 0 < f.every_s < f.load_s:
+        bad(f"{where}.every_s", f.every_s, f"must be 0 or >= load_s ({f.load_s:g}): loads overlap")
 
 
 def gpus_of(m: Model) -> tuple[str, ...]:

@@ -177,6 +177,16 @@ _FAULT_KEYS: dict[str, tuple[dict[str, Check], tuple[str, ...]]] = {
         },
         ("target", "factor"),
     ),
+    "model_load": (
+        {
+            "target": nonempty_str,
+            "load_s": POSITIVE,
+            "every_s": NON_NEGATIVE,
+            "load_kind": one_of(("base", "lora", "controlnet", "pipeline", "adapter")),
+            "load_name": nonempty_str,
+        },
+        ("target", "load_s"),
+    ),
 }
 
 

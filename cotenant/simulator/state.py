@@ -36,7 +36,8 @@ class SimModel:
     scenario, ``replica`` the replica's name or None): its batch queue (request ids), whether
     a batch is in flight, its max-wait timer (-1: none), its current priority and kernel
     weight (``2**priority``), its admission gate (one per model, shared by its replicas), the
-    host CPU seconds it used this sample period and its requests routed but not finished."""
+    host CPU seconds it used this sample period and its requests routed but not finished;
+    ``loads``: when ``model_load`` faults block it (no batch launches while one runs)."""
 
     __slots__ = (
         "adm",
@@ -45,6 +46,7 @@ class SimModel:
         "gpu",
         "idx",
         "in_flight",
+        "loads",
         "locks",
         "m",
         "model_idx",
@@ -76,6 +78,8 @@ class SimModel:
         self.gpu = gpu
         self.locks = locks
         self.queue: deque[int] = deque()
+        # model_load faults: (start, end) seconds while a load blocks this instance, in order
+        self.loads: list[tuple[float, float]] = []
         self.busy = False
         self.timer_at = -1.0
         self.priority = m.priority  # changed at run time by set_priority

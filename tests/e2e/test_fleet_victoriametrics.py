@@ -35,8 +35,8 @@ pytestmark = [needs_prometheus, needs_victoria]
 
 def test_prometheus_source_reads_the_same_fleet_from_victoriametrics(tmp_path: Path) -> None:
     fake = FakeNvml()
-    gpu = fake.add_gpu()
-    fake.set_gpu(gpu, sm_util=70, memory_used_bytes=10 << 30, power_w=300, sm_clock_mhz=1500)
+    gpu = fake.model.add_gpu()
+    fake.model.set_gpu(gpu, sm_util=70, memory_used_bytes=10 << 30, power_w=300, sm_clock_mhz=1500)
     cfg = load_config(
         env={
             "COTENANT_SERVER_PORT": "0",

@@ -116,6 +116,10 @@ VLLM_BUCKETS = [(0.1, 0.3), (0.25, 0.6), (0.5, 0.9), (1.0, 0.97), (2.5, 1.0)]
 OWN_BUCKETS = [(0.005, 0.1), (0.01, 0.7), (0.025, 0.95), (0.05, 1.0)]
 TTFT_BUCKETS = [(0.05, 0.5), (0.1, 0.9), (0.25, 1.0)]
 TPOT_BUCKETS = [(0.01, 0.4), (0.02, 0.95), (0.05, 1.0)]  # per output token
+# current vLLM (0.12 hid time_per_output_token_seconds, later releases removed it): the
+# per-token inter_token_latency_seconds, and the per-request request_time_per_output_token
+ITL_BUCKETS = [(0.02, 0.5), (0.05, 0.9), (0.1, 1.0)]
+REQUEST_TPOT_BUCKETS = [(0.5, 0.5), (1.0, 1.0)]
 PROMPT_BUCKETS = [(256.0, 0.5), (1024.0, 0.9), (4096.0, 1.0)]
 OUTPUT_BUCKETS = [(64.0, 0.3), (256.0, 0.9), (1024.0, 1.0)]
 TOKENS_PER_REQUEST = 150.0
@@ -234,6 +238,13 @@ class FleetExporter:
                            PROMPT_BUCKETS, ts)  # fmt: skip
                 _histogram(out, "vllm:request_generation_tokens", v.labels, done,
                            TOKENS_PER_REQUEST, OUTPUT_BUCKETS, ts)  # fmt: skip
+            # both vLLMs export the new names (llama-8b with other values: where the old name
+            # is there it wins); mistral-7b, like current vLLM, only the new ones
+            _histogram(out, "vllm:inter_token_latency_seconds", v.labels,
+                       done * TOKENS_PER_REQUEST, 0.03 if v.labels["model_name"] == "mistral-7b"
+                       else 0.9, ITL_BUCKETS, ts)  # fmt: skip
+            _histogram(out, "vllm:request_time_per_output_token_seconds", v.labels, done, 0.6,
+                       REQUEST_TPOT_BUCKETS, ts)  # fmt: skip
             line("vllm:num_requests_waiting", v.labels, 3.0)
             line("vllm:num_requests_running", v.labels, 7.0)
             line("vllm:kv_cache_usage_perc", v.labels, 0.42)
@@ -466,8 +477,12 @@ def test_token_windows_from_vllm_ttft_tpot_and_token_histograms(fleet: Fleet) ->
         r["output_tokens_p99"] for r in rows(fleet.source.token_windows(fleet.rng, STEP_S))
     } == {None}  # the token counts' p99 only when asked for
     [mistral, _] = rows(t, model="mistral-7b")
-    assert mistral["gpu"] == "GPU-aaaa" and mistral["tpot_p99_ms"] is None
+    assert mistral["gpu"] == "GPU-aaaa"
     assert mistral["ttft_mean_ms"] == pytest.approx(80.0, rel=1e-3)
+    # no vllm:time_per_output_token_seconds (current vLLM): TPOT from inter_token_latency,
+    # not from the per-request histogram
+    assert mistral["tpot_mean_ms"] == pytest.approx(30.0, rel=1e-3)
+    assert mistral["tpot_p99_ms"] == pytest.approx(1e3 * bucket_quantile(0.99, ITL_BUCKETS), 1e-3)
     assert fleet.source.token_windows(fleet.rng, STEP_S, gpu="GPU-aaaa").column(
         "model"
     ).to_pylist() == ["mistral-7b", "mistral-7b"]

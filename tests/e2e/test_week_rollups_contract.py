@@ -34,9 +34,10 @@ from promserver import (
 from cotenant.collectors.prometheus import PrometheusSource
 from cotenant.collectors.prometheus_week import PromQLWeekRollups
 from cotenant.core.slos import SloTable
+from cotenant.core.week_reads import GpuThresholds
 from cotenant.store.bulk_load import append_tables
 from cotenant.store.db import Store
-from cotenant.store.week_rollups import GpuThresholds, StoreWeekRollups
+from cotenant.store.week_rollups import StoreWeekRollups
 
 pytestmark = needs_prometheus
 

@@ -152,8 +152,8 @@ def _wait(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
 @pytest.mark.timeout(180)
 def test_nvml_faults_do_not_touch_ingest_and_samples_resume(tmp_path: Path) -> None:
     fake = FakeNvml()
-    fake.add_gpu()
-    fake.add_gpu()
+    fake.model.add_gpu()
+    fake.model.add_gpu()
     svc = service(
         tmp_path / "s.duckdb",
         {
@@ -188,16 +188,16 @@ def test_nvml_faults_do_not_touch_ingest_and_samples_resume(tmp_path: Path) -> N
             sent += 10
 
         _wait(lambda: _gpu_rows(svc) > 0, "the first GPU samples")
-        fake.lose_gpu(0)  # falls off the bus
-        fake.set_unsupported(1, "pcie_throughput")  # a counter this GPU does not have
+        fake.model.lose_gpu(0)  # falls off the bus
+        fake.model.set_unsupported(1, "pcie_throughput")  # a counter this GPU does not have
         export()
-        fake.unload_driver()  # every call fails, nvmlInit included
+        fake.model.unload_driver()  # every call fails, nvmlInit included
         export()
         assert healthy(svc)
         metrics = httpx.get(f"{svc.endpoints.api}/metrics", timeout=10)
         assert metrics.status_code == 200
-        fake.load_driver()
-        fake.recover_gpu(0)
+        fake.model.load_driver()
+        fake.model.recover_gpu(0)
         svc.writer.flush()
         before = _gpu_rows(svc)
         _wait(lambda: (svc.writer.flush(), _gpu_rows(svc))[1] > before + 2, "samples again")

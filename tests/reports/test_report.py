@@ -227,3 +227,25 @@ def test_pdf_without_chromium_is_a_clear_error(summary: WeekSummary, tmp_path: P
     with pytest.raises(ReportError, match=r"PDF needs headless Chromium .*apt-get install"):
         write_report(summary, tmp_path, ("html", "pdf"), printer=missing)
     assert not (tmp_path / "2026-W48").exists()  # nothing half-written
+
+
+def test_load_induced_latency_is_a_cause_line_and_earns_prewarming(summary: WeekSummary) -> None:
+    """A model slowed by its own model / adapter loads: the causes table lists the minutes
+    under ``model_load`` and the recommendation is to keep adapters resident / pre-warm."""
+    from dataclasses import replace
+
+    from cotenant.reports.recommend import recommend
+    from cotenant.reports.summary import CauseMinutes, CulpritImpact
+
+    sdxl = CulpritImpact(
+        "sdxl", "model", ["model_load"], 42.0, ["sdxl"], ["gpu-0"], 6, "model_load", None
+    )
+    s = replace(
+        summary,
+        culprits=[*summary.culprits, sdxl],
+        causes=[*summary.causes, CauseMinutes("sdxl", "model_load", 42.0)],
+    )
+    [r] = [r for r in recommend(s) if r.target == "sdxl"]
+    assert r.kind == "prewarm" and "resident or pre-warm" in r.title
+    assert "42 minutes" in r.because
+    assert "| sdxl | model_load | 42.0 |" in render_markdown(s)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from cotenant.collectors.shapes.base import SpanShape
 from cotenant.collectors.shapes.ours import OursShape
+from cotenant.collectors.shapes.rayserve import RayServeShape
 from cotenant.collectors.shapes.triton import TritonShape
 from cotenant.collectors.shapes.vllm import VllmShape
 
-SHAPES: tuple[SpanShape, ...] = (OursShape(), VllmShape(), TritonShape())
+SHAPES: tuple[SpanShape, ...] = (OursShape(), VllmShape(), TritonShape(), RayServeShape())
 """The shapes cotenant understands (DESIGN.md, "Span conventions"); ``cotenant.model`` is
 tried before ``triton.model_name`` on a span that carries both."""

@@ -11,8 +11,10 @@ shapes (:data:`collectors.shapes.SHAPES` by default) and sorts every span of an 
 2. A span whose name is in a shape's :attr:`SpanShape.root_names` is that shape's request root
    (a name outranks attributes: names are checked before any :meth:`SpanShape.claim`).
 3. Otherwise each shape's :meth:`SpanShape.claim` is asked in tuple order with the span's
-   attributes; the first answer other than :attr:`Claim.NONE` wins: a root, or a :data:`Child`
-   of the shape's own to hold for its parent (e.g. Triton's model span).
+   attributes and its resource's; the first answer other than :attr:`Claim.NONE` wins: a root,
+   or a :data:`Child` of the shape's own to hold for its parent (e.g. Triton's model span, or
+   Ray Serve's replica span, which carries the replica process's ``process.pid`` from another
+   resource than its root's).
 4. A span nobody claims is ignored and counted as ``unrecognized``.
 
 Then :meth:`SpanShape.build_row` turns each root into one ``requests`` row, taking its
@@ -27,6 +29,7 @@ shape and not the normalizer change.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cotenant.collectors.critical_path import OTHER
@@ -43,7 +46,62 @@ The phase indexes :data:`store.schema.PHASES`; a negative phase marks a shape's 
 JSON-serialisable: pending children are persisted at shutdown."""
 
 Row = tuple[Any, ...]
-"""One ``requests`` row, in the column order of ``store.schema.REQUESTS``."""
+"""One ``requests`` row, in the column order of ``store.schema.REQUESTS``; shapes build it by
+name with :func:`request_row` (a tuple: the normalizer turns a batch of them into one Arrow
+struct array)."""
+
+
+def request_row(
+    *,
+    ts_start_ns: int,
+    ts_end_ns: int,
+    trace_id: str,
+    span_id: str,
+    model: Any,
+    host: Any,
+    pid: Any,
+    gpu: Any,
+    status: str,
+    source: str,
+    phases_ms: Sequence[float],
+    tenant: Any = None,
+    priority: Any = None,
+    batch_size: Any = None,
+    prompt_tokens: Any = None,
+    output_tokens: Any = None,
+    lock_name: Any = None,
+    lock_holder: Any = None,
+    ttft_ms: Any = None,
+    replica: Any = None,
+) -> Row:
+    """A ``requests`` row from its columns by name: ``latency_ms`` is ``ts_end_ns -
+    ts_start_ns`` in ms and ``phases_ms`` the phase columns in :data:`PHASES` order (they sum
+    to it, see :func:`fit_phases`). ``tests/test_span_shapes.py`` checks the order against
+    ``store.schema.REQUESTS``."""
+    return (
+        ts_start_ns,
+        ts_end_ns,
+        (ts_end_ns - ts_start_ns) / 1e6,
+        trace_id,
+        span_id,
+        model,
+        tenant,
+        host,
+        pid,
+        gpu,
+        priority,
+        batch_size,
+        prompt_tokens,
+        output_tokens,
+        status,
+        source,
+        *phases_ms,
+        lock_name,
+        lock_holder,
+        ttft_ms,
+        replica,
+    )
+
 
 Identity = tuple[int, int, str, str, str, int | None, str]
 """``(start ns, end ns, model, host, gpu, pid or None, status "ok" | "error")``."""
@@ -56,8 +114,13 @@ PHASE_SPANS: dict[str, int] = {
     "compute": PHASES.index("compute"),
     "transfer.d2h": PHASES.index("d2h"),
     "postprocess": PHASES.index("postprocess"),
+    "model.load": PHASES.index("other"),
 }
-"""Span name -> phase index of the phase children (step 1 of the module docstring)."""
+"""Span name -> phase index of the phase children (step 1 of the module docstring).
+
+``model.load`` (a model, adapter or pipeline load the request waited for; attributes
+``cotenant.load.kind`` and ``cotenant.load.name``) has no phase of its own: its time on the
+critical path is ``other``, like time no child covers (docs/instrumenting.md, "Model loads")."""
 
 LOCK = PHASES.index("lock_wait")
 COMPUTE = PHASES.index("compute")
@@ -119,10 +182,12 @@ class SpanShape(Protocol):
         """Span names that are this shape's roots whatever their attributes (may be empty)."""
         ...
 
-    def claim(self, span: Any, attrs: Attrs) -> Claim | Child:
+    def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         """Sort a span that neither a phase name nor any shape's ``root_names`` claimed.
 
-        ``span`` is an OTLP ``Span`` message and ``attrs`` its decoded attributes. Returns
+        ``span`` is an OTLP ``Span`` message, ``attrs`` its decoded attributes and
+        ``resource`` its resource's (read it only for what a root cannot see: a child from
+        another process; it is not copied, so keep only the values you need). Returns
         :attr:`Claim.ROOT`, a :data:`Child` to hold for the span's parent, or
         :attr:`Claim.NONE`. Runs for every such span: keep it to a lookup or two."""
         ...

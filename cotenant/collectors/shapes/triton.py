@@ -26,6 +26,7 @@ from cotenant.collectors.shapes.base import (
     Row,
     RowContext,
     fit_phases,
+    request_row,
 )
 from cotenant.core.phases import PHASES
 
@@ -41,7 +42,7 @@ class TritonShape:
     source = "triton"
     root_names = frozenset({TRITON_ROOT})
 
-    def claim(self, span: Any, attrs: Attrs) -> Claim | Child:
+    def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         if TRITON_MODEL_ATTR not in attrs:
             return Claim.NONE
         events = {e.name: e.time_unix_nano for e in span.events}
@@ -85,26 +86,18 @@ class TritonShape:
             else:
                 phases[COMPUTE] = max(0, c3 - c0) / 1e6
         fit_phases(phases, latency)
-        return (
-            start,
-            end,
-            latency,
-            span.trace_id.hex(),
-            span.span_id.hex(),
-            model,
-            as_str(resource.get("cotenant.tenant")),
-            host,
-            pid,
-            gpu,
-            None,
-            None,
-            None,
-            None,
-            status,
-            self.source,
-            *phases,
-            None,
-            None,
-            None,
-            replica_of(attrs, resource),
+        return request_row(
+            ts_start_ns=start,
+            ts_end_ns=end,
+            trace_id=span.trace_id.hex(),
+            span_id=span.span_id.hex(),
+            model=model,
+            tenant=as_str(resource.get("cotenant.tenant")),
+            host=host,
+            pid=pid,
+            gpu=gpu,
+            status=status,
+            source=self.source,
+            phases_ms=phases,
+            replica=replica_of(attrs, resource),
         )

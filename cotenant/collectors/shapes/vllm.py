@@ -23,6 +23,7 @@ from cotenant.collectors.shapes.base import (
     Row,
     RowContext,
     fit_phases,
+    request_row,
 )
 from cotenant.core.phases import PHASES
 
@@ -35,7 +36,7 @@ class VllmShape:
     source = "vllm"
     root_names = frozenset({VLLM_SPAN})
 
-    def claim(self, span: Any, attrs: Attrs) -> Claim | Child:
+    def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         return Claim.NONE  # roots are claimed by name; vLLM emits no child spans
 
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
@@ -62,26 +63,21 @@ class VllmShape:
         phases = [0.0] * len(PHASES)
         phases[QUEUE], phases[COMPUTE] = queue, compute
         fit_phases(phases, latency)
-        return (
-            start,
-            end,
-            latency,
-            span.trace_id.hex(),
-            span.span_id.hex(),
-            model,
-            as_str(a.get("cotenant.tenant", resource.get("cotenant.tenant"))),
-            host,
-            pid,
-            gpu,
-            None,
-            None,
-            as_int(a, "gen_ai.usage.prompt_tokens", 0),
-            as_int(a, "gen_ai.usage.completion_tokens", 0),
-            status,
-            self.source,
-            *phases,
-            None,
-            None,
-            as_seconds_ms(a, "gen_ai.latency.time_to_first_token"),
-            replica_of(a, resource),
+        return request_row(
+            ts_start_ns=start,
+            ts_end_ns=end,
+            trace_id=span.trace_id.hex(),
+            span_id=span.span_id.hex(),
+            model=model,
+            tenant=as_str(a.get("cotenant.tenant", resource.get("cotenant.tenant"))),
+            host=host,
+            pid=pid,
+            gpu=gpu,
+            prompt_tokens=as_int(a, "gen_ai.usage.prompt_tokens", 0),
+            output_tokens=as_int(a, "gen_ai.usage.completion_tokens", 0),
+            status=status,
+            source=self.source,
+            phases_ms=phases,
+            ttft_ms=as_seconds_ms(a, "gen_ai.latency.time_to_first_token"),
+            replica=replica_of(a, resource),
         )

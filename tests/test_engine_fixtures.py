@@ -1,0 +1,203 @@
+"""The real engines' OTLP bodies (tests/fixtures/engines, see its PROVENANCE.md) through the
+real decoder and normalizer: the rows a user of each engine gets, without the engines.
+
+Expectations are read from the raw payloads independently of the shapes (the JSON by hand,
+the protobuf by name), so a shape that misreads an engine fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.otlp_decode import JSON, PROTOBUF, decode
+from cotenant.core.phases import PHASE_COLUMNS
+
+FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+MS = 1e6
+
+
+def bodies(engine: str) -> list[tuple[Path, str]]:
+    """``(path, media type)`` of an engine's recorded bodies, in arrival order."""
+    paths = sorted((FIXTURES / engine).glob("v1_traces_*"))
+    assert paths, f"no fixtures under {engine}"
+    return [(p, JSON if p.suffix == ".json" else PROTOBUF) for p in paths]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def normalize_all(engine: str, resolver: GpuResolver | None = None) -> tuple[list[dict], Any]:
+    """Every body of ``engine`` through one Normalizer; the rows, and what it counted."""
+    clock = Clock()
+    norm = Normalizer(resolver or GpuResolver(), clock=clock)
+    rows: list[dict] = []
+    rejected: dict[str, int] = {}
+    ignored: dict[str, int] = {}
+    for path, mtype in bodies(engine):
+        res = norm.normalize(decode(path.read_bytes(), mtype))
+        rows += res.requests.to_pylist()
+        for k, v in res.rejected.items():
+            rejected[k] = rejected.get(k, 0) + v
+        for k, v in res.ignored.items():
+            ignored[k] = ignored.get(k, 0) + v
+    # past the pending TTL: anything still held would now expire as an orphan
+    clock.now = 3600.0
+    norm.normalize(ExportTraceServiceRequest())
+    counts = {
+        "rejected": rejected,
+        "ignored": ignored,
+        "pending": norm.pending_spans,
+        "expired": dict(norm.expired),
+    }
+    return rows, counts
+
+
+def assert_phases_sum(row: dict) -> None:
+    assert all(row[c] >= 0 for c in PHASE_COLUMNS)
+    assert sum(row[c] for c in PHASE_COLUMNS) == pytest.approx(row["latency_ms"])
+
+
+# --- Triton: OTLP/JSON as tritonserver 2.51 posts it ---------------------------------------
+
+
+def triton_expected(engine: str) -> dict[str, dict[str, float]]:
+    """trace id -> the numbers a reader of the raw JSON gets: the root's latency and the
+    queue / h2d / compute / d2h split of the model span's and compute span's events."""
+    out: dict[str, dict[str, float]] = {}
+    for path, mtype in bodies(engine):
+        if mtype != JSON:
+            continue
+        spans = [
+            s
+            for rs in json.loads(path.read_bytes())["resourceSpans"]
+            for ss in rs["scopeSpans"]
+            for s in ss["spans"]
+        ]
+        by_trace: dict[str, dict[str, Any]] = {}
+        for s in spans:
+            kind = "root" if s["name"] == "InferRequest" else s["name"]
+            by_trace.setdefault(s["traceId"], {})[kind] = s
+        for trace, parts in by_trace.items():
+            ev = {
+                e["name"]: int(e["timeUnixNano"])
+                for part in (parts["matmul"], parts["compute"])
+                for e in part["events"]
+            }
+            root = parts["root"]
+            out[trace] = {
+                "latency_ms": (int(root["endTimeUnixNano"]) - int(root["startTimeUnixNano"])) / MS,
+                "queue_ms": (ev["COMPUTE_START"] - ev["QUEUE_START"]) / MS,
+                "h2d_ms": (ev["COMPUTE_INPUT_END"] - ev["COMPUTE_START"]) / MS,
+                "compute_ms": (ev["COMPUTE_OUTPUT_START"] - ev["COMPUTE_INPUT_END"]) / MS,
+                "d2h_ms": (ev["COMPUTE_END"] - ev["COMPUTE_OUTPUT_START"]) / MS,
+            }
+    return out
+
+
+@pytest.mark.parametrize(("engine", "n"), [("triton-2.51.0", 6), ("pytriton-0.7.0", 5)])
+def test_triton_requests_give_one_row_each_with_queue_and_compute_from_its_events(
+    engine: str, n: int
+) -> None:
+    rows, counts = normalize_all(engine)
+    expected = triton_expected(engine)
+    assert len(rows) == len(expected) == n
+    assert counts["rejected"] == {} and counts["pending"] == 0 and counts["expired"] == {}
+    for row in rows:
+        want = expected[row["trace_id"]]
+        assert (row["model"], row["source"], row["status"]) == ("matmul", "triton", "ok")
+        for col, value in want.items():
+            assert row[col] == pytest.approx(value, abs=1e-6), col
+        assert_phases_sum(row)
+        assert row["other_ms"] < 0.5  # HTTP receive/send around the model span
+
+
+def test_triton_honours_the_callers_traceparent() -> None:
+    rows, _ = normalize_all("triton-2.51.0")
+    assert "0af7651916cd43dd8448eb211c80319c" in {r["trace_id"] for r in rows}
+
+
+def test_pytriton_proxy_and_backend_spans_add_no_request_and_no_orphan() -> None:
+    # proxy_inference_callable, pytriton-batch-decorator-span and python_backend_execute:
+    # INTERNAL spans without attributes, in two later protobuf bodies of the same traces
+    rows, counts = normalize_all("pytriton-0.7.0")
+    assert len(rows) == 5
+    assert counts["ignored"] == {"unrecognized": 15}
+    assert counts["pending"] == 0 and counts["expired"] == {}
+
+
+# --- Ray Serve 2.60: one span per protobuf body, from two processes ------------------------
+
+
+def ray_expected(engine: str) -> dict[str, dict[str, Any]]:
+    """proxy span id (hex) -> latency, queue (route start -> replica start), compute
+    (replica span), the replica id and the replica span's resource pid, from the protobuf."""
+    spans: dict[bytes, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+    for path, _ in bodies(engine):
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(path.read_bytes())
+        for rs in req.resource_spans:
+            res = {kv.key: kv.value for kv in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    spans[s.span_id] = (s, {kv.key: kv.value for kv in s.attributes}, res)
+    out: dict[str, dict[str, Any]] = {}
+    for s, attrs, _ in spans.values():
+        if not s.name.startswith("replica_handle_request "):
+            continue
+        route = spans[s.parent_span_id][0]
+        proxy, proxy_attrs, _ = spans[route.parent_span_id]
+        res = spans[s.span_id][2]
+        out[proxy.span_id.hex()] = {
+            "latency_ms": (proxy.end_time_unix_nano - proxy.start_time_unix_nano) / MS,
+            "queue_ms": (s.start_time_unix_nano - route.start_time_unix_nano) / MS,
+            "compute_ms": (s.end_time_unix_nano - s.start_time_unix_nano) / MS,
+            "replica": attrs["replica_id"].string_value,
+            "model": f"{proxy_attrs['app'].string_value}/{proxy_attrs['deployment'].string_value}",
+            "pid": res["process.pid"].int_value if "process.pid" in res else None,
+            "proxy_pid": spans[proxy.span_id][2].get("process.pid"),
+        }
+    return out
+
+
+@pytest.mark.parametrize(
+    ("engine", "n", "pid"),
+    [("rayserve-2.60.0/process-detector", 3, 14621), ("rayserve-2.60.0/default", 1, None)],
+)
+def test_ray_serve_request_is_one_row_with_its_deployment_replica_and_phases(
+    engine: str, n: int, pid: int | None
+) -> None:
+    resolver = GpuResolver()
+    if pid is not None:
+        resolver.set_process_gpu("", pid, "GPU-replica")  # as NVML's process list would
+    rows, counts = normalize_all(engine, resolver)
+    expected = ray_expected(engine)
+    assert len(rows) == len(expected) == n
+    assert counts == {"rejected": {}, "ignored": {}, "pending": 0, "expired": {}}
+    for row in rows:
+        want = expected[row["span_id"]]
+        assert (row["model"], row["source"], row["status"]) == ("mm/MatMul", "rayserve", "ok")
+        assert row["replica"] == want["replica"] and row["model"] == want["model"]
+        for col in ("latency_ms", "queue_ms", "compute_ms"):
+            assert row[col] == pytest.approx(want[col], abs=1e-6), col
+        assert_phases_sum(row)
+        # the pid is the replica's (its own span's resource; the replica answered each
+        # request with os.getpid() = 14621, PROVENANCE.md), never the proxy's
+        assert row["pid"] == want["pid"] == pid
+        assert row["gpu"] == ("GPU-replica" if pid is not None else "")
+    if pid is not None:
+        proxy_pid = next(iter(expected.values()))["proxy_pid"].int_value
+        assert proxy_pid != pid
+        assert resolver.model_of("", pid) == "mm/MatMul"
+        assert resolver.model_of("", proxy_pid) is None

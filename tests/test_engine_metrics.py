@@ -1,0 +1,114 @@
+"""The real engines' /metrics pages (tests/fixtures/engines, see its PROVENANCE.md) against what
+the fleet path and the exporter rules read: every Triton series name our PromQL uses exists in
+Triton 2.51's page, with the label we group by, as the cumulative microsecond counter the
+queries divide by 1e6; and those counters agree with the same requests' spans."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cotenant.collectors import promql
+from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.otlp_decode import JSON, decode
+
+FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+RULES = Path(__file__).parents[1] / "cotenant" / "rules" / "exporters.rules.yml"
+TRITON_PAGES = ["triton-2.51.0/metrics.txt", "pytriton-0.7.0/metrics.txt"]
+
+
+def page(name: str) -> dict[str, tuple[str, str, list[dict[str, str]]]]:
+    """Series name as exposed -> (family type, help, label sets) of a recorded page.
+
+    prometheus_client's parser names a counter's samples ``<family>_total`` even where the
+    page says ``<family>`` (Triton's counters have no ``_total``); Prometheus stores the name
+    as exposed, so a sample is keyed by the name on its line of the page."""
+    text = (FIXTURES / name).read_text()
+    exposed = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines()}
+    out: dict[str, tuple[str, str, list[dict[str, str]]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name
+            if key not in exposed and key.endswith("_total") and fam.name in exposed:
+                key = fam.name
+            out.setdefault(key, (fam.type, fam.documentation, []))[2].append(s.labels)
+    return out
+
+
+def triton_fields() -> dict[str, str]:
+    """Field -> expression of the fleet path's Triton query (``cotenant_field`` tags)."""
+    [family] = [f for f in promql.FAMILIES if f.counter.startswith("nv_")]
+    query = family.query("", "1m")
+    return dict(
+        (f, e) for e, f in re.findall(r'label_replace\((.+?), "cotenant_field", "(\w+)"', query)
+    )
+
+
+def triton_names_we_read() -> set[str]:
+    [family] = [f for f in promql.FAMILIES if f.counter.startswith("nv_")]
+    texts = [family.query("", "1m"), family.counter, promql.pod_models_query("5m")]
+    texts.append(RULES.read_text())
+    return {n for t in texts for n in re.findall(r"\bnv_[a-z_]+", t)}
+
+
+def test_the_queries_read_some_triton_series_at_all() -> None:
+    names = triton_names_we_read()
+    assert "nv_inference_request_success" in names and "nv_inference_queue_duration_us" in names
+    assert set(triton_fields()) >= {"rate", "errors", "sum", "queue_sum", "compute_sum"}
+
+
+@pytest.mark.parametrize("name", TRITON_PAGES)
+def test_every_triton_name_we_query_is_on_the_real_page_with_its_model_label(name: str) -> None:
+    real = page(name)
+    for metric in sorted(triton_names_we_read()):
+        assert metric in real, f"{metric} is not exposed by {name}"
+        kind, _, label_sets = real[metric]
+        assert kind == "counter", f"{metric} is a {kind}: rate() of it means nothing"
+        assert all("model" in labels for labels in label_sets), metric
+        if metric.endswith("_us"):
+            assert "microseconds" in real[metric][1]
+
+
+def test_every_microsecond_counter_is_divided_into_seconds() -> None:
+    for field, expr in triton_fields().items():
+        if "_duration_us" in expr:
+            assert expr.endswith(" / 1e6"), (field, expr)
+
+
+def test_triton_counters_agree_with_the_same_requests_spans() -> None:
+    """The page was scraped right after the five requests of v1_traces_0001.json: each phase
+    the fleet path reads from a counter is the spans' same phase, summed, within 5 %."""
+    real = {
+        fam.name: sum(s.value for s in fam.samples)
+        for fam in text_string_to_metric_families(
+            (FIXTURES / "triton-2.51.0" / "metrics.txt").read_text()
+        )
+        if fam.type == "counter"
+    }
+    body = (FIXTURES / "triton-2.51.0" / "v1_traces_0001.json").read_bytes()
+    rows = Normalizer(GpuResolver()).normalize(decode(body, JSON)).requests.to_pylist()
+    assert len(rows) == real["nv_inference_request_success"] == 5
+    fields = triton_fields()
+    for field, column in (
+        ("queue_sum", "queue_ms"),
+        ("h2d_sum", "h2d_ms"),
+        ("compute_sum", "compute_ms"),
+        ("d2h_sum", "d2h_ms"),
+    ):
+        [counter] = re.findall(r"\bnv_[a-z_]+", fields[field])
+        spans_s = sum(r[column] for r in rows) / 1e3
+        assert real[counter] / 1e6 == pytest.approx(spans_s, rel=0.05), (field, counter)
+    # the request counter covers the model's part of the root span (no HTTP receive / send)
+    total_s = sum(r["latency_ms"] for r in rows) / 1e3
+    assert real["nv_inference_request_duration_us"] / 1e6 == pytest.approx(total_s, rel=0.05)
+
+
+def test_the_failure_counter_has_a_reason_label_that_the_query_sums_away() -> None:
+    # Triton 2.51 splits failures by reason (BACKEND, OTHER, CANCELED, REJECTED)
+    _, _, label_sets = page("triton-2.51.0/metrics.txt")["nv_inference_request_failure"]
+    assert {ls["reason"] for ls in label_sets} >= {"BACKEND", "REJECTED"}
+    assert triton_fields()["errors"].startswith("sum by (model, namespace, pod)")
