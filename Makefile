@@ -4,8 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PLOTLY := $(VENV)/.plotly-stamp
+# the image the manifests under deploy/ run (tests/test_image.py keeps them in step)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE   ?= cotenant:$(VERSION)
 
-.PHONY: demo test install system-deps lint typecheck unit bench reliability clean
+.PHONY: demo test install system-deps lint typecheck unit bench reliability image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +60,16 @@ reliability: install
 	COTENANT_KILL9_ROUNDS=$(KILL9_ROUNDS) \
 	$(BIN)/python -m pytest -q --timeout 7200 tests/reliability \
 		tests/test_group_commit.py tests/e2e/test_backpressure.py
+
+## image: the container image of the agent and central serve (Dockerfile; docs/fleet.md)
+image:
+	@command -v docker >/dev/null 2>&1 || { \
+		echo "make image: docker is not installed: install it (podman build -t $(IMAGE) . works too)" >&2; \
+		exit 1; }
+	@docker info >/dev/null 2>&1 || { \
+		echo "make image: docker cannot reach its daemon (is it running, may this user use it?)" >&2; \
+		exit 1; }
+	docker build -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache tests/artifacts

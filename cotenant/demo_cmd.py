@@ -3,9 +3,11 @@
 The built-in scenario (``simulator/scenarios/demo.yaml``) is paced at ``--speed`` x real time
 (default 10x): its spans go through the real OTLP exporter into the service, its GPU counters
 through a FakeNvml that the service's real NVML collector polls. Incidents are printed with
-their ranked causes as the analysis loop finds them. Ctrl-C or ``--duration`` stops it cleanly.
-Virtual time runs ``speed`` x faster than the wall clock, so timestamps in the store run ahead
-of the wall clock by the same factor.
+their ranked causes as the analysis loop finds them. When the scenario ends, the service keeps
+serving the dashboard and API with everything it recorded (virtual time then runs at the wall
+clock's pace, so the recording stays in the dashboard's recent ranges) until Ctrl-C;
+``--duration`` stops it at that wall time either way. Virtual time runs ``speed`` x faster than
+the wall clock during the scenario, so timestamps in the store run ahead of the wall clock.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=seconds,
         default=None,
         help="stop after this much wall time: seconds or with a unit (90s, 4m; "
-        "default: the whole scenario)",
+        "default: run the whole scenario, then keep serving what it recorded until Ctrl-C)",
     )
     p.add_argument(
         "--store", default=DEMO_STORE, help=f"store file, recreated (default {DEMO_STORE})"
@@ -62,15 +64,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 class VirtualClock:
-    """Wall time mapped onto the simulation: ``start_ns + elapsed_wall x speed``."""
+    """Wall time mapped onto the simulation: ``start_ns + elapsed_wall x speed``, then, after
+    :meth:`real_time`, one virtual second per wall second from where it stood."""
 
     def __init__(self, speed: float) -> None:
         self.speed = speed
         self.start_ns = time.time_ns()
-        self._wall0 = time.monotonic()
+        # (virtual ns, wall monotonic s, rate) of the current segment, swapped as one object
+        self._seg = (self.start_ns, time.monotonic(), speed)
 
     def __call__(self) -> int:
-        return self.start_ns + int((time.monotonic() - self._wall0) * self.speed * 1e9)
+        v0, w0, rate = self._seg
+        return v0 + int((time.monotonic() - w0) * rate * 1e9)
+
+    def real_time(self) -> None:
+        """From now on, run at the wall clock's pace (the scenario is over)."""
+        self._seg = (self(), time.monotonic(), 1.0)
 
     def virtual_s(self, ts_ns: int) -> float:
         return (ts_ns - self.start_ns) / 1e9
@@ -142,13 +151,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"({scenario.duration_s / args.speed:.0f} s); store {args.store}"
     )
     print(f"  API and metrics: {ep.api}/api/v1/incidents  {ep.api}/metrics")
-    print("  Ctrl-C stops it.\n", flush=True)
+    print("  Dashboard: " + ep.api + "/   Ctrl-C stops it.\n", flush=True)
     deadline = None if args.duration is None else time.monotonic() + args.duration
     stats = _LiveStats(clock)
 
     def on_tick(sim: Any, v: float) -> None:
         g, p = sim.take_samples()
         feed_rows(fake, uuids, g, p)
+
+    def past_deadline() -> bool:
+        return deadline is not None and time.monotonic() > deadline
 
     try:
         stream(
@@ -159,8 +171,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
             on_tick=on_tick,
             gpu_names=uuids,
             on_requests=stats.add,
-            stop=lambda: deadline is not None and time.monotonic() > deadline,
+            stop=past_deadline,
         )
+        if not past_deadline():
+            clock.real_time()
+            print(
+                f"\nthe scenario has ended; the dashboard and API keep serving what was "
+                f"recorded at {ep.api}/ — Ctrl-C to stop",
+                flush=True,
+            )
+            # sleep, not runner.join(): a join that Ctrl-C interrupts can leave the thread
+            # marked finished (CPython < 3.13), and the join after stop() would not wait
+            while runner.is_alive() and not past_deadline():
+                time.sleep(0.2)
     except KeyboardInterrupt:
         print("\nstopping…", flush=True)
     finally:

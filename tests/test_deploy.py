@@ -100,11 +100,19 @@ def test_the_prometheus_rule_is_the_rendered_rules() -> None:
 
 @needs_promtool
 def test_promtool_checks_the_prometheus_rule_and_the_scrape_example(tmp_path: Path) -> None:
-    groups = _one("PrometheusRule", "cotenant")["spec"]["groups"]
-    rules = tmp_path / "rules.yml"
-    rules.write_text(yaml.safe_dump({"groups": groups}))
-    r = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # every PrometheusRule under deploy/, its groups as a rule file
+    found = [
+        d
+        for p in sorted((ROOT / "deploy").rglob("*.yaml"))
+        for d in yaml.safe_load_all(p.read_text())
+        if d and d.get("kind") == "PrometheusRule"
+    ]
+    assert [d["metadata"]["name"] for d in found] == ["cotenant"]
+    for i, doc in enumerate(found):
+        rules = tmp_path / f"rules-{i}.yml"
+        rules.write_text(yaml.safe_dump({"groups": doc["spec"]["groups"]}))
+        r = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
     # the example's rule_files point at /etc/prometheus/rules: check it with local copies
     cfg = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     for name in ("cotenant.rules.yml", "fleet.rules.yml"):

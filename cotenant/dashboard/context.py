@@ -9,7 +9,7 @@ from pathlib import Path
 from cotenant.core.actions import ActionControl
 from cotenant.dashboard.data import DashboardData
 from cotenant.dashboard.settings import DashboardSettings
-from cotenant.dashboard.timerange import Range, parse_range
+from cotenant.dashboard.timerange import Range, fit_to_data, parse_range
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class PageContext:
     default_range: str = DashboardSettings.default_range
 
     def range(self, text: str | None) -> Range:
-        """The page's range from its URL value (the configured default when absent); raises
-        QueryError for a malformed one."""
-        return parse_range(text, self.data.clock_ns(), self.default_range)
+        """The page's range from its URL value; raises QueryError for a malformed one. Without
+        one, the configured default, cut down to the data when all of it is younger (a demo's
+        six minutes fill the charts instead of the right edge of "last 1 h")."""
+        rng = parse_range(text, self.data.clock_ns(), self.default_range)
+        return rng if text else fit_to_data(rng, self.data.earliest_ns())

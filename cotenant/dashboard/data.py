@@ -26,6 +26,7 @@ from cotenant.dashboard.theme import Colours
 from cotenant.dashboard.timerange import Range
 from cotenant.store.dashboard_queries import (
     GPU_TILE_KEYS,
+    earliest_data_ns,
     gpu_tiles_raw,
     gpu_tiles_rollup,
     has_gpu_samples,
@@ -36,10 +37,11 @@ from cotenant.store.dashboard_queries import (
     rollup_models,
 )
 from cotenant.store.db import Store
-from cotenant.store.incident_rows import incidents_version, open_incident_counts
+from cotenant.store.incident_rows import incidents_version, live_incident_counts
 from cotenant.store.source import StoreSource
 
 NOW_WINDOW_NS = 60_000_000_000
+EARLIEST_TTL_S = 60.0
 """"Now" on the tiles is the last minute of the range."""
 ROLLUP_ABOVE_S = 1800
 """Ranges longer than this are charted from the per-minute rollups."""
@@ -129,6 +131,7 @@ class DashboardData:
         self.otlp_hint = otlp_hint
         self.colours = Colours()
         self._colours_learned = False
+        self._earliest: tuple[float, int | None] = (-1e9, None)  # (monotonic read time, value)
 
     @property
     def fleet(self) -> bool:
@@ -161,6 +164,18 @@ class DashboardData:
             return bool(self.source.gpu_windows(self._recent(300), 60.0).num_rows > 0)
         return has_gpu_samples(self.store)
 
+    def earliest_ns(self) -> int | None:
+        """Oldest record in the store (requests, GPU samples, their rollups); None in fleet
+        mode (what Prometheus holds is not asked) or when nothing is stored. Re-read at most
+        every :data:`EARLIEST_TTL_S` once known: only retention moves it."""
+        if self.fleet:
+            return None
+        read_at, value = self._earliest
+        if value is None or time.monotonic() - read_at > EARLIEST_TTL_S:
+            value = earliest_data_ns(self.store)
+            self._earliest = (time.monotonic(), value)
+        return value
+
     def latest_ns(self) -> int | None:
         """Newest request completion in the store (to say where the data is)."""
         return self.clock_ns() if self.fleet else latest_request_ns(self.store)
@@ -168,7 +183,8 @@ class DashboardData:
     # ---- Overview ----------------------------------------------------------------------
     def model_tiles(self, rng: Range) -> list[dict[str, Any]]:
         """Per model seen in the range: p99 and requests/s over the range's last minute,
-        its SLO, and its open incidents."""
+        its SLO, and its live incidents: ``open_incidents`` counts those open and those still
+        being diagnosed (found, cause not settled yet), ``diagnosing`` the latter."""
         lo, hi = rng.until_ns - NOW_WINDOW_NS, rng.until_ns
         if self.fleet:
             now = self._fleet_latency(lo, hi)
@@ -176,7 +192,7 @@ class DashboardData:
         else:
             now = recent_latency(self.store, lo, hi)
             seen = rollup_models(self.store, rng.since_ns - rng.since_ns % 60_000_000_000, hi)
-        open_by = open_incident_counts(self.store)
+        live_by = live_incident_counts(self.store)
         out = []
         for m in sorted(seen | set(now)):
             n, p99 = now.get(m, (0, None))
@@ -186,7 +202,8 @@ class DashboardData:
                     "p99_ms": p99,
                     "rps": n / (NOW_WINDOW_NS / 1e9),
                     "slo_ms": self.slos.of(m),
-                    "open_incidents": open_by.get(m, 0),
+                    "open_incidents": sum(live_by.get(m, {}).values()),
+                    "diagnosing": live_by.get(m, {}).get("diagnosing", 0),
                 }
             )
         return out

@@ -54,6 +54,27 @@ def parse_range(text: str | None, now_ns: int, default: str = "1h") -> Range:
     return Range(t, now_ns - span, now_ns, live=True)
 
 
+FIT_MIN_NS = 300_000_000_000
+"""The shortest range a default range is fitted down to (5 min)."""
+
+
+def fit_to_data(rng: Range, first_ns: int | None) -> Range:
+    """``rng`` (a live default range such as "last 1 h") cut down to the data when everything
+    stored is younger than it: from a little before the oldest record (a twentieth of the
+    span, at least 10 s; the whole range at least :data:`FIT_MIN_NS`) to now, still live.
+    ``rng`` unchanged when it is not live, when ``first_ns`` is None (nothing stored) or
+    when the data is as old as the range or older."""
+    if not rng.live or first_ns is None or first_ns <= rng.since_ns:
+        return rng
+    until = rng.until_ns
+    lo = first_ns - max((until - first_ns) // 20, 10_000_000_000)
+    lo = min(lo, until - FIT_MIN_NS)
+    lo -= lo % 1_000_000_000
+    if lo <= rng.since_ns:
+        return rng
+    return Range(f"{format_ns(lo)[:19]}Z..now", lo, until, live=True)
+
+
 def incident_range(start_ns: int, end_ns: int) -> Range:
     """The default view of an incident: a few times its length before it (at least 5 min, for
     the baseline), some after (at least 2 min, for the recovery)."""

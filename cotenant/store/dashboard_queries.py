@@ -73,6 +73,19 @@ def latest_request_ns(store: Store) -> int | None:
     return None if not rows or rows[0][0] is None else int(rows[0][0])
 
 
+def earliest_data_ns(store: Store) -> int | None:
+    """The oldest thing stored: a request's start, a GPU sample, or a rollup minute's start;
+    None when the store is empty. (DuckDB's ``least`` skips nulls.)"""
+    rows = _rows(
+        store,
+        "SELECT least((SELECT min(ts_start_ns) FROM requests),"
+        " (SELECT min(minute_ns) FROM request_rollup_1m),"
+        " (SELECT min(ts_ns) FROM gpu_samples),"
+        " (SELECT min(minute_ns) FROM gpu_rollup_1m))",
+    )
+    return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+
 def recent_latency(store: Store, lo: int, hi: int) -> dict[str, tuple[int, float | None]]:
     """Per model, from the raw requests completed in ``[lo, hi)``: (how many, their exact p99
     in ms; None when it cannot be computed)."""

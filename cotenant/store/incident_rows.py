@@ -153,13 +153,18 @@ def delete_incidents(store: Store, ids: Sequence[str]) -> None:
         cur.executemany("DELETE FROM incidents WHERE id = ?", [[i] for i in ids])
 
 
-def open_incident_counts(store: Store) -> dict[str, int]:
-    """Model -> how many of its incidents are open now (models with none are absent)."""
+def live_incident_counts(store: Store) -> dict[str, dict[str, int]]:
+    """Model -> state (``open``, ``diagnosing``) -> how many of its incidents are in it now
+    (models with neither are absent, and so is a state with none)."""
     with store.cursor() as cur:
         rows = cur.execute(
-            "SELECT model, count(*) FROM incidents WHERE state = 'open' GROUP BY 1"
+            "SELECT model, state, count(*) FROM incidents"
+            " WHERE state IN ('open', 'diagnosing') GROUP BY 1, 2"
         ).fetchall()
-    return {str(m): int(n) for m, n in rows}
+    out: dict[str, dict[str, int]] = {}
+    for m, state, n in rows:
+        out.setdefault(str(m), {})[str(state)] = int(n)
+    return out
 
 
 def incidents_version(store: Store) -> int:

@@ -227,9 +227,15 @@ def _model_tile(m: dict[str, Any], colour: str) -> html.Div:
     rows = [
         ("p99 now", fmt(m["p99_ms"], "ms") + (f" / SLO {fmt(slo, 'ms', 0)}" if slo else "")),
         ("requests/s", fmt(m["rps"], "", 1)),
-        ("open incidents", str(m["open_incidents"])),
+        ("open incidents", _live_incidents(m)),
     ]
     return tile(m["model"], rows, alert=over or m["open_incidents"] > 0, colour=colour)
+
+
+def _live_incidents(m: dict[str, Any]) -> str:
+    """``2``, or ``2 (1 diagnosing)`` while some are found but their cause is not settled."""
+    n, diagnosing = m["open_incidents"], m.get("diagnosing", 0)
+    return f"{n} ({diagnosing} diagnosing)" if diagnosing else str(n)
 
 
 _CLOCK_REASONS = {
