@@ -271,7 +271,11 @@ def test_a_reservation_keeps_slots_for_the_priority_class(
     _put(gw, "priority/victim", {"priority": 0})
     low = _hold(gw, 6, model="batch")  # a burst of low-priority work
     wait_until(lambda: state(gw)["models"].get("batch", {}).get("queued") == 4, what="4 queued")
-    assert replica_servers.in_flight("gpu0") == 2  # the other two slots stay free
+    # the two admitted requests may still be on their way to the replica: wait for them, then
+    # the other two slots stay free (the gateway holds the rest back)
+    wait_until(lambda: replica_servers.in_flight("gpu0") == 2, what="2 low in flight")
+    assert state(gw)["models"]["batch"]["in_flight"] == 2
+    assert replica_servers.in_flight("gpu0") == 2
     high = _hold(gw, 2, model="victim")
     wait_until(lambda: replica_servers.in_flight("gpu0") == 4, what="victim requests in flight")
     st = state(gw)
