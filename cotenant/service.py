@@ -41,6 +41,7 @@ from cotenant.collectors.nvml_api import load_pynvml
 from cotenant.collectors.nvml_metrics import NvmlMetrics
 from cotenant.collectors.otlp_grpc import OtlpGrpcServer
 from cotenant.collectors.otlp_http import OtlpHttpReceiver
+from cotenant.collectors.pod_identity import KubeletPods, PodIdentity
 from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics
 from cotenant.config import Config
 from cotenant.core.errors import NvmlUnavailable
@@ -149,6 +150,7 @@ class Service:
         self.metrics.bind_memory(
             lambda: self.writer.queued_bytes, lambda: self.pipeline.inflight_bytes
         )
+        self.pods = self._open_pods()
         self.nvml = self._open_nvml(nvml) if config.nvml.enabled else None
         self.procfs = self._open_procfs() if config.procfs.enabled else None
         # decode + ingest of OTLP/HTTP exports: a pool of their own (threads start on demand),
@@ -208,6 +210,7 @@ class Service:
                 process_interval_s=nc.process_interval_s,
                 clock=self.clock_ns,
                 backoff_max_s=nc.backoff_max_s,
+                pods=self.pods,
             )
             collector.open()
         except NvmlUnavailable as exc:
@@ -242,7 +245,16 @@ class Service:
             clock=self.clock_ns,
             interval_s=pc.interval_s,
             top_n=pc.top_n,
+            pods=self.pods,
         )
+
+    def _open_pods(self) -> PodIdentity | None:
+        """Names of processes in Kubernetes pods, from ``procfs.root``'s cgroups and the
+        kubelet's pod list at ``procfs.kubelet_pods``; None when that is ''."""
+        pc = self.config.procfs
+        if not pc.kubelet_pods:
+            return None
+        return PodIdentity(KubeletPods(pc.kubelet_pods), proc=pc.root)
 
     def _not_ready_reason(self) -> str | None:
         if self._stopping:

@@ -29,6 +29,7 @@ from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.normalize import Normalizer
 from cotenant.collectors.nvml import NvmlCollector
 from cotenant.collectors.nvml_metrics import NvmlMetrics
+from cotenant.collectors.pod_identity import PodIdentity, StaticPods
 from cotenant.config import Config, load_config
 from cotenant.core.errors import NvmlUnavailable, Overloaded
 from cotenant.service import Service
@@ -439,6 +440,32 @@ def test_processes_are_read_at_their_interval_and_no_sample_is_lost(rig: Rig) ->
     assert len(procs) == 3  # at 0, 1 and 2 s
     assert [r["sm_util"] for r in procs] == [None, 45.0, 45.0]  # mean of 0..90, twice
     assert procs[-1]["ts_ns"] == gpu_ts[-1]
+
+
+def test_a_gpu_process_in_a_pod_is_named_namespace_pod_container(tmp_path: Path) -> None:
+    """With ``pods``, a GPU process in a Kubernetes pod is named by its pod; the others keep
+    NVML's process name."""
+    uid = "8d2b6c1e-3f4a-4b5c-9d6e-7f8a9b0c1d2e"
+    cid = "a3f1c2d4e5b6a7980123456789abcdef0123456789abcdef0123456789abcdef"
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+        f"{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+    )
+    (tmp_path / "9").mkdir()
+    (tmp_path / "9" / "cgroup").write_text("0::/system.slice/batch.service\n")
+    pods = PodIdentity(StaticPods([(uid, "serving", "vllm-0", [("vllm", cid)])]), proc=tmp_path)
+    clock = Clock()
+    fake = FakeNvml(clock=clock)
+    gpu = fake.model.add_gpu()
+    r = make_rig(fake, clock, pods=pods)
+    r.collector.open()
+    fake.model.add_process(gpu, 4242, "python3", 20 * GIB)
+    fake.model.add_process(gpu, 9, "python3", 1 * GIB)
+    r.poll()
+    r.collector.stop()
+    names = {p["pid"]: p["process_name"] for p in r.sink.last("process_samples")}
+    assert names == {4242: "serving/vllm-0 (vllm)", 9: "python3"}
 
 
 def test_pid_to_model_join_through_span_resources(rig: Rig) -> None:

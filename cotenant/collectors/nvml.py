@@ -47,6 +47,7 @@ from cotenant.collectors.nvml_errors import DriverDown, FailureLog, GpuDown
 from cotenant.collectors.nvml_health import DeviceState, FieldSpec, GpuDevice, NvmlDevices
 from cotenant.collectors.nvml_metrics import NvmlMetrics
 from cotenant.collectors.nvml_processes import P_TS, PROCESS_SCHEMA, ProcessReader
+from cotenant.collectors.pod_identity import PodIdentity
 from cotenant.core.errors import CotenantError, NvmlUnavailable
 from cotenant.core.periodic import Periodic
 from cotenant.store.schema import arrow_schema
@@ -100,7 +101,10 @@ class NvmlCollector:
         backoff_max_s: float = 30.0,
         batch_interval_s: float = 1.0,
         rediscover_interval_s: float = 10.0,
+        pods: PodIdentity | None = None,
     ) -> None:
+        """``pods``: names processes in Kubernetes pods ``namespace/pod (container)`` (None:
+        by NVML's process name only)."""
         self._nv = nvml
         self._sink = sink
         self.host = host
@@ -127,7 +131,7 @@ class NvmlCollector:
             backoff_max_s=backoff_max_s,
             rediscover_interval_s=rediscover_interval_s,
         )
-        self._procs = ProcessReader(self._devs, resolver=resolver, host=host)
+        self._procs = ProcessReader(self._devs, resolver=resolver, host=host, pods=pods)
         self._fields = _field_specs(nvml)
         self._field_values = FieldValueReader(nvml)
         self._opened = False

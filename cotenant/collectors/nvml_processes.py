@@ -5,10 +5,11 @@
 since the newest sample already taken. Each NVML sample is counted once: a row carries the
 mean of the samples new since the previous read, NULL when there are none (NVML reports only
 processes that used the GPU); samples above 100 %, which some drivers report for defunct
-processes, are dropped. Each pid is labelled with its process name
-(``nvmlSystemGetProcessName``) and the model the span resources that named it give
-(``GpuResolver.model_of``; spans without ``host.name`` count as this host's), and the
-resolver is told which GPU each pid runs on, and when it left.
+processes, are dropped. Each pid is labelled with its process name (``namespace/pod
+(container)`` where ``pods`` knows its Kubernetes pod, else ``nvmlSystemGetProcessName``)
+and the model the span resources that named it give (``GpuResolver.model_of``; spans
+without ``host.name`` count as this host's), and the resolver is told which GPU each pid
+runs on, and when it left.
 
 Not thread-safe: the collector calls it under its lock.
 """
@@ -27,6 +28,7 @@ from cotenant.collectors.nvml_api import ProcessSample
 from cotenant.collectors.nvml_ctypes import sample_columns
 from cotenant.collectors.nvml_errors import DriverDown, error_code
 from cotenant.collectors.nvml_health import DeviceState, NvmlDevices
+from cotenant.collectors.pod_identity import PodIdentity
 from cotenant.store.schema import arrow_schema
 
 PROCESS_SCHEMA = arrow_schema("process_samples")
@@ -69,8 +71,16 @@ class ProcessReader:
     """Reads the processes of the devices in ``devices`` on ``host``; see the module
     docstring."""
 
-    def __init__(self, devices: NvmlDevices, *, resolver: GpuResolver, host: str) -> None:
+    def __init__(
+        self,
+        devices: NvmlDevices,
+        *,
+        resolver: GpuResolver,
+        host: str,
+        pods: PodIdentity | None = None,
+    ) -> None:
         self._devs = devices
+        self._pods = pods
         self._resolver = resolver
         self._host = host
         self._hosts = (host, "") if host else ("",)
@@ -145,6 +155,10 @@ class ProcessReader:
         return r.model_of(self._host, pid) or (r.model_of("", pid) if self._host else None)
 
     def _name(self, pid: int) -> str | None:
+        pod = None if self._pods is None else self._pods.name_of(pid)
+        if pod is not None:
+            self._names[pid] = pod
+            return pod
         try:
             name: str | None = self._devs.nv.nvmlSystemGetProcessName(pid)
         except self._devs.error as exc:

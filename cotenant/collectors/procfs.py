@@ -6,8 +6,10 @@ cores (CPU seconds per second of wall time). ``process_name`` is the model's nam
 that spans have named (:meth:`collectors.gpu_resolve.GpuResolver.served_pids`; so a model's
 host CPU lines up with its requests, as in the simulator) and otherwise the program: its
 ``comm``, or for an interpreter (python, node, java, ...) the interpreter and its script or
-module, e.g. ``python3 burn.py``. Analysis keys host CPU series by that name, so each poll
-submits one ``process_samples`` row per *name*: the cores of its processes (those using at
+module, e.g. ``python3 burn.py``; with ``pods`` (a
+:class:`collectors.pod_identity.PodIdentity`) a process in a known Kubernetes pod is named
+``namespace/pod (container)`` instead. Analysis keys host CPU series by that name, so each
+poll submits one ``process_samples`` row per *name*: the cores of its processes (those using at
 least ``min_cores``) summed, under the pid of the busiest. Rows go out for the ``top_n`` names
 by CPU use and for every model, whatever its use. Rows are host-level, as the simulator
 writes its host processes: no ``gpu`` and no GPU columns, only ``cpu_cores``.
@@ -44,6 +46,7 @@ import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cotenant.collectors.gpu_resolve import GpuResolver
+from cotenant.collectors.pod_identity import PodIdentity
 from cotenant.core.errors import CotenantError
 from cotenant.core.periodic import Periodic
 from cotenant.store.schema import arrow_schema
@@ -172,9 +175,11 @@ class ProcfsCollector:
         min_cores: float = 0.01,
         max_pids: int = 4096,
         clock_ticks: int | None = None,
+        pods: PodIdentity | None = None,
     ) -> None:
         """``proc``: the procfs root (tests pass a fake tree). ``clock``: what rows are
-        stamped with (ns); ``monotonic``: what rates are measured with (s)."""
+        stamped with (ns); ``monotonic``: what rates are measured with (s). ``pods``: names
+        processes in Kubernetes pods by pod (None: by program only)."""
         self._sink = sink
         self._resolver = resolver
         self.host = host
@@ -188,6 +193,7 @@ class ProcfsCollector:
         self.min_cores = min_cores
         self.max_pids = max_pids
         self._ticks = float(clock_ticks or os.sysconf("SC_CLK_TCK"))
+        self._pods = pods
         self._prev: dict[_Key, int] = {}  # CPU ticks at the previous read
         self._prev_t: float | None = None
         self._names: dict[_Key, str] = {}
@@ -331,11 +337,13 @@ class ProcfsCollector:
     def _name(self, key: _Key, comm: bytes) -> str:
         name = self._names.get(key)
         if name is None:
-            try:
-                cmdline = _read(f"{self._proc}/{key[0]}/cmdline")
-            except OSError:
-                cmdline = b""
-            name = program_name(comm.decode(errors="replace"), cmdline)
+            name = None if self._pods is None else self._pods.name_of(key[0])
+            if name is None:
+                try:
+                    cmdline = _read(f"{self._proc}/{key[0]}/cmdline")
+                except OSError:
+                    cmdline = b""
+                name = program_name(comm.decode(errors="replace"), cmdline)
             self._names[key] = name
         return name
 

@@ -118,3 +118,9 @@ class ProcfsSettings:
     root: str = key(
         "/proc", "procfs mount to read (in a container: the host's /proc mounted, e.g. /host/proc)"
     )
+    kubelet_pods: str = key(
+        "",
+        "the kubelet's pod list, to name processes (NVML's and procfs') 'namespace/pod "
+        "(container)': a URL (http://NODE:10255/pods, https://NODE:10250/pods) or a JSON file "
+        "('' = name them by program)",
+    )
