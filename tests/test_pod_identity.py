@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -246,6 +247,76 @@ def test_a_pod_started_later_is_found_at_the_next_refresh_and_not_before(proc: F
     assert ident.name_of(42) == VLLM_NAME and kubelet.reads == 2
     t[0] = 100.0
     assert ident.name_of(42) == VLLM_NAME and kubelet.reads == 2  # known: no read
+
+
+def test_only_a_fully_named_or_podless_process_has_a_final_name(proc: FakeProc) -> None:
+    for pid, layout in enumerate(LAYOUTS, start=100):
+        proc.process(pid, "python3", 1.0, cgroup=LAYOUTS[layout][0])
+    ident = PodIdentity(static_pods(), proc=proc.root)
+    final = {layout: ident.lookup(pid).final for pid, layout in enumerate(LAYOUTS, start=100)}
+    pending = {"container-not-yet-reported", "pod-not-on-this-kubelet"}
+    assert {layout for layout, f in final.items() if not f} == pending
+    assert ident.lookup(99999).final  # exited: nothing to ask again
+
+
+def test_procfs_names_a_pod_started_after_the_last_read_once_the_list_has_it(
+    proc: FakeProc,
+) -> None:
+    cgroup = LAYOUTS["containerd-v2-systemd"][0]
+    kubelet = GrowingPods()
+    rows: list[dict[str, object]] = []
+    c = ProcfsCollector(
+        sink=lambda _t, batch: rows.extend(batch.to_pylist()),
+        resolver=GpuResolver(),
+        host="node-1",
+        proc=proc.root,
+        clock=lambda: T0 + int(proc.now * 1e9),
+        monotonic=lambda: proc.now,
+        clock_ticks=100,
+        pods=PodIdentity(kubelet, proc=proc.root, refresh_s=10.0, monotonic=lambda: proc.now),
+    )
+    for k in range(16):
+        proc.process(80, "python3", k * 0.5, cmdline="python3 serve.py", cgroup=cgroup)
+        kubelet.started = k >= 3  # the pod is listed from t = 3 s, after the first read
+        c.poll_once()
+        proc.now += 1.0
+    names = [r["process_name"] for r in rows]
+    # the list is first read at t = 1 s (the first poll gives no rate, so names nothing):
+    # named by program until it is read again (t = 11 s), then by pod, not stuck
+    assert names == ["python3 serve.py"] * 10 + [VLLM_NAME] * 5
+    assert kubelet.reads == 2
+
+
+class ServePods(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        assert self.path == "/pods" and self.headers["Accept"] == "application/json"
+        assert self.headers["Authorization"] is None  # the token goes over TLS only
+        body = PODS_JSON.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_kubelet_read_only_port_is_read_over_http(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("secret-token\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ServePods)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/pods"
+        pods = KubeletPods(url, service_account=tmp_path).containers()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(pods[(VLLM_UID, VLLM)]) == VLLM_NAME
+    # a port nobody listens on: refused, named, contained by PodIdentity
+    with pytest.raises(SourceError, match="cannot read the kubelet's pod list http://127"):
+        KubeletPods(url, timeout_s=1.0).containers()
 
 
 def test_host_cpu_of_a_pod_is_keyed_by_namespace_pod_container(

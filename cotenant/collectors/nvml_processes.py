@@ -155,15 +155,17 @@ class ProcessReader:
         return r.model_of(self._host, pid) or (r.model_of("", pid) if self._host else None)
 
     def _name(self, pid: int) -> str | None:
-        pod = None if self._pods is None else self._pods.name_of(pid)
-        if pod is not None:
-            self._names[pid] = pod
-            return pod
+        pod, final = (None, True) if self._pods is None else self._pods.lookup(pid)
+        name = pod if pod is not None else self._nvml_name(pid)
+        if final:  # else its pod is not listed yet: asked again at the next batch
+            self._names[pid] = name
+        return name
+
+    def _nvml_name(self, pid: int) -> str | None:
         try:
             name: str | None = self._devs.nv.nvmlSystemGetProcessName(pid)
         except self._devs.error as exc:
             if error_code(exc) in self._devs.codes.driver_gone:
                 raise DriverDown(str(exc)) from exc
             name = None  # exited, or in a PID namespace NVML cannot see into
-        self._names[pid] = name
         return name

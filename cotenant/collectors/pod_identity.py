@@ -18,7 +18,9 @@ same shape), :class:`StaticPods` holds a fixed list (tests, and callers that alr
 :class:`PodIdentity` joins the two for a pid: :meth:`PodIdentity.name_of` gives
 ``namespace/pod (container)``, ``namespace/pod`` where the pod is known but not the container
 (a container not yet in the kubelet's status), or None (not in a pod, the pod unknown, the
-cgroup unreadable). It never raises: a directory that fails is logged once, counted in
+cgroup unreadable); :meth:`PodIdentity.lookup` also says whether that answer is final, so
+callers that cache names per process ask again for one whose pod is not listed yet. It never
+raises: a directory that fails is logged once, counted in
 :attr:`PodIdentity.errors` and its previous answer kept. The directory is read again at most
 every ``refresh_s`` when a pod is not in it (a pod started since), so a poll thread blocks on
 the kubelet (up to its ``timeout_s``) at most that often.
@@ -38,7 +40,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cotenant.core.errors import SourceError
 
@@ -95,6 +97,14 @@ def parse_cgroup(text: str) -> ContainerRef | None:
         if len(parts) == 3 and (ref := _parse_path(parts[2])) is not None:
             return ref
     return None
+
+
+class PodLookup(NamedTuple):
+    """What :meth:`PodIdentity.lookup` found: the name (None: name it by program) and
+    whether it is final for the process (False: its pod or container is not listed yet)."""
+
+    name: str | None
+    final: bool
 
 
 class PodDirectory(Protocol):
@@ -219,19 +229,28 @@ class PodIdentity:
     def name_of(self, pid: int) -> str | None:
         """``namespace/pod (container)`` of ``pid``, ``namespace/pod`` where the container is
         not known, None where the process is not in a known pod. Never raises."""
+        return self.lookup(pid).name
+
+    def lookup(self, pid: int) -> PodLookup:
+        """:meth:`name_of` of ``pid``, and whether that answer is final for the process:
+        False while it is in a pod whose container the directory does not list (yet), so
+        that a caller caching names asks again. Never raises."""
         try:
             with open(f"{self._proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
                 ref = parse_cgroup(f.read())
         except OSError:
-            return None  # exited, or not readable
+            return PodLookup(None, True)  # exited, or not readable
         if ref is None or ref.pod_uid is None:
-            return None
+            return PodLookup(None, True)
         key = (ref.pod_uid, ref.container_id)
         with self._lock:
             if key not in self._pods:
                 self._refresh()
-            name = self._pods.get(key) or self._pods.get((ref.pod_uid, ""))
-        return None if name is None else str(name)
+            name = self._pods.get(key)
+            if name is not None:
+                return PodLookup(str(name), True)
+            pod = self._pods.get((ref.pod_uid, ""))
+        return PodLookup(None if pod is None else str(pod), False)
 
     def _refresh(self) -> None:
         now = self._monotonic()

@@ -337,14 +337,17 @@ class ProcfsCollector:
     def _name(self, key: _Key, comm: bytes) -> str:
         name = self._names.get(key)
         if name is None:
-            name = None if self._pods is None else self._pods.name_of(key[0])
-            if name is None:
+            pod, final = (None, True) if self._pods is None else self._pods.lookup(key[0])
+            if pod is None:
                 try:
                     cmdline = _read(f"{self._proc}/{key[0]}/cmdline")
                 except OSError:
                     cmdline = b""
                 name = program_name(comm.decode(errors="replace"), cmdline)
-            self._names[key] = name
+            else:
+                name = pod
+            if final:  # else its pod is not listed yet: ask again at the next poll
+                self._names[key] = name
         return name
 
     def _submit(self, ts: int, names: list[str], groups: list[_Group]) -> None:
