@@ -74,6 +74,12 @@ LAYOUTS: dict[str, tuple[str, str | None]] = {
         f".slice/docker-{VLLM}.scope\n",
         VLLM_NAME,
     ),
+    # read from inside a container with its own cgroup namespace (the agent's, on v2): the
+    # path is relative to the agent's cgroup
+    "containerd-v2-from-a-cgroup-namespace": (
+        f"0::/../../kubepods-burstable-pod{_slice(VLLM_UID)}.slice/cri-containerd-{VLLM}.scope",
+        VLLM_NAME,
+    ),
     "containerd-v2-cgroupfs": (f"0::/kubepods/burstable/pod{VLLM_UID}/{VLLM}\n", VLLM_NAME),
     "v1-cgroupfs": (
         "".join(

@@ -9,6 +9,8 @@ line per hierarchy, ``12:memory:<path>``; the first line naming a container wins
   ``docker-<id>.scope`` for CRI-O and dockershim);
 - cgroupfs driver: ``/kubepods/burstable/pod<uid>/<id>`` (Guaranteed pods sit directly under
   ``/kubepods``);
+- read from a container with a cgroup namespace of its own (the agent's, on v2): the same
+  paths relative to the reader's cgroup, ``/../../kubepods-burstable-pod<uid>.slice/...``;
 - outside Kubernetes: ``/docker/<id>`` or ``/system.slice/docker-<id>.scope`` give a container
   without a pod; ``/system.slice/foo.service``, ``/user.slice/...`` and anything else give None.
 
