@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from analysis_frames import FAULT, N, _refresh, masks, windows
 
+from cotenant.analysis.attribution import attribute
 from cotenant.analysis.diagnose import host_cpu
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.pod_identity import (
@@ -325,16 +327,15 @@ def test_the_kubelet_read_only_port_is_read_over_http(tmp_path: Path) -> None:
         KubeletPods(url, timeout_s=1.0).containers()
 
 
-def test_host_cpu_of_a_pod_is_keyed_by_namespace_pod_container(
+def test_a_pod_burning_the_hosts_cpu_is_the_culprit_named_namespace_pod_container(
     proc: FakeProc, tmp_path: Path
 ) -> None:
-    """The end-to-end path: a containerd cgroup and the pod list -> process_samples rows ->
-    the host CPU series diagnosis names a culprit from."""
+    """The end-to-end path: a containerd cgroup and the pod list -> procfs' process_samples
+    rows -> the host CPU series -> the cause diagnosis names, as incidents, the dashboard,
+    alerts and the report show it."""
     store = Store(tmp_path / "s.duckdb")
     writer = Writer(store, flush_interval_s=0.01)
     cgroup = LAYOUTS["containerd-v2-systemd"][0]
-    proc.process(80, "python3", 0.0, cmdline="python3 serve.py", cgroup=cgroup)
-    proc.process(81, "python3", 0.0, cmdline="python3 burn.py")  # on the host
     c = ProcfsCollector(
         sink=writer.submit,
         resolver=GpuResolver(),
@@ -345,17 +346,27 @@ def test_host_cpu_of_a_pod_is_keyed_by_namespace_pod_container(
         clock_ticks=100,
         pods=PodIdentity(static_pods(), proc=proc.root),
     )
-    for k in range(6):
+    serve_s = burn_s = 0.0
+    for k in range(N + 1):  # the poll at k closes window k - 1
+        proc.process(80, "python3", serve_s, cmdline="python3 serve.py", cgroup=cgroup)
+        proc.process(81, "python3", burn_s, cmdline="python3 burn.py")  # on the host
         c.poll_once()
         proc.now += 1.0
-        proc.process(80, "python3", (k + 1) * 0.5, cmdline="python3 serve.py", cgroup=cgroup)
-        proc.process(81, "python3", (k + 1) * 0.25, cmdline="python3 burn.py")
+        in_fault = FAULT.start <= k < FAULT.stop
+        serve_s += 1.5 if in_fault else 0.0  # the pod's server burns 1.5 cores in the fault
+        burn_s += 0.1  # a steady host process: never the culprit
     c.stop()
     writer.close()
-    cpu = host_cpu(StoreSource(store), TimeRange(T0, T0 + 6 * 1_000_000_000), 1.0, 6)
+    cpu = host_cpu(StoreSource(store), TimeRange(T0 + 1_000_000_000, T0 + (N + 1) * 10**9), 1.0, N)
     store.close()
     assert sorted(cpu) == ["python3 burn.py", VLLM_NAME]
-    np.testing.assert_allclose(cpu[VLLM_NAME][1:], 0.5)
+    np.testing.assert_allclose(cpu[VLLM_NAME][FAULT], 1.5)
+    w = windows()
+    w.models["tts"]["preprocess_ms"][FAULT] = 20.0
+    _refresh(w)
+    att = attribute(w, "tts", *masks(), host_cpu=cpu)
+    top = att.causes[0]
+    assert (top.kind, top.culprit) == ("cpu", VLLM_NAME)
 
 
 def test_serve_names_processes_from_the_configured_kubelet_pod_list(
