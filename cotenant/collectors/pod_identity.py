@@ -41,6 +41,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -183,7 +184,7 @@ class KubeletPods:
         try:
             raw = self._fetch()
             doc = json.loads(raw)
-        except (OSError, ValueError) as exc:  # URLError and JSONDecodeError among them
+        except (OSError, ValueError, HTTPException) as exc:  # URLError, JSONDecodeError too
             raise SourceError(f"cannot read the kubelet's pod list {self.source}: {exc}") from exc
         try:
             return pods_from_json(doc)
