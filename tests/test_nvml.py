@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.normalize import Normalizer
 from cotenant.collectors.nvml import NvmlCollector
 from cotenant.collectors.nvml_metrics import NvmlMetrics
-from cotenant.collectors.pod_identity import PodIdentity, StaticPods
+from cotenant.collectors.pod_identity import PodIdentity, PodName, StaticPods
 from cotenant.config import Config, load_config
 from cotenant.core.errors import NvmlUnavailable, Overloaded
 from cotenant.service import Service
@@ -466,6 +466,36 @@ def test_a_gpu_process_in_a_pod_is_named_namespace_pod_container(tmp_path: Path)
     r.collector.stop()
     names = {p["pid"]: p["process_name"] for p in r.sink.last("process_samples")}
     assert names == {4242: "serving/vllm-0 (vllm)", 9: "python3"}
+
+
+def test_a_gpu_process_whose_pod_is_listed_later_is_named_by_pod_then(tmp_path: Path) -> None:
+    uid, cid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "c" * 64
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "cgroup").write_text(f"0::/kubepods/besteffort/pod{uid}/{cid}\n")
+    listed: list[tuple[str, str, str, list[tuple[str, str]]]] = []
+
+    class Kubelet:
+        def containers(self) -> Mapping[tuple[str, str], PodName]:
+            return StaticPods(listed).containers()
+
+    clock = Clock()
+    now = [0.0]
+    pods = PodIdentity(Kubelet(), proc=tmp_path, refresh_s=5.0, monotonic=lambda: now[0])
+    fake = FakeNvml(clock=clock)
+    gpu = fake.model.add_gpu()
+    r = make_rig(fake, clock, pods=pods)
+    r.collector.open()
+    fake.model.add_process(gpu, 77, "python3", GIB)
+    seen = []
+    for k in range(8):
+        now[0] = float(k)
+        if k == 2:
+            listed.append((uid, "batch", "etl-0", [("etl", cid)]))
+        r.poll()
+        seen += [p["process_name"] for p in r.sink.last("process_samples")]
+    r.collector.stop()
+    # the list is read at the first poll (t = 0) and again at t = 5: named by pod from then on
+    assert seen == ["python3"] * 5 + ["batch/etl-0 (etl)"] * 3
 
 
 def test_pid_to_model_join_through_span_resources(rig: Rig) -> None:
