@@ -120,7 +120,8 @@ class ProcfsSettings:
     )
     kubelet_pods: str = key(
         "",
-        "the kubelet's pod list, to name processes (NVML's and procfs') 'namespace/pod "
-        "(container)': a URL (http://NODE:10255/pods, https://NODE:10250/pods) or a JSON file "
-        "('' = name them by program)",
+        "this node's pod list, to name processes (NVML's and procfs') 'namespace/pod "
+        "(container)': a URL (the API server's /api/v1/pods?fieldSelector=spec.nodeName=NODE, "
+        "the kubelet's https://NODE:10250/pods or http://NODE:10255/pods) or a JSON file "
+        "('' = name them by program; docs/fleet.md, 'Culprits named as pods')",
     )
