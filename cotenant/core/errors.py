@@ -23,6 +23,8 @@ so callers catch one family::
     │                          bad header or record (the reader names the file and line)
     ├── TabularError           a tabular case (wide CSV) cannot be read or analysed (names the
     │                          file and what is wrong)
+    ├── TraceError             a recorded production trace (GenTD26) cannot be read (names the
+    │                          file and what is wrong)
     ├── AuthError              a mutating API call lacks the bearer token
     │   ├── Unauthorized       no token given                                        -> 401
     │   └── Forbidden          a token was given but it is wrong                     -> 403
@@ -32,7 +34,7 @@ so callers catch one family::
     ├── ReportError            a weekly report cannot be produced (bad week, no Chromium for PDF)
     └── UsageError             a library API was called wrongly (also a ValueError)
 
-It lives in ``store/`` because ``store`` is the package every other layer may import.
+It lives in ``core/`` because ``core`` is the layer every other layer may import.
 """
 
 from __future__ import annotations
@@ -96,6 +98,12 @@ class TabularError(CotenantError):
     """A tabular case (``data.csv`` with ``time`` and ``<entity>_<metric>`` columns, optional
     ``inject_time.txt``) cannot be read or analysed; the message names the file and what is
     wrong with it."""
+
+
+class TraceError(CotenantError):
+    """A recorded production trace (the GenTD26 folder or one of its files) cannot be read: the
+    message names the file and what is wrong with it (missing, not a gzip tar, no CSV member, a
+    missing column, off-grid time)."""
 
 
 class SourceError(CotenantError):

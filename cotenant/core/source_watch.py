@@ -3,10 +3,9 @@ source answers, for a source that can go away (Prometheus in fleet mode).
 
 Every call is passed through. A :class:`cotenant.core.errors.SourceError` is remembered (the
 source is *down* from then on, with the error and the time it began), logged once at the
-transition, and
-raised again; the first call that succeeds after that marks it *up* and logs the recovery once.
-:meth:`WatchedSource.status` is what ``/api/v1/status`` and the dashboard show. Callers that
-run periodically (the analysis loop) catch ``SourceError`` and skip the pass quietly: this
+transition, and raised again; the first call that succeeds after that marks it *up* and logs
+the recovery once. :meth:`WatchedSource.status` is what ``/api/v1/status`` and the dashboard
+show. Callers that run periodically (the analysis loop) catch ``SourceError`` and skip the pass quietly: this
 class has already said what went wrong.
 """
 

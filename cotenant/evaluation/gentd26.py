@@ -34,7 +34,7 @@ from typing import IO
 import numpy as np
 import pandas as pd
 
-from cotenant.core.errors import ScenarioError
+from cotenant.core.errors import TraceError
 
 STEP_S = 57
 """The trace's sampling step, anonymised seconds (24 h of minutes scaled by 0.95)."""
@@ -67,11 +67,6 @@ Units: ``e2e``, ``model_predict``, ``queue_rt`` and ``load_*`` ms; ``duty_cycle`
 CLUSTER_SERIES = ("queue_size", "api_qps")
 COLUMNS = ("timestamp_anon", "value", "container_ip")
 _MISSING_IP = ["", "None", "NULL", "none", "null", "nan", "NaN"]
-
-
-class TraceError(ScenarioError):
-    """A GenTD26 trace folder or file cannot be read: the message names the file and what is
-    wrong with it (missing, not a gzip tar, no CSV member, a missing column, off-grid time)."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from cotenant.cli import main
-from cotenant.evaluation.gentd26 import SERIES, STEP_S, Trace, TraceError, load_trace
+from cotenant.core.errors import TraceError
+from cotenant.evaluation.gentd26 import SERIES, STEP_S, Trace, load_trace
 from cotenant.evaluation.gentd26_diagnosis import (
     bench,
     column_median,
