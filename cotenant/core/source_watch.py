@@ -5,8 +5,8 @@ Every call is passed through. A :class:`cotenant.core.errors.SourceError` is rem
 source is *down* from then on, with the error and the time it began), logged once at the
 transition, and raised again; the first call that succeeds after that marks it *up* and logs
 the recovery once. :meth:`WatchedSource.status` is what ``/api/v1/status`` and the dashboard
-show. Callers that run periodically (the analysis loop) catch ``SourceError`` and skip the pass quietly: this
-class has already said what went wrong.
+show. Callers that run periodically (the analysis loop) catch ``SourceError`` and skip the
+pass quietly: this class has already said what went wrong.
 """
 
 from __future__ import annotations
