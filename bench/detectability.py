@@ -274,6 +274,7 @@ def run_case(c: Case) -> dict[str, Any]:
             {
                 "model": i.model,
                 "severity": i.severity,
+                "indicator": i.indicator,
                 "start_s": (i.start_ns - START_NS) / 1e9,
                 "end_s": (i.end_ns - START_NS) / 1e9,
                 "cause": i.cause,

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cotenant.analysis import evidence
 from cotenant.analysis.attribution import Cause, attribute
 from cotenant.analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
 from cotenant.analysis.indicators import indicator_series, indicator_view
@@ -54,6 +55,9 @@ class Diagnosis:
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
     siblings: list[dict[str, Any]] = field(default_factory=list)  # analysis.replicas
     indicator: str = E2E  # the series that breached: e2e | ttft | tpot (analysis.indicators)
+    # analysis.evidence: how an episode judged on its typical request was (rule, span,
+    # the median baseline; threshold_ms is then the median's); None for the p99 rules
+    judged_on: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -88,6 +92,7 @@ class Diagnosis:
             "notes": self.notes,
             "replica": self.replica,
             "siblings": self.siblings,
+            "judged_on": self.judged_on,
         }
 
 
@@ -98,10 +103,15 @@ def _r(x: float) -> float | None:
 def _before_mask(
     n: int, start: int, abnormal: np.ndarray, count: np.ndarray, min_count: float
 ) -> np.ndarray:
+    """The normal windows just before ``start`` attribution compares with: those with a p99
+    (``min_count`` requests), or, for a model too sparse to have enough of them, those with
+    any request."""
     mask = np.zeros(n, dtype=bool)
     lo = max(0, start - BEFORE_WINDOWS * 3)
     cand = np.arange(lo, start)
-    cand = cand[~abnormal[cand] & (count[cand] >= min_count)]
+    cand = cand[~abnormal[cand]]
+    dense = cand[count[cand] >= min_count]
+    cand = dense if len(dense) >= BEFORE_WINDOWS // 2 else cand[count[cand] > 0]
     mask[cand[-BEFORE_WINDOWS:]] = True
     return mask
 
@@ -255,7 +265,7 @@ def diagnose_windows(
     for name, series in indicator_series(w, model).items():
         slo = slo_ms if name == E2E else (slos or {}).get(name)
         c = carry if name == E2E else (carries or {}).get(name)
-        tr = track(series.p99_ms, series.count, slo, p, carry=c, n_eval=end)
+        tr = track(series.p99_ms, series.count, slo, p, carry=c, n_eval=end, center=series.center)
         found += [(name, e, slo) for e in tr.episodes if e.end >= first or e.open]
         abnormal |= tr.abnormal
     if not found and not on_demand:
@@ -308,10 +318,21 @@ def _diagnose_span(
     )
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]
-    if np.isfinite(e.baseline_ms):
+    sparse = int(np.count_nonzero(before & (v["count"] >= p.min_count))) < len(base) // 2
+    judged = e.rule == evidence.RULE
+    if np.isfinite(e.baseline_ms) and not judged:
         frozen = e.baseline_ms
-    else:  # an on-demand diagnosis of a quiet range: the windows before it
+    elif sparse and len(base):  # the p99 of the requests, one or two per window
+        frozen = float(np.percentile(base, 99))
+    else:  # an on-demand diagnosis of a quiet range, or a median judged: the windows before
         frozen = float(np.median(base)) if len(base) else float("nan")
+    notes = list(att.notes)
+    if judged:
+        sec = e.span * w.step_ns / 1e9
+        notes.append(
+            f"judged on the typical request over {sec:.0f} s spans (sparse or subtle "
+            f"slowdown): median {e.baseline_ms:.1f} ms before, threshold {e.threshold_ms:.1f} ms"
+        )
     first = e.opened if e.carried else e.start
     # the clean windows that ended it: what "p99 back to" reports
     after = v["p99_ms"][e.end + 1 : e.end + 1 + p.close_windows] if not e.open else np.empty(0)
@@ -328,11 +349,18 @@ def _diagnose_span(
         slo_ms=slo_ms,
         phases_ms=att.phases_ms,
         causes=att.causes,
-        notes=att.notes,
+        notes=notes,
         severity=e.severity,
         threshold_ms=e.threshold_ms,
         carried=e.carried,
-        during_windows=int(np.count_nonzero(during & (v["count"] >= p.min_count))),
+        during_windows=int(
+            np.count_nonzero(during & (v["count"] >= (1 if judged else p.min_count)))
+        ),
         after_p99_ms=float(np.median(after)) if len(after) else None,
         indicator=indicator,
+        judged_on=(
+            {"rule": e.rule, "span_windows": e.span, "baseline_ms": _r(e.baseline_ms)}
+            if judged
+            else None
+        ),
     )

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from cotenant.analysis import evidence
 from cotenant.analysis.spikes import SpikeParams, baseline, spike_mask
 
 BREACH = "breach"
@@ -48,6 +49,8 @@ class Carry:
     baseline_ms: float
     threshold_ms: float
     severity: str
+    rule: str = "p99"  # how it was judged: "p99" or evidence.RULE (its samples' median)
+    span: int = 0  # evidence: windows of the span that found it
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class Episode:
     threshold_ms: float
     open: bool
     carried: bool = False
+    rule: str = "p99"  # "p99" (per-window p99 rules) or evidence.RULE (analysis.evidence)
+    span: int = 0  # evidence: windows of the span that found it; baseline and threshold
+    # are then of the samples' median, not of the p99
 
 
 @dataclass
@@ -85,66 +91,133 @@ def track(
     *,
     carry: Carry | None = None,
     n_eval: int | None = None,
+    center: np.ndarray | None = None,
 ) -> Track:
     """Episodes of one latency series. ``n_eval``: windows from this index on are not judged
-    yet (rows may still be arriving); an episode still bad at ``n_eval`` is open."""
+    yet (rows may still be arriving); an episode still bad at ``n_eval`` is open.
+    ``center``: each window's typical request (median or mean), for the evidence rule
+    (:mod:`analysis.evidence`; without it, or with ``p.evidence`` None, p99 rules only)."""
     n = len(p99)
     n_eval = n if n_eval is None else max(0, min(n, n_eval))
     valid = (count >= p.min_count) & np.isfinite(p99)
     v = np.where(valid, p99, np.nan)
-    learn = v.copy()  # what the baseline may learn from: episodes are taken out as found
-    abnormal = np.zeros(n, dtype=bool)
+    c = None
+    if center is not None and p.evidence is not None:
+        c = np.where((count > 0) & np.isfinite(center), center, np.nan)
+    taken = np.zeros(n, dtype=bool)  # in an episode or a transient: no baseline
+    breached = np.zeros(n, dtype=bool)  # in a breach: no ordinary contention either
+    with np.errstate(invalid="ignore"):
+        over = valid & (v > slo_ms) if slo_ms is not None else np.zeros(n, dtype=bool)
     out: list[Episode] = []
     pos = 0
+
+    def take(e: Episode) -> None:
+        taken[e.start : e.end + 1] = True
+        if e.severity == BREACH:
+            breached[e.start : e.end + 1] = True
+
     if carry is not None:
         c0 = max(0, min(n, carry.start))
-        ep = _extend(v, valid, slo_ms, p, c0, carry.baseline_ms, carry.threshold_ms, n_eval)
+        if carry.rule == evidence.RULE and c is not None and p.evidence is not None:
+            ep = evidence.extend(
+                c, c0, carry.threshold_ms, slo_ms, carry.span, p.evidence, n_eval, over
+            )
+        else:
+            ep = _extend(v, valid, slo_ms, p, c0, carry.baseline_ms, carry.threshold_ms, n_eval)
         sev = BREACH if carry.severity == BREACH or ep[2] else DEGRADATION
         end, is_open = ep[0], ep[1]
-        out.append(
-            Episode(
-                c0,
-                end,
-                _peak(v, c0, end),
-                carry.start,
-                sev,
-                carry.baseline_ms,
-                carry.threshold_ms,
-                is_open,
-                carried=carry.start < 0,
-            )
+        first = Episode(
+            c0,
+            end,
+            _peak(v if carry.rule != evidence.RULE or c is None else c, c0, end),
+            carry.start,
+            sev,
+            carry.baseline_ms,
+            carry.threshold_ms,
+            is_open,
+            carried=carry.start < 0,
+            rule=carry.rule,
+            span=carry.span,
         )
-        learn[c0 : end + 1] = np.nan
-        abnormal[c0 : end + 1] = True
+        out.append(first)
+        take(first)
         pos = end + 1
         if is_open:
-            return Track(out, abnormal)
+            return Track(out, taken.copy())
     while pos < n_eval:
+        learn = np.where(taken, np.nan, v)
         base, sigma = baseline(learn, count, p)
-        opened = _first_opening(v, learn, count, valid, base, sigma, slo_ms, p, pos, n_eval)
-        if opened is None:
-            break
-        start, at, degraded = opened
-        b0 = float(base[start]) if np.isfinite(base[start]) else float(np.nanmedian(learn[:start]))
-        s0 = float(np.nan_to_num(sigma[start]))
-        # it stays open while over the frozen baseline by the margin that opened it
-        if degraded:
-            thr = max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms)
-        else:
-            thr = b0 + max(p.k_mad_slo * s0, p.rel_margin * b0, p.abs_margin_ms)
-        end, is_open, crossed = _extend(v, valid, slo_ms, p, start, b0, thr, n_eval)
-        if not crossed and end < at:
-            # it fired on a median that lagged a slowdown already over: not sustained
-            pos = at + 1
-            continue
-        if not is_open and end - start + 1 < p.min_episode_windows:
-            # a transient (one slow render next door): no baseline, but no incident either
-            learn[start : end + 1] = np.nan
-            abnormal[start : end + 1] = True
-            pos = end + 1
-            continue
-        out.append(
-            Episode(
+        opened = _first_opening(
+            v,
+            learn,
+            np.where(breached, np.nan, v),
+            count,
+            valid,
+            base,
+            sigma,
+            slo_ms,
+            p,
+            pos,
+            n_eval,
+        )
+        ev = None
+        if c is not None and p.evidence is not None:
+            ev = evidence.opening(
+                c,
+                np.where(taken, np.nan, c),
+                np.where(breached, np.nan, c),
+                p.evidence,
+                pos,
+                n_eval if opened is None else min(n_eval, opened[1]),
+                p.seen_windows,
+            )
+        e: Episode | None = None
+        brief: tuple[int, int] | None = None  # an evidence slowdown too short to count
+        if ev is not None and p.evidence is not None and c is not None:
+            # the tail stays slow for as long as the p99 degradation rule would say
+            b0 = float(base[ev.start]) if np.isfinite(base[ev.start]) else float("nan")
+            hold = None
+            if np.isfinite(b0):
+                with np.errstate(invalid="ignore"):
+                    hold = valid & (v > max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms))
+            end, is_open, crossed = evidence.extend(
+                c, ev.start, ev.threshold, slo_ms, ev.span, p.evidence, n_eval, over, hold
+            )
+            e = Episode(
+                ev.start,
+                end,
+                _peak(c, ev.start, end),
+                ev.at,
+                BREACH if crossed else DEGRADATION,
+                ev.baseline,
+                ev.threshold,
+                is_open,
+                rule=evidence.RULE,
+                span=ev.span,
+            )
+            if not is_open and end - ev.start + 1 < max(p.min_episode_windows, p.degrade_windows):
+                # judged slow, but a degradation must last as long as one: the p99 rules
+                # decide (a slow tail that outlasts the typical request is theirs)
+                e, brief = None, (ev.start, end)
+        if e is None and opened is not None:
+            start, at, degraded = opened
+            b0 = (
+                float(base[start])
+                if np.isfinite(base[start])
+                else float(np.nanmedian(learn[:start]))
+            )
+            s0 = float(np.nan_to_num(sigma[start]))
+            # it stays open while over the frozen baseline by the margin that opened it
+            if degraded:
+                thr = max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms)
+            else:
+                thr = b0 + max(p.k_mad_slo * s0, p.rel_margin * b0, p.abs_margin_ms)
+            end, is_open, crossed = _extend(v, valid, slo_ms, p, start, b0, thr, n_eval)
+            if not crossed and end < at:
+                # it fired on a median that lagged a slowdown already over: not sustained
+                pos = at + 1
+                continue
+            e = Episode(
                 start,
                 end,
                 _peak(v, start, end),
@@ -154,16 +227,25 @@ def track(
                 thr,
                 is_open,
             )
-        )
-        learn[start : end + 1] = np.nan
-        abnormal[start : end + 1] = True
-        pos = end + 1
-        if is_open:
+        elif e is None and brief is not None:
+            taken[brief[0] : brief[1] + 1] = True
+            pos = brief[1] + 1
+            continue
+        elif e is None:
+            break
+        if not e.open and e.end - e.start + 1 < p.min_episode_windows:
+            # a transient (one slow render next door): no baseline, but no incident either
+            taken[e.start : e.end + 1] = True
+            pos = e.end + 1
+            continue
+        out.append(e)
+        take(e)
+        pos = e.end + 1
+        if e.open:
             break
     # lone spikes outside episodes are no baseline for an attribution either
-    base, sigma = baseline(learn, count, p)
-    abnormal |= _spikes(v, count, base, sigma, slo_ms, p)
-    return Track(out, abnormal)
+    base, sigma = baseline(np.where(taken, np.nan, v), count, p)
+    return Track(out, taken | _spikes(v, count, base, sigma, slo_ms, p))
 
 
 def _spikes(
@@ -182,6 +264,7 @@ def _spikes(
 def _first_opening(
     v: np.ndarray,
     learn: np.ndarray,
+    history: np.ndarray,
     count: np.ndarray,
     valid: np.ndarray,
     base: np.ndarray,
@@ -225,8 +308,8 @@ def _first_opening(
         known = pd.Series(np.isfinite(learn)).rolling(p.history, min_periods=1).sum()
         enough = (known.shift(d).to_numpy() >= p.history // 2) & np.isfinite(b0)
         if not p.seasonal:
-            normal = pd.Series(learn).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q)
-            seen = normal.rolling(p.history, min_periods=1).max().shift(d).to_numpy()
+            normal = pd.Series(history).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q)
+            seen = normal.rolling(p.seen_windows, min_periods=1).max().shift(d).to_numpy()
             need = np.fmax(need, seen)
         need = np.where(enough, need, np.nan)
         with np.errstate(invalid="ignore"):

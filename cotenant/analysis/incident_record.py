@@ -37,11 +37,17 @@ class Incident:
     detail: dict[str, Any]  # the latest Diagnosis.to_dict(), plus cause_history
     severity: str = BREACH
     replica: str | None = None  # the slow replica, when the model's requests name replicas
-    indicator: str = E2E  # the series that breached: e2e | ttft | tpot
+    indicator: str = E2E  # the lead indicator: e2e | ttft | tpot (see .indicators)
 
     @property
     def top(self) -> dict[str, Any] | None:
         return next((c for c in self.detail.get("causes", []) if c["kind"] != "unknown"), None)
+
+    @property
+    def indicators(self) -> list[str]:
+        """Every indicator this incident's event affected, its lead one first."""
+        rest = sorted(i for i in self.detail.get("indicators") or {} if i != self.indicator)
+        return [self.indicator, *rest]
 
     @property
     def live(self) -> bool:

@@ -4,18 +4,22 @@ The continuous loop re-diagnoses a sliding horizon; :meth:`IncidentBook.update` 
 pass's diagnoses of one (model, GPU) into its incidents and says what changed, as
 :class:`IncidentEvent` s in the order a person should read them:
 
-* one incident per (model, GPU, indicator) at a time (``e2e``, and for generative models
-  ``ttft`` and ``tpot``: :mod:`analysis.indicators`; each indicator's incidents are merged
-  on their own): a diagnosis overlapping it, or starting within
-  ``cooldown_ns`` after it ended, continues it (a re-breach within the cool-down re-opens a
-  resolved incident instead of opening a new one);
+* **one incident per (model, GPU, event)**: the diagnoses of every indicator (``e2e``, and
+  for generative models ``ttft`` and ``tpot``: :mod:`analysis.indicators`) that overlap an
+  incident, or start within ``cooldown_ns`` after it ended, continue it (a re-breach within
+  the cool-down re-opens a resolved incident instead of opening a new one). The incident
+  lists every indicator affected (``detail["indicators"]``: each one's extent, severity,
+  frozen baseline, peak and SLO); its ``indicator`` is the *lead* one — the first that
+  breached its SLO, else the first found — whose attribution gives the causes;
 * ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
   (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when
-  the diagnosis closes (a run of clean windows, :mod:`analysis.episodes`);
-* ``severity``: ``breach`` (the SLO was crossed) or ``degradation`` (slower than its frozen
-  baseline, within its SLO or without one); a degradation that crosses the SLO is escalated;
-* the baseline is frozen when the incident opens and the top cause's history is kept
-  (``detail["cause_history"]``: first, each change, with the time of the pass that saw it);
+  every indicator's diagnosis has closed (a run of clean windows, :mod:`analysis.episodes`);
+* ``severity``: ``breach`` (an SLO was crossed) or ``degradation`` (slower than its frozen
+  baseline, within its SLO or without one); a degradation that crosses an SLO on any
+  indicator is escalated;
+* each indicator's baseline is frozen when it joins the incident, and the top cause's
+  history is kept once per incident (``detail["cause_history"]``: first, each change, with
+  the time of the pass that saw it);
 * a diagnosis of an episode that began before the windows the loop read (``carried``) keeps
   the incident's causes: its "before" windows are no longer in the horizon.
 """
@@ -27,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from cotenant.analysis.diagnose import Diagnosis
-from cotenant.analysis.episodes import BREACH
+from cotenant.analysis.episodes import BREACH, DEGRADATION
 from cotenant.analysis.incident_record import (
     DIAGNOSING,
     DISMISSED,
@@ -61,6 +65,50 @@ def _same_cause(i: Incident, d: Diagnosis) -> bool:
     return _cause_key(i.top) == (top.kind, top.culprit)
 
 
+def _lead(ds: list[Diagnosis], current: str | None) -> str:
+    """The indicator an incident is told by: the first to breach its SLO, else the one it
+    already had, else the first found."""
+    breached = sorted((d for d in ds if d.severity == BREACH), key=lambda d: d.start_ns)
+    if current is not None and any(d.indicator == current for d in breached):
+        return current
+    if breached:
+        return breached[0].indicator
+    if current is not None and any(d.indicator == current for d in ds):
+        return current
+    return min(ds, key=lambda d: d.start_ns).indicator
+
+
+def _indicator_entry(d: Diagnosis, frozen: dict[str, Any] | None) -> dict[str, Any]:
+    """What an incident shows of one indicator: extent, severity, before / during, SLO; the
+    baseline and threshold stay as frozen when the indicator joined."""
+    out: dict[str, Any] = {
+        "start_ns": d.start_ns,
+        "end_ns": d.end_ns,
+        "open": d.open,
+        "severity": d.severity,
+        "baseline_p99_ms": _num(d.baseline_p99_ms),
+        "peak_p99_ms": _num(d.peak_p99_ms),
+        "slo_ms": d.slo_ms,
+        "threshold_ms": _num(d.threshold_ms),
+        "judged_on": d.judged_on,
+        "carried": d.carried,
+    }
+    if frozen:
+        for k in ("baseline_p99_ms", "threshold_ms", "judged_on"):
+            if k in frozen:
+                out[k] = frozen[k]
+        out["start_ns"] = min(d.start_ns, int(frozen.get("start_ns", d.start_ns)))
+        if frozen.get("severity") == BREACH:
+            out["severity"] = BREACH
+        peaks = [float(x) for x in (frozen.get("peak_p99_ms"), out["peak_p99_ms"]) if x is not None]
+        out["peak_p99_ms"] = max(peaks) if peaks else None
+    return out
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else round(float(x), 3)
+
+
 def _merged(ds: list[Diagnosis]) -> Diagnosis:
     """One diagnosis for the episodes (in start order) that continue one incident: its
     extent, open when the newest is, a breach when any was; causes from the newest episode
@@ -83,11 +131,12 @@ def _merged(ds: list[Diagnosis]) -> Diagnosis:
 
 
 def live_of(incidents: list[Incident], model: str, gpu: str, indicator: str) -> Incident | None:
-    """The newest live incident of (``model``, ``gpu``, ``indicator``) among ``incidents``."""
+    """The newest live incident of (``model``, ``gpu``) affecting ``indicator`` among
+    ``incidents``."""
     got = [
         i
         for i in incidents
-        if i.live and i.model == model and i.gpu == gpu and i.indicator == indicator
+        if i.live and i.model == model and i.gpu == gpu and indicator in i.indicators
     ]
     return max(got, key=lambda i: i.start_ns) if got else None
 
@@ -115,6 +164,8 @@ class IncidentBook:
         self._cooldown_ns = cooldown_ns
         self._publish = publish_windows
         self._lock = threading.Lock()
+        # per incident being updated: its lead indicator and indicator entries (_told)
+        self._pending: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def find(
         self,
@@ -150,14 +201,14 @@ class IncidentBook:
         return None if r is None else from_stored(r)
 
     def live_for(self, model: str, gpu: str, indicator: str = E2E) -> Incident | None:
-        """The (model, GPU)'s incident on ``indicator`` still diagnosing or open, if any."""
+        """The (model, GPU)'s incident affecting ``indicator`` still diagnosing or open."""
         return live_of(self.live(), model, gpu, indicator)
 
     def update(
         self, diags: list[Diagnosis], model: str, gpu: str, horizon_start_ns: int, now_ns: int
     ) -> list[IncidentEvent]:
-        """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``, each
-        indicator's into that indicator's incidents; resolve live incidents the horizon no
+        """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``, of every
+        indicator, into its incidents (one per event); resolve live incidents the horizon no
         longer shows. Returns what changed, oldest incident first."""
         with self._lock:
             mine = [i for i in self.live() if i.model == model and i.gpu == gpu]
@@ -170,18 +221,9 @@ class IncidentBook:
                 )
                 if i.gpu == gpu
             ]
-            events: list[IncidentEvent] = []
-            for ind in sorted({d.indicator for d in diags} | {i.indicator for i in mine}):
-                events += self._update_indicator(
-                    [d for d in diags if d.indicator == ind],
-                    [i for i in mine if i.indicator == ind],
-                    model,
-                    gpu,
-                    now_ns,
-                )
-            return events
+            return self._update_events(diags, mine, model, gpu, now_ns)
 
-    def _update_indicator(
+    def _update_events(
         self,
         diags: list[Diagnosis],
         current: list[Incident],
@@ -189,7 +231,7 @@ class IncidentBook:
         gpu: str,
         now_ns: int,
     ) -> list[IncidentEvent]:
-        """:meth:`update` for the diagnoses and incidents of one indicator."""
+        """:meth:`update` for the diagnoses and incidents of one (model, GPU)."""
         groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
         extent = {i.id: (i.start_ns, i.end_ns) for i in current}
         for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
@@ -205,7 +247,7 @@ class IncidentBook:
         events: list[IncidentEvent] = []
         written: list[Incident] = []
         for inc, ds, created in groups.values():
-            got = self._apply(inc, _merged(ds), now_ns, created)
+            got = self._apply(inc, self._told(inc, ds), now_ns, created)
             events += got
             if got or created or inc.live:
                 inc.updated_ns = now_ns
@@ -225,6 +267,29 @@ class IncidentBook:
         self._write(written)
         self._delete(dismissed)
         return events
+
+    def _told(self, inc: Incident, ds: list[Diagnosis]) -> Diagnosis:
+        """The diagnoses of one incident (any indicators) as one: the lead indicator's
+        merged diagnosis (its causes) over the extent of all, open while any is; each
+        indicator's own entry goes to ``detail["indicators"]``."""
+        entries = dict(inc.detail.get("indicators") or {})
+        per: dict[str, list[Diagnosis]] = {}
+        for d in ds:
+            per.setdefault(d.indicator, []).append(d)
+        merged = {ind: _merged(group) for ind, group in per.items()}
+        for ind, d in merged.items():
+            entries[ind] = _indicator_entry(d, entries.get(ind))
+        current = inc.indicator if inc.detail.get("indicators") else None
+        lead = _lead(list(merged.values()), current)
+        told = replace(
+            merged[lead],
+            start_ns=min(d.start_ns for d in ds),
+            end_ns=max(d.end_ns for d in ds),
+            open=any(d.open for d in merged.values()),
+            severity=BREACH if any(d.severity == BREACH for d in ds) else DEGRADATION,
+        )
+        self._pending[inc.id] = (lead, entries)
+        return told
 
     def _match(
         self, current: list[Incident], extent: dict[str, tuple[int, int]], d: Diagnosis
@@ -283,6 +348,13 @@ class IncidentBook:
     ) -> list[IncidentEvent]:
         """Fold the merged diagnosis ``d`` into ``inc``; the events of what changed."""
         prev_state, prev_top, prev_sev = inc.state, inc.top, inc.severity
+        lead, entries = self._pending.pop(inc.id, (d.indicator, {}))
+        mine = entries.get(lead, {})
+        if lead != inc.indicator:  # another indicator breached first: the incident follows it
+            inc.indicator = lead
+            inc.peak_p99_ms = None
+            inc.baseline_p99_ms = mine.get("baseline_p99_ms", inc.baseline_p99_ms)
+            inc.slo_ms = d.slo_ms
         grew = d.end_ns > inc.end_ns
         # a resolved incident is continued by a later slowdown, not by its own episode again
         again = d.open or (grew and d.start_ns >= inc.detail.get("resolved_at_end_ns", 0))
@@ -296,9 +368,11 @@ class IncidentBook:
             inc.replica = d.replica
         if not d.carried:
             new = d.to_dict()
-            frozen = ("baseline_p99_ms", "threshold_ms")
-            keep: dict[str, Any] = {k: inc.detail[k] for k in frozen if k in inc.detail}
+            frozen = ("baseline_p99_ms", "threshold_ms", "judged_on")
+            keep: dict[str, Any] = {k: mine[k] for k in frozen if k in mine}
             inc.detail = {**new, **keep, "cause_history": inc.cause_history}
+        if entries:
+            inc.detail["indicators"] = entries
         inc.detail.update(
             id=inc.id,
             start_ns=inc.start_ns,
@@ -306,6 +380,8 @@ class IncidentBook:
             open=d.open,
             peak_p99_ms=inc.peak_p99_ms,
             severity=inc.severity,
+            indicator=inc.indicator,
+            baseline_p99_ms=inc.baseline_p99_ms,
         )
         if d.after_p99_ms is not None:
             inc.detail["resolved_p99_ms"] = round(d.after_p99_ms, 3)

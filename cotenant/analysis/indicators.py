@@ -28,17 +28,19 @@ UNITS = {E2E: "ms", TTFT: "ms", TPOT: "ms/token"}
 
 @dataclass(frozen=True)
 class Series:
-    """One indicator's windows: its p99 (ms) and the request count behind each window."""
+    """One indicator's windows: its p99 (ms), the request count behind each window, and its
+    typical request (e2e: the median; TTFT, TPOT: the mean) for :mod:`analysis.evidence`."""
 
     p99_ms: np.ndarray
     count: np.ndarray
+    center: np.ndarray
 
 
 def indicator_series(w: GpuWindows, model: str) -> dict[str, Series]:
     """``model``'s indicators on ``w`` that have data: e2e always, TTFT and TPOT where its
     requests carry token counts and some window holds the value."""
     v = w.models[model]
-    out = {E2E: Series(v["p99_ms"], v["count"])}
+    out = {E2E: Series(v["p99_ms"], v["count"], v["p50_ms"])}
     tok = w.tokens.get(model)
     if tok is None:
         return out
@@ -46,7 +48,8 @@ def indicator_series(w: GpuWindows, model: str) -> dict[str, Series]:
         p99 = tok[f"{name}_p99_ms"]
         if np.isfinite(p99).any():
             # windows without the value count no requests, so the detector skips them
-            out[name] = Series(p99, np.where(np.isfinite(p99), tok["count"], 0.0))
+            count = np.where(np.isfinite(p99), tok["count"], 0.0)
+            out[name] = Series(p99, count, tok[f"{name}_mean_ms"])
     return out
 
 

@@ -115,13 +115,12 @@ class AnalysisLoop:
         full, first = history_range(rng, self._step_s, self._params)
         read: dict[str, GpuWindows] = {}
         found: list[tuple[list[Diagnosis], str, str]] = []
-        # the live incidents once per pass, newest per (model, GPU, indicator) (not per
-        # model: at fleet scale, thousands of models each asking the book was most of a pass)
-        live: dict[tuple[str, str, str], Incident] = {}
+        # the live incidents once per pass, newest per (model, GPU) (not per model: at
+        # fleet scale, thousands of models each asking the book was most of a pass)
+        live: dict[tuple[str, str], Incident] = {}
         for inc in sorted(self._book.live(), key=lambda i: i.start_ns):
             if inc.live:
-                live[(inc.model, inc.gpu, inc.indicator)] = inc
-        live_pairs = {(m, g) for m, g, _ in live}
+                live[(inc.model, inc.gpu)] = inc
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -139,10 +138,11 @@ class AnalysisLoop:
                     continue
                 since = full.since_ns or 0
                 slos = self._slos.token_slos(model)
+                mine = live.get((model, gpu))
                 carries = {
                     ind: c
                     for ind in (TTFT, TPOT)
-                    if (c := self._carry(live.get((model, gpu, ind)), since)) is not None
+                    if (c := self._carry(mine, since, ind)) is not None
                 }
                 try:
                     diags = diagnose_windows(
@@ -153,14 +153,14 @@ class AnalysisLoop:
                         slo_ms=self._slos.of(model),
                         params=self._params,
                         lag_windows=int(self._reread_s / self._step_s),
-                        carry=self._carry(live.get((model, gpu, E2E)), since),
+                        carry=self._carry(mine, since, E2E),
                         slos=slos,
                         carries=carries,
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
                     continue
-                if not diags and (model, gpu) not in live_pairs:
+                if not diags and (model, gpu) not in live:
                     continue  # healthy, nothing live to resolve or dismiss: nothing changes
                 found.append((diags, model, gpu))
         incidents = [d for diags, _, _ in found for d in diags if d.incident]
@@ -176,20 +176,32 @@ class AnalysisLoop:
         self.passes += 1
         return events
 
-    def _carry(self, inc: Incident | None, since_ns: int) -> Carry | None:
-        """A live incident (of one model, GPU and indicator) when it began before the windows
-        read: the detector continues it with its frozen baseline instead of learning a new
-        one."""
-        if inc is None or inc.start_ns >= since_ns or inc.baseline_p99_ms is None:
+    def _carry(self, inc: Incident | None, since_ns: int, indicator: str) -> Carry | None:
+        """A live incident's episode on ``indicator`` when it began before the windows read
+        and is still open: the detector continues it with its frozen baseline instead of
+        learning a new one."""
+        if inc is None:
             return None
-        thr = inc.detail.get("threshold_ms")
-        if thr is None:
+        entry = (inc.detail.get("indicators") or {}).get(indicator)
+        if entry is None:
+            if indicator != inc.indicator:
+                return None
+            entry = {**inc.detail, "start_ns": inc.start_ns, "open": True}
+        start = entry.get("start_ns")
+        base = entry.get("baseline_p99_ms")
+        thr = entry.get("threshold_ms")
+        if start is None or start >= since_ns or base is None or thr is None:
             return None
+        if not entry.get("open", True):
+            return None
+        judged = entry.get("judged_on") or {}
         return Carry(
-            start=int((inc.start_ns - since_ns) // self._step_ns),
-            baseline_ms=float(inc.baseline_p99_ms),
+            start=int((start - since_ns) // self._step_ns),
+            baseline_ms=float(judged.get("baseline_ms") or base),
             threshold_ms=float(thr),
-            severity=inc.severity,
+            severity=str(entry.get("severity", inc.severity)),
+            rule=str(judged.get("rule", "p99")),
+            span=int(judged.get("span_windows", 0)),
         )
 
     def collect(self) -> Iterator[Metric]:

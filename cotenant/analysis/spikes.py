@@ -20,10 +20,12 @@ and keeps ``SpikeParams()``, as two days of history per pass would cost too much
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from cotenant.analysis.evidence import EvidenceParams
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class SpikeParams:
     min_episode_windows: int = 5  # a slowdown over sooner than this is a transient, not news
     season: int = 0  # windows per season (0: no seasonal baseline)
     season_max: int = 10_080  # longest season decomposed (a week of one-minute windows)
+    # how far back the levels of a model's slowdowns count as its ordinary contention
+    # (degradations only open above every such level seen since; analysis.evidence)
+    seen_windows: int = 600
+    evidence: EvidenceParams | None = field(default_factory=EvidenceParams)  # None: p99 only
 
     @property
     def seasonal(self) -> bool:

@@ -62,11 +62,14 @@ class Seen:
     end_ns: int
     cause: str | None
     severity: str
+    indicator: str = "e2e"
 
 
 def _seen(e: IncidentEvent) -> Seen:
     i = e.incident
-    return Seen(e.kind, i.id, i.model, e.at_ns, i.start_ns, i.end_ns, _cause(i.top), i.severity)
+    return Seen(
+        e.kind, i.id, i.model, e.at_ns, i.start_ns, i.end_ns, _cause(i.top), i.severity, i.indicator
+    )
 
 
 @dataclass
