@@ -143,14 +143,19 @@ def slowdown_scenario(rate: float, slowdown: float | None, seed: int) -> Scenari
 
 
 def azure_two_llms(seed: int) -> Scenario:
-    """Two LLMs replaying the Azure conversation and code traces on one H100 under MPS."""
+    """Two LLMs replaying the Azure conversation and code traces on one H100 under MPS; each
+    seed starts both traces at another half hour of their hour (seed 2000: the first)."""
     llm = Llm(prefill_ms_per_1k=15, decode_step_ms=9, decode_per_seq_ms=0.02, max_seqs=256)
     kernel = Kernel(base_ms=4, per_item_ms=0.5, sm_demand=0.5, dram_demand=0.5, memory_bound=0.7)
     models = tuple(
         Model(
             name,
             "gpu0",
-            Arrival("trace", file=str(TRACE_DIR / f"AzureLLMInferenceTrace_{trace}.csv")),
+            Arrival(
+                "trace",
+                file=str(TRACE_DIR / f"AzureLLMInferenceTrace_{trace}.csv"),
+                start_s=((seed - 2000) % 2) * TRACE_CONTROL_S,
+            ),
             kernel,
             Batching(max_batch=8, max_wait_ms=2),
             memory_gib=20,

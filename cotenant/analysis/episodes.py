@@ -170,6 +170,7 @@ def track(
                 pos,
                 n_eval if opened is None else min(n_eval, opened[1]),
                 p.seen_windows,
+                p.ordinary_margin,
             )
         e: Episode | None = None
         brief: tuple[int, int] | None = None  # an evidence slowdown too short to count
@@ -310,7 +311,7 @@ def _first_opening(
         if not p.seasonal:
             normal = pd.Series(history).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q)
             seen = normal.rolling(p.seen_windows, min_periods=1).max().shift(d).to_numpy()
-            need = np.fmax(need, seen)
+            need = np.fmax(need, b0 + p.ordinary_margin * (seen - b0))
         need = np.where(enough, need, np.nan)
         with np.errstate(invalid="ignore"):
             fire = np.nan_to_num(level > need, nan=0).astype(bool) & valid

@@ -91,6 +91,7 @@ def opening(
     pos: int,
     n_eval: int,
     seen_windows: int,
+    margin: float = 1.0,
 ) -> Opening | None:
     """The first evidence opening whose span starts at or after ``pos`` and is judged before
     ``n_eval``. ``center``: the samples (NaN = a window without requests); ``normal``: the
@@ -132,7 +133,8 @@ def opening(
         mid = past.rolling(seen_windows, min_periods=few).median()
         mad = (past - mid).abs().rolling(seen_windows, min_periods=few).median()
         spread = (mid + p.spread_z * 1.4826 * mad).shift(span).to_numpy()
-        need = np.where(np.isfinite(seen), np.fmax(need, seen), need)
+        ordinary = b0 + margin * (seen - b0)
+        need = np.where(np.isfinite(ordinary), np.fmax(need, ordinary), need)
         need = np.where(np.isfinite(spread), np.fmax(need, spread), need)
         with np.errstate(invalid="ignore"):
             fire = np.nan_to_num(level > need, nan=0).astype(bool)

@@ -48,6 +48,8 @@ class SpikeParams:
     # how far back the levels of a model's slowdowns count as its ordinary contention
     # (degradations only open above every such level seen since; analysis.evidence)
     seen_windows: int = 600
+    # ... by this many times the largest excursion over the baseline seen in that history
+    ordinary_margin: float = 1.25
     evidence: EvidenceParams | None = field(default_factory=EvidenceParams)  # None: p99 only
 
     @property

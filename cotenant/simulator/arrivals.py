@@ -64,6 +64,11 @@ def load_trace(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _trace(a: Arrival, duration: float) -> Arrays:
     offs, ctx, gen = load_trace(a.file)
+    if a.start_s > 0 and len(offs) > 1:  # begin start_s in, wrapping round to the beginning
+        cycle = float(offs[-1]) + float(np.diff(offs).mean())
+        rolled = (offs - a.start_s) % cycle
+        order = np.argsort(rolled, kind="stable")
+        offs, ctx, gen = rolled[order] - rolled[order][0], ctx[order], gen[order]
     span = float(offs[-1]) if len(offs) > 1 else 1.0
     period = span / a.scale + (float(np.diff(offs).mean()) / a.scale if len(offs) > 1 else 1.0)
     reps = int(np.ceil(duration / period)) if period > 0 else 1

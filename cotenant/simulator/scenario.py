@@ -82,7 +82,8 @@ class Arrival:
     """``poisson``: rate_rps. ``bursty``: on/off — rate_rps between bursts, burst_rps during
     bursts of mean length mean_burst_s separated by gaps of mean mean_gap_s (exponential).
     ``trace``: replay inter-arrival times and token counts of a CSV (TIMESTAMP,
-    ContextTokens, GeneratedTokens), ``scale`` x faster. ``closed``: ``concurrency`` clients
+    ContextTokens, GeneratedTokens), ``scale`` x faster, from ``start_s`` seconds into the
+    trace (wrapping round to its beginning). ``closed``: ``concurrency`` clients
     each sending the next request when the previous returns (after ``think_ms``)."""
 
     kind: ArrivalKind
@@ -92,6 +93,7 @@ class Arrival:
     mean_gap_s: float = 0.0
     file: str = ""  # resolved absolute path for kind=trace
     scale: float = 1.0
+    start_s: float = 0.0  # trace: where in the trace the replay starts
     concurrency: int = 1
     think_ms: float = 0.0
 

@@ -90,7 +90,7 @@ _ARRIVAL_KEYS: dict[str, tuple[dict[str, Check], tuple[str, ...]]] = {
         },
         ("rate_rps", "burst_rps", "mean_burst_s", "mean_gap_s"),
     ),
-    "trace": ({"file": nonempty_str, "scale": POSITIVE}, ("file",)),
+    "trace": ({"file": nonempty_str, "scale": POSITIVE, "start_s": NON_NEGATIVE}, ("file",)),
     "closed": (
         {"concurrency": number(1, integer=True), "think_ms": NON_NEGATIVE},
         ("concurrency",),
