@@ -205,7 +205,9 @@ def _analysis_routes(app: FastAPI, analyzer: Analyzer, alerts: AlertBook) -> Non
         severity: str | None = Query(None, description="breach or degradation"),
         limit: int = Query(500, description="1..10000"),
         indicator: str | None = Query(
-            None, description="e2e, ttft or tpot: the latency indicator that breached"
+            None,
+            description="e2e, ttft or tpot: incidents that affected this latency indicator "
+            "(the one they are told by, or another they list)",
         ),
     ) -> SafeJSONResponse:
         since_ns = None if since is None else parse_time_ns(since, "since")

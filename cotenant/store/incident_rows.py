@@ -83,8 +83,9 @@ def find_incidents(
     indicator: str | None = None,
 ) -> list[StoredIncident]:
     """Incidents newest first (by start); with ``since_ns`` / ``until_ns``, those overlapping
-    the range (ending at or after ``since_ns``, starting before ``until_ns``). Filters left
-    None do not apply. Raises QueryError for a limit outside 1..10,000."""
+    the range (ending at or after ``since_ns``, starting before ``until_ns``); ``indicator``:
+    those that affected it (lead or not). Filters left None do not apply. Raises QueryError
+    for a limit outside 1..10,000."""
     rows = select_rows(
         store,
         "incidents",
@@ -95,7 +96,9 @@ def find_incidents(
             "model": model,
             "state": state,
             "coalesce(severity, 'breach') = ?": severity,
-            "coalesce(indicator, 'e2e') = ?": indicator,
+            # the lead indicator or any other the incident lists (detail's "indicators")
+            "list_contains(list_concat([coalesce(indicator, 'e2e')], "
+            "coalesce(json_keys(detail_json, '$.indicators'), [])), ?)": indicator,
         },
         order_by="start_ns DESC",
         limit=limit,
