@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -71,6 +72,7 @@ def _count(ok: np.ndarray, w: int) -> np.ndarray:
     return np.convolve(ok.astype(np.int64), np.ones(w, dtype=np.int64))[: len(ok)]
 
 
+@lru_cache(maxsize=65_536)
 def sign_p(k: int, n: int) -> float:
     """``P(Binomial(n, 1/2) >= k)``: how often ``k`` or more of ``n`` samples would be above
     the baseline median by chance."""
