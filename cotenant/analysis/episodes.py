@@ -160,47 +160,10 @@ def track(
             pos,
             n_eval,
         )
-        ev = None
-        if c is not None and p.evidence is not None:
-            ev = evidence.opening(
-                c,
-                np.where(taken, np.nan, c),
-                np.where(breached, np.nan, c),
-                p.evidence,
-                pos,
-                n_eval if opened is None else min(n_eval, opened[1]),
-                p.seen_windows,
-                p.ordinary_margin,
-            )
-        e: Episode | None = None
-        brief: tuple[int, int] | None = None  # an evidence slowdown too short to count
-        if ev is not None and p.evidence is not None and c is not None:
-            # the tail stays slow for as long as the p99 degradation rule would say
-            b0 = float(base[ev.start]) if np.isfinite(base[ev.start]) else float("nan")
-            hold = None
-            if np.isfinite(b0):
-                with np.errstate(invalid="ignore"):
-                    hold = valid & (v > max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms))
-            end, is_open, crossed = evidence.extend(
-                c, ev.start, ev.threshold, slo_ms, ev.span, p.evidence, n_eval, over, hold
-            )
-            e = Episode(
-                ev.start,
-                end,
-                _peak(c, ev.start, end),
-                ev.at,
-                BREACH if crossed else DEGRADATION,
-                ev.baseline,
-                ev.threshold,
-                is_open,
-                rule=evidence.RULE,
-                span=ev.span,
-            )
-            if not is_open and end - ev.start + 1 < max(p.min_episode_windows, p.degrade_windows):
-                # judged slow, but a degradation must last as long as one: the p99 rules
-                # decide (a slow tail that outlasts the typical request is theirs)
-                e, brief = None, (ev.start, end)
-        if e is None and opened is not None:
+        # the p99 rules' episode first: the evidence rule may open before it, not after
+        p99_ep: Episode | None = None
+        lagged: int | None = None
+        if opened is not None:
             start, at, degraded = opened
             b0 = (
                 float(base[start])
@@ -216,25 +179,45 @@ def track(
             end, is_open, crossed = _extend(v, valid, slo_ms, p, start, b0, thr, n_eval)
             if not crossed and end < at:
                 # it fired on a median that lagged a slowdown already over: not sustained
-                pos = at + 1
-                continue
-            e = Episode(
-                start,
-                end,
-                _peak(v, start, end),
-                at,
-                BREACH if crossed else DEGRADATION,
-                b0,
-                thr,
-                is_open,
+                lagged = at
+            else:
+                p99_ep = Episode(
+                    start,
+                    end,
+                    _peak(v, start, end),
+                    at,
+                    BREACH if crossed else DEGRADATION,
+                    b0,
+                    thr,
+                    is_open,
+                )
+        e: Episode | None = None
+        brief: tuple[int, int] | None = None  # an evidence slowdown too short to count
+        if c is not None and p.evidence is not None:
+            ev = evidence.opening(
+                c,
+                np.where(taken, np.nan, c),
+                np.where(breached, np.nan, c),
+                p.evidence,
+                pos,
+                n_eval if p99_ep is None or _brief(p99_ep, p) else min(n_eval, p99_ep.opened),
+                p.seen_windows,
+                p.ordinary_margin,
             )
-        elif e is None and brief is not None:
+            if ev is not None:
+                e, brief = _evidence_episode(c, v, valid, over, base, ev, slo_ms, p, n_eval)
+        if e is None:
+            e = p99_ep
+        if e is None and brief is not None:
             taken[brief[0] : brief[1] + 1] = True
             pos = brief[1] + 1
             continue
-        elif e is None:
+        if e is None and lagged is not None:
+            pos = lagged + 1
+            continue
+        if e is None:
             break
-        if not e.open and e.end - e.start + 1 < p.min_episode_windows:
+        if _brief(e, p):
             # a transient (one slow render next door): no baseline, but no incident either
             taken[e.start : e.end + 1] = True
             pos = e.end + 1
@@ -247,6 +230,53 @@ def track(
     # lone spikes outside episodes are no baseline for an attribution either
     base, sigma = baseline(np.where(taken, np.nan, v), count, p)
     return Track(out, taken | _spikes(v, count, base, sigma, slo_ms, p))
+
+
+def _brief(e: Episode, p: SpikeParams) -> bool:
+    """Over sooner than an episode must last: a transient."""
+    return not e.open and e.end - e.start + 1 < p.min_episode_windows
+
+
+def _evidence_episode(
+    c: np.ndarray,
+    v: np.ndarray,
+    valid: np.ndarray,
+    over: np.ndarray,
+    base: np.ndarray,
+    ev: evidence.Opening,
+    slo_ms: float | None,
+    p: SpikeParams,
+    n_eval: int,
+) -> tuple[Episode | None, tuple[int, int] | None]:
+    """The episode an evidence opening starts, or (None, its extent) when it was too short
+    to be a degradation (then the p99 rules decide)."""
+    assert p.evidence is not None
+    # the tail stays slow for as long as the p99 degradation rule would say
+    b0 = float(base[ev.start]) if np.isfinite(base[ev.start]) else float("nan")
+    hold = None
+    if np.isfinite(b0):
+        with np.errstate(invalid="ignore"):
+            hold = valid & (v > max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms))
+    end, is_open, crossed = evidence.extend(
+        c, ev.start, ev.threshold, slo_ms, ev.span, p.evidence, n_eval, over, hold
+    )
+    if not is_open and end - ev.start + 1 < max(p.min_episode_windows, p.degrade_windows):
+        # judged slow, but a degradation must last as long as one: the p99 rules decide (a
+        # slow tail that outlasts the typical request is theirs)
+        return None, (ev.start, end)
+    episode = Episode(
+        ev.start,
+        end,
+        _peak(c, ev.start, end),
+        ev.at,
+        BREACH if crossed else DEGRADATION,
+        ev.baseline,
+        ev.threshold,
+        is_open,
+        rule=evidence.RULE,
+        span=ev.span,
+    )
+    return episode, None
 
 
 def _spikes(
