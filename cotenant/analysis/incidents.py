@@ -13,7 +13,8 @@ pass's diagnoses of one (model, GPU) into its incidents and says what changed, a
   breached its SLO, else the first found — whose attribution gives the causes;
 * ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
   (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when
-  every indicator's diagnosis has closed (a run of clean windows, :mod:`analysis.episodes`);
+  every indicator's diagnosis has closed (a run of clean windows, :mod:`analysis.episodes`)
+  and stayed closed for ``cooldown_ns`` (a periodic slowdown does not flap);
 * ``severity``: ``breach`` (an SLO was crossed) or ``degradation`` (slower than its frozen
   baseline, within its SLO or without one); a degradation that crosses an SLO on any
   indicator is escalated;
@@ -403,7 +404,9 @@ class IncidentBook:
                 out.append(IncidentEvent("cause_changed", inc, now_ns, previous=prev_top))
             if prev_sev != BREACH and inc.severity == BREACH:
                 out.append(IncidentEvent("escalated", inc, now_ns))
-        if inc.state == OPEN and not d.open:
+        if inc.state == OPEN and not d.open and now_ns - d.end_ns >= self._cooldown_ns:
+            # quiet for a cool-down: a slowdown that comes back within it (a LoRA swapped in
+            # every 15 s) continues the incident instead of resolving and re-opening it
             out += self._resolve(inc, now_ns)
         return out
 
