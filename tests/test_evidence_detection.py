@@ -219,3 +219,12 @@ def test_the_indicators_of_one_event_join_one_incident(tmp_path: Path) -> None:
         assert len(book.find()) == 1
     finally:
         store.close()
+
+
+def test_live_a_periodic_slowdown_does_not_flap() -> None:
+    # seen live: a LoRA swapped in every 15 s resolved and re-opened its incident three times
+    s = load_scenario(SCENARIOS_DIR / "model-load-lora-churn-slows-sdxl.yaml")
+    events, *_ = replay(s, with_truth=False)
+    kinds = [e.kind for e in events if e.model == "sdxl"]
+    assert "reopened" not in kinds, kinds
+    assert kinds.count("resolved") == 1, kinds
