@@ -106,8 +106,8 @@ def render_markdown(s: WeekSummary) -> str:
         ]
         for lk in s.load_kinds:
             out.append(
-                f"| {lk.model} | {lk.kind} | {num(lk.loads)} | {hours(lk.load_h)} | {ms(lk.mean_ms)} "
-                f"| {ms(lk.max_ms)} | {lk.replicas} | {lk.top_replica} |"
+                f"| {lk.model} | {lk.kind} | {num(lk.loads)} | {hours(lk.load_h)} "
+                f"| {ms(lk.mean_ms)} | {ms(lk.max_ms)} | {lk.replicas} | {lk.top_replica} |"
             )
         out += ["", "Replicas that spent the most time loading:", ""]
         for lr in s.load_replicas:
