@@ -73,10 +73,12 @@ class ImportResult:
 
 def select(
     trace: Trace, containers: Sequence[str] | None = None, hours: float | None = None
-) -> Trace:
+) -> tuple[Trace, list[str]]:
     """``trace`` restricted to ``containers`` (hashes, or unique prefixes of them) and its first
-    ``hours`` anonymised hours. Raises UsageError for an unknown or ambiguous container, or
-    a non-positive ``hours``."""
+    ``hours`` anonymised hours, with the selected containers' models as the whole trace
+    tells them (a pool-B container without a ControlNet load in the first hour is still pool
+    B). Raises UsageError for an unknown or ambiguous container, or a non-positive
+    ``hours``."""
     cols = np.arange(len(trace.containers))
     if containers:
         picked = []
@@ -92,13 +94,15 @@ def select(
         if not hours > 0:
             raise UsageError(f"hours must be positive, got {hours!r}")
         n = min(n, int(hours * 3600 // STEP_S) + 1)
-    return Trace(
+    models = trace.models()
+    sub = Trace(
         folder=trace.folder,
         ts=trace.ts[:n],
         containers=tuple(trace.containers[i] for i in cols),
         panels={k: v[:n, cols] for k, v in trace.panels.items()},
         cluster={k: v[:n] for k, v in trace.cluster.items()},
     )
+    return sub, [models[i] for i in cols]
 
 
 def _strings(values: Sequence[str] | np.ndarray, idx: np.ndarray) -> pa.Array:
@@ -141,11 +145,15 @@ def request_phases(trace: Trace) -> dict[str, np.ndarray]:
 
 
 def _chunk_tables(
-    trace: Trace, phases: dict[str, np.ndarray], s0: int, s1: int, shift_s: int
+    trace: Trace,
+    models: np.ndarray,
+    phases: dict[str, np.ndarray],
+    s0: int,
+    s1: int,
+    shift_s: int,
 ) -> dict[str, pa.Table]:
-    """The store rows of steps ``[s0, s1)``."""
+    """The store rows of steps ``[s0, s1)``; ``models`` per container."""
     names = np.asarray(trace.containers, dtype=object)
-    models = np.asarray(trace.models(), dtype=object)
     t_ns = (trace.ts[s0:s1].astype(np.int64) + shift_s) * 1_000_000_000
     out: dict[str, pa.Table] = {}
 
@@ -241,14 +249,19 @@ def import_trace(
     store: Store,
     trace: Trace,
     *,
+    models: Sequence[str] | None = None,
     shift_s: int = 0,
     progress: Progress | None = None,
     read_s: float = 0.0,
 ) -> ImportResult:
     """Append ``trace``'s rows to ``store`` (times shifted by ``shift_s`` seconds), a chunk of
     :data:`CHUNK_STEPS` steps per transaction, then refresh the per-minute rollups the report
-    and long reads use. Raises UsageError for a store that already holds an import."""
+    and long reads use. ``models``: per container (default ``trace.models()``). Raises
+    UsageError for a store that already holds an import."""
     check_empty(store)
+    names = np.asarray(trace.models() if models is None else list(models), dtype=object)
+    if len(names) != len(trace.containers):
+        raise UsageError(f"{len(names)} models for {len(trace.containers)} containers")
     t0 = time.perf_counter()
     phases = request_phases(trace)
     rows: dict[str, int] = {}
@@ -256,7 +269,7 @@ def import_trace(
     maint = Maintenance(store, clock_ns=lambda: (int(trace.ts[-1]) + shift_s) * 1_000_000_000)
     for s0 in range(0, n, CHUNK_STEPS):
         s1 = min(n, s0 + CHUNK_STEPS)
-        tables = _chunk_tables(trace, phases, s0, s1, shift_s)
+        tables = _chunk_tables(trace, names, phases, s0, s1, shift_s)
         append_tables(store, tables)
         for name, t in tables.items():
             rows[name] = rows.get(name, 0) + t.num_rows
@@ -294,9 +307,11 @@ def import_folder(
     UsageError (see the module)."""
     check_empty(store)
     t0 = time.perf_counter()
-    trace = select(load_trace(folder), containers, hours)
+    trace, models = select(load_trace(folder), containers, hours)
     read_s = time.perf_counter() - t0
     if not len(trace.ts):
         raise UsageError(f"{trace.folder}: the selection holds no step")
     shift = 0 if end_s is None else int(end_s) - int(trace.ts[-1])
-    return import_trace(store, trace, shift_s=shift, progress=progress, read_s=read_s)
+    return import_trace(
+        store, trace, models=models, shift_s=shift, progress=progress, read_s=read_s
+    )
