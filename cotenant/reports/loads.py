@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cotenant.analysis.load_causes import LOAD_WINDOW_MS
 from cotenant.core.week_reads import WeekRollups
 from cotenant.reports.summary import LoadKindWeek, LoadReplicaWeek, LoadWait
 
@@ -22,10 +23,15 @@ TOP_REPLICAS = 10
 
 
 def load_waits(rows: Iterable[Mapping[str, Any]]) -> list[LoadWait]:
-    """:class:`LoadWait` per ``load_wait_weeks`` row, in its order (largest wait first)."""
+    """:class:`LoadWait` per ``load_wait_weeks`` row, in its order (largest wait first),
+    leaving out models whose requests' ``other`` time averages under
+    :data:`~cotenant.analysis.load_causes.LOAD_WINDOW_MS` (the gaps between uninstrumented
+    spans, not loads: the analysis' own threshold)."""
     out = []
     for r in rows:
         n, wait, lat = int(r["requests"]), float(r["wait_ms"]), float(r["latency_ms"] or 0.0)
+        if not n or wait / n < LOAD_WINDOW_MS:
+            continue
         out.append(
             LoadWait(
                 model=str(r["model"]),
