@@ -76,6 +76,7 @@ def cmd_import_gentd26(args: argparse.Namespace) -> int:
     from cotenant.core.timespec import parse_time_ns
     from cotenant.evaluation.gentd26_diagnosis import iso
     from cotenant.evaluation.gentd26_import import import_folder
+    from cotenant.reports.isoweek import week_of
     from cotenant.store.db import Store
 
     end_s = None if args.end is None else parse_time_ns(args.end, "--end") // 1_000_000_000
@@ -97,8 +98,8 @@ def cmd_import_gentd26(args: argparse.Namespace) -> int:
     )
     for table, n in r.rows.items():
         print(f"  {table:16s} {n:9,d} rows")
-    print(
-        f"read {r.read_s:.1f} s, write {r.write_s:.1f} s, rollups {r.rollup_s:.1f} s; "
-        f"report: cotenant report --store {args.store} --week <ISO week of the range>"
-    )
+    weeks = sorted({str(week_of(r.start_ns)), str(week_of(r.end_ns))})
+    print(f"read {r.read_s:.1f} s, write {r.write_s:.1f} s, rollups {r.rollup_s:.1f} s")
+    for w in weeks:
+        print(f"report: cotenant report --store {args.store} --week {w}")
     return 0
