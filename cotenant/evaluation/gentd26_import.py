@@ -45,6 +45,7 @@ from cotenant.evaluation.gentd26 import LOAD_KINDS, STEP_S, Trace, load_trace
 from cotenant.store.bulk_load import append_tables
 from cotenant.store.db import Store
 from cotenant.store.maintenance import Maintenance
+from cotenant.store.queries import requests_from
 from cotenant.store.schema import arrow_schema
 
 HOST = "gentd26"
@@ -234,13 +235,10 @@ def _chunk_tables(
 
 def check_empty(store: Store) -> None:
     """Refuse a store that already holds an import (a second one would double every row)."""
-    with store.cursor() as cur:
-        row = cur.execute(
-            "SELECT count(*) FROM requests WHERE source = $s", {"s": SOURCE}
-        ).fetchone()
-    if row and row[0]:
+    n = requests_from(store, SOURCE)
+    if n:
         raise UsageError(
-            f"store {store.path} already holds {row[0]:,} imported GenTD26 requests: "
+            f"store {store.path} already holds {n:,} imported GenTD26 requests: "
             "import into a new file"
         )
 

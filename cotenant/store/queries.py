@@ -118,6 +118,16 @@ def request_count(store: Store, rng: TimeRange | None = None, *, model: str | No
     return int(row[0]) if row else 0
 
 
+def requests_from(store: Store, source: str) -> int:
+    """Request rows whose ``source`` (the span shape or importer that wrote them) is
+    ``source``."""
+    with store.cursor() as cur:
+        row = cur.execute(
+            "SELECT count(*) FROM requests WHERE source = $s", {"s": source}
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def request_rollups(
     store: Store, rng: TimeRange, *, model: str | None = None, gpu: str | None = None
 ) -> pa.Table:
