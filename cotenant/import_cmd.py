@@ -42,6 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="import only these containers (container_ip hashes or unique prefixes)",
     )
     p.add_argument("--hours", type=float, metavar="H", help="import only the trace's first H hours")
+    p.add_argument(
+        "--openmetrics",
+        type=Path,
+        metavar="FILE",
+        help="also write the imported minutes as the series a fleet's Prometheus records "
+        "(rules/fleet.rules.yml), for `promtool tsdb create-blocks-from openmetrics FILE DIR`",
+    )
     p.set_defaults(func=cmd_import_gentd26)
 
 
@@ -73,6 +80,8 @@ class ProgressLine:
 
 
 def cmd_import_gentd26(args: argparse.Namespace) -> int:
+    from cotenant.collectors.fleet_backfill import write_openmetrics
+    from cotenant.core.timerange import TimeRange
     from cotenant.core.timespec import parse_time_ns
     from cotenant.evaluation.gentd26_diagnosis import iso
     from cotenant.evaluation.gentd26_import import import_folder
@@ -91,13 +100,23 @@ def cmd_import_gentd26(args: argparse.Namespace) -> int:
             end_s=end_s,
             progress=ProgressLine(sys.stderr),
         )
-    print(
-        f"imported {r.containers} containers, {r.steps} steps "
-        f"({iso(r.start_ns / 1e9)} .. {iso(r.end_ns / 1e9)}, shifted {r.shift_s:+d} s) into "
-        f"{args.store}"
-    )
-    for table, n in r.rows.items():
-        print(f"  {table:16s} {n:9,d} rows")
+        print(
+            f"imported {r.containers} containers, {r.steps} steps "
+            f"({iso(r.start_ns / 1e9)} .. {iso(r.end_ns / 1e9)}, shifted {r.shift_s:+d} s) "
+            f"into {args.store}"
+        )
+        for table, n in r.rows.items():
+            print(f"  {table:16s} {n:9,d} rows")
+        if args.openmetrics is not None:
+            t0 = time.perf_counter()
+            rng = TimeRange(r.start_ns, r.end_ns + 60_000_000_000)
+            n = write_openmetrics(store, args.openmetrics, rng)
+            print(
+                f"wrote {n:,} samples of the fleet's recorded series to {args.openmetrics} "
+                f"({time.perf_counter() - t0:.1f} s); backfill: promtool tsdb "
+                f"create-blocks-from openmetrics {args.openmetrics} DATA_DIR (Prometheus keeps "
+                "them only within its --storage.tsdb.retention.time: docs/gentd26.md)"
+            )
     weeks = sorted({str(week_of(r.start_ns)), str(week_of(r.end_ns))})
     print(f"read {r.read_s:.1f} s, write {r.write_s:.1f} s, rollups {r.rollup_s:.1f} s")
     for w in weeks:

@@ -4,6 +4,7 @@ report over what was imported (where load latency went)."""
 from __future__ import annotations
 
 import calendar
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ NS = 1_000_000_000
 WEEK = parse_week("2022-W36")  # T0 is 2022-09-11 01:12 UTC, a Sunday
 
 
-def _trace(folder: Path) -> Path:
+def small_trace(folder: Path) -> Path:
     """Three containers over six steps: B serves every step, loads ordinary then one slow
     base model at step 3; A's LoRA load at step 1 has no e2e row in its own step (it delays
     step 2's); IDLE has GPU telemetry only."""
@@ -52,7 +53,7 @@ def _rows(store: Store, sql: str) -> list[tuple[object, ...]]:
 def test_import_maps_each_series_to_the_store_field_with_the_container_as_identity(
     tmp_path: Path,
 ) -> None:
-    folder = _trace(tmp_path / "t")
+    folder = small_trace(tmp_path / "t")
     with Store(tmp_path / "s.duckdb") as store:
         r = import_folder(store, folder)
         assert r.rows == {
@@ -104,8 +105,8 @@ def test_import_maps_each_series_to_the_store_field_with_the_container_as_identi
             import_folder(store, folder)
 
 
-def test_phases_sum_to_the_latency_on_the_real_trace_shape(tmp_path: Path) -> None:
-    t = load_trace(_trace(tmp_path / "t"))
+def test_phases_sum_to_the_latency_on_a_constructed_trace(tmp_path: Path) -> None:
+    t = load_trace(small_trace(tmp_path / "t"))
     p = request_phases(t)
     lat = p.pop("latency_ms")
     total = sum(np.nan_to_num(v) for v in p.values())
@@ -116,7 +117,7 @@ def test_phases_sum_to_the_latency_on_the_real_trace_shape(tmp_path: Path) -> No
 def test_selection_keeps_models_of_the_whole_trace_and_refuses_unknown_containers(
     tmp_path: Path,
 ) -> None:
-    t = load_trace(_trace(tmp_path / "t"))
+    t = load_trace(small_trace(tmp_path / "t"))
     # in the first step B has a ControlNet load; in B's slice without it, it stays pool B
     sub, models = select(t, [B[:6], IDLE], hours=57 * 2 / 3600)
     assert sub.containers == (B, IDLE) and len(sub.ts) == 3
@@ -130,7 +131,7 @@ def test_selection_keeps_models_of_the_whole_trace_and_refuses_unknown_container
 def test_cli_imports_shifted_to_a_given_end_and_names_a_missing_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = _trace(tmp_path / "t")
+    folder = small_trace(tmp_path / "t")
     db = tmp_path / "s.duckdb"
     end = "2026-12-02T12:00:00Z"
     assert main(["import-gentd26", str(folder), "--store", str(db), "--end", end]) == 0
@@ -151,7 +152,7 @@ def test_cli_imports_shifted_to_a_given_end_and_names_a_missing_folder(
 
 
 def test_weekly_report_over_an_import_says_where_load_latency_went(tmp_path: Path) -> None:
-    folder = _trace(tmp_path / "t")
+    folder = small_trace(tmp_path / "t")
     with Store(tmp_path / "s.duckdb") as store:
         import_folder(store, folder)
         s = ReportBuilder(store).build(WEEK)
@@ -193,3 +194,28 @@ def test_an_hour_of_the_real_trace_imports_and_the_report_renders_its_loads(
         assert row in section
     assert f"- {pool_b} (sd-pool-b)" in section and f"- {pool_a} (sd-pool-a)" in section
     assert "| sd-pool-b | " in section.split("| model | kind |")[0]  # its requests' waits
+
+
+def test_openmetrics_holds_the_fleet_minute_series_of_the_import(tmp_path: Path) -> None:
+    om = tmp_path / "g.om"
+    argv = ["import-gentd26", str(small_trace(tmp_path / "t")), "--store", str(tmp_path / "s")]
+    assert main([*argv, "--openmetrics", str(om)]) == 0
+    text = om.read_text()
+    families = re.findall(r"^# TYPE (\S+) gauge$", text, re.MULTILINE)
+    assert text.endswith("# EOF\n") and len(families) == len(set(families)) >= 10
+    stamp = f"{step_ts(0) - step_ts(0) % 60 + 90:.3f}"  # minute 0's sample, 90 s into it
+    # the first minute holds steps 0 and 1: B waited 7 + 3 s for loads (other), queued 2 x
+    # 200 ms, served 2 requests of 10 s; duty cycles 30 and 31 %
+    for line in (
+        f'cotenant:request_phase_seconds:sum_minute{{model="sd-pool-b",gpu="{B}",phase="other"}}'
+        f" 10.0 {stamp}",
+        f'cotenant:request_phase_seconds:sum_minute{{model="sd-pool-b",gpu="{B}",phase="queue"}}'
+        f" 0.4 {stamp}",
+        f'cotenant:requests:increase_minute{{model="sd-pool-b",gpu="{B}"}} 2.0 {stamp}',
+        f'cotenant:model_request_latency_seconds:p99_max_minute{{model="sd-pool-b"}} 10.0 {stamp}',
+        f'cotenant:gpu_sm_utilization:avg_minute{{host="gentd26",gpu="{B}"}} 0.305 {stamp}',
+        f'cotenant:process_sm_utilization:avg_minute{{host="gentd26",gpu="{IDLE}",'
+        f'process="{IDLE}"}} 0.305 {stamp}',
+        f'cotenant:gpu_tenants:count_minute{{gpu="{IDLE}"}} 1.0 {stamp}',
+    ):
+        assert line + "\n" in text, line
