@@ -289,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench(sub)
 
+    from cotenant.import_cmd import add_parser as add_import
+
+    add_import(sub)
+
     from cotenant.rca_table_cmd import add_parser as add_rca_table
 
     add_rca_table(sub)

@@ -1088,6 +1088,46 @@ def test_a_schema_4_store_gains_incident_indicator_and_its_incidents_read_as_e2e
         assert IncidentBook(s).find(indicator="tpot") == []
 
 
+def test_a_schema_6_store_gains_model_loads_and_their_rollup(tmp_path: Path) -> None:
+    from cotenant.store.bulk_load import append_tables
+    from cotenant.store.week_rollups import StoreWeekRollups
+
+    path = tmp_path / "v6.duckdb"
+    with Store(path) as s:
+        fetch(s, "DROP TABLE model_loads")
+        fetch(s, "DROP TABLE load_rollup_1m")
+    _set_version(path, "6")
+    with Store(path) as s:
+        assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
+        # a row standing for 3 loads of 2 s mean, one single load of 30 s, in one minute
+        append_tables(
+            s,
+            {
+                "model_loads": table(
+                    "model_loads",
+                    {
+                        "ts_ns": [NOW, NOW + SEC],
+                        "host": ["h", "h"],
+                        "gpu": ["g0", "g0"],
+                        "replica": ["pod-a", "pod-a"],
+                        "model": ["sdxl", "sdxl"],
+                        "kind": ["lora", "base"],
+                        "loads": [3, 1],
+                        "duration_ms": [2000.0, 30000.0],
+                    },
+                )
+            },
+        )
+        m = Maintenance(s, clock_ns=lambda: NOW)
+        assert m.refresh_rollups() >= 1
+        rows = StoreWeekRollups(s).load_weeks(NOW - 3600 * SEC, NOW + 3600 * SEC)
+    assert [(r["kind"], r["loads"], r["load_ms"], r["max_ms"]) for r in rows] == [
+        ("base", 1, 30000.0, 30000.0),
+        ("lora", 3, 6000.0, 2000.0),
+    ]
+    assert {r["replica"] for r in rows} == {"pod-a"}
+
+
 def test_request_windows_count_arrivals_where_nothing_completed(tmp_path: Path) -> None:
     from cotenant.store.source import StoreSource
 

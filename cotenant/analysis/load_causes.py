@@ -4,16 +4,27 @@ A request that waits for a model, adapter or pipeline load reports the wait as a
 ``model.load`` span, booked as ``other`` on its critical path (docs/instrumenting.md, "Model
 loads"; the store keeps no load name). So a victim's ``other_ms`` per request is its load
 time, and loads are ordinary: a serverless image service loads a LoRA near most requests.
-What makes them a cause is that they became **unusually slow or frequent**: during the
-incident the victim's load time per request is at least :data:`SLOW_RATIO` x its before
-baseline (which holds its ordinary loads) and at least :data:`MIN_LOAD_MS` more, and it is a
+What makes them a cause is that they became **unusually slow or frequent** against the
+victim's own before baseline (which holds its ordinary loads):
+
+* **slow**: a window with a load (its requests waited :data:`LOAD_WINDOW_MS` or more on
+  average) waited at least :data:`SLOW_RATIO` x as long as the before's windows with a load;
+* **frequent**: the share of windows with a load (its load rate, loads per window as the
+  windows can tell it) is at least :data:`FREQUENT_RATIO` x the before's, and beyond chance
+  (binomial z >= :data:`FREQUENT_Z` against the before's rate); once loads touch most windows
+  (a usual rate above ``1 / FREQUENT_RATIO``) a rise in frequency cannot show in windows,
+  and only slowness or the wait per request can;
+* or the load wait per request rose :data:`SLOW_RATIO` x overall (both a little).
+
+In every case the wait per request must have risen by :data:`MIN_LOAD_MS` or more and be a
 fair part of the excess (:data:`MIN_PART`), so a jitter of time no span covers names nothing.
 
 Share (given by :func:`analysis.attribution.attribute`): the excess of ``other_ms``, plus the
 queue excess nothing else explains (the backlog that built up behind the loads: arrivals did
-not surge and no batch got slower). Evidence: load time per request before / during, how often
-a window's requests waited for a load (fraction of windows), the longest per-window mean wait,
-and where to find what was loaded (the spans' ``cotenant.load.kind`` / ``.name``).
+not surge and no batch got slower). Evidence: which of slow / frequent, load time per request
+before / during, the wait of a window with a load before / during, how often a window's
+requests waited for a load (fraction of windows) and that rate's z, the longest per-window
+mean wait, and where to find what was loaded (the spans' ``cotenant.load.kind`` / ``.name``).
 """
 
 from __future__ import annotations
@@ -26,7 +37,13 @@ import numpy as np
 from cotenant.analysis.change import strength, wmean_over
 
 SLOW_RATIO = 2.0
-"""Load time per request during the incident over its baseline that counts as unusual."""
+"""Wait per loaded window (slow), or per request overall, during the incident over its
+baseline that counts as unusual."""
+FREQUENT_RATIO = 1.5
+"""Share of windows with a load during the incident over its baseline that counts as
+unusually frequent (a ratio of shares, at most ``1 / usual``: hence below SLOW_RATIO)."""
+FREQUENT_Z = 3.0
+"""Binomial z of the windows with a load during the incident, against the usual rate."""
 MIN_LOAD_MS = 5.0
 """ms per request: a smaller rise of load time is no cause, whatever its ratio."""
 MIN_PART = 0.1
@@ -45,18 +62,48 @@ class LoadFinding:
     windows_during: float  # fraction of the during windows with a load
     longest_ms: float  # largest per-window mean load wait during the incident
     confidence: float
+    per_load_before_ms: float = 0.0  # mean wait of a window with a load, before (NaN: none)
+    per_load_during_ms: float = 0.0
+    rate_z: float = 0.0  # binomial z of the during windows with a load, at the before's rate
+    slow: bool = False
+    frequent: bool = False
+
+    @property
+    def unusual(self) -> list[str]:
+        """``slow`` and / or ``frequent``; ``wait`` when only the wait per request rose."""
+        got = [n for n, on in (("slow", self.slow), ("frequent", self.frequent)) if on]
+        return got or ["wait"]
 
     def evidence(self, victim: str) -> dict[str, Any]:
         return {
             "series": f"{victim} model load wait",
             "unit": "ms",
+            "unusual": self.unusual,
             "before": round(self.before_ms, 3),
             "during": round(self.during_ms, 3),
+            "per_load_window_before_ms": _round(self.per_load_before_ms, 3),
+            "per_load_window_during_ms": _round(self.per_load_during_ms, 3),
             "windows_with_loads_before": round(self.windows_before, 3),
             "windows_with_loads_during": round(self.windows_during, 3),
+            "load_rate_z": round(self.rate_z, 2),
             "longest_window_ms": round(self.longest_ms, 1),
             "loaded": "see the requests' model.load spans (cotenant.load.kind, cotenant.load.name)",
         }
+
+
+def _round(x: float, digits: int) -> float | None:
+    return round(x, digits) if np.isfinite(x) else None
+
+
+def rate_z(k: int, n: int, p: float, n_before: int) -> float:
+    """Binomial z of ``k`` windows with a load out of ``n`` at the usual rate ``p`` (clipped
+    to ``[1 / (n_before + 1), 1 - 1 / (n_before + 1)]``: a rate from ``n_before`` windows is
+    never known to be exactly 0 or 1)."""
+    if n <= 0:
+        return 0.0
+    eps = 1.0 / (n_before + 1)
+    q = min(max(p, eps), 1.0 - eps)
+    return float((k - n * q) / np.sqrt(n * q * (1.0 - q)))
 
 
 def load_finding(
@@ -73,17 +120,32 @@ def load_finding(
     if not (np.isfinite(b) and np.isfinite(d)):
         return None
     rise = d - b
-    if rise < MIN_LOAD_MS or d < SLOW_RATIO * b or rise < MIN_PART * total_excess_ms:
+    if rise < MIN_LOAD_MS or rise < MIN_PART * total_excess_ms:
         return None
     seen = np.isfinite(other) & (np.nan_to_num(cnt) > 0)
     loaded = seen & (other >= LOAD_WINDOW_MS)
     nb, nd = int((seen & before).sum()), int((seen & during).sum())
+    kb, kd = int((loaded & before).sum()), int((loaded & during).sum())
+    pb, pd = (kb / nb if nb else 0.0), (kd / nd if nd else 0.0)
+    per_b = wmean_over(other, cnt, loaded & before)
+    per_d = wmean_over(other, cnt, loaded & during)
+    # no load before: none was slow by its standard; the new loads are frequent (z)
+    slow = bool(np.isfinite(per_b) and np.isfinite(per_d) and per_d >= SLOW_RATIO * per_b)
+    z = rate_z(kd, nd, pb, nb)
+    frequent = pd >= FREQUENT_RATIO * pb and z >= FREQUENT_Z
+    if not (slow or frequent or d >= SLOW_RATIO * b):
+        return None
     during_vals = other[seen & during]
     return LoadFinding(
         before_ms=b,
         during_ms=d,
-        windows_before=int((loaded & before).sum()) / nb if nb else 0.0,
-        windows_during=int((loaded & during).sum()) / nd if nd else 0.0,
+        windows_before=pb,
+        windows_during=pd,
         longest_ms=float(during_vals.max()) if len(during_vals) else 0.0,
         confidence=strength(rise / max(b, MIN_LOAD_MS), half=1.0),
+        per_load_before_ms=per_b,
+        per_load_during_ms=per_d,
+        rate_z=z,
+        slow=slow,
+        frequent=frequent,
     )

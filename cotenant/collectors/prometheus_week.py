@@ -63,6 +63,8 @@ M_P99 = {
     "tpot": "cotenant:model_time_per_output_token_seconds:p99_max_minute",
 }
 REQUESTS = "cotenant:requests:increase_minute"
+LATENCY_SUM = "cotenant:request_latency_seconds:sum_minute"
+PHASE = "cotenant:request_phase_seconds:sum_minute"
 P99 = "cotenant:request_latency_seconds:p99_minute"
 GPU = {
     "sm": "cotenant:gpu_sm_utilization:avg_minute",
@@ -302,6 +304,38 @@ class PromQLWeekRollups:
         got = self._source.instant(q, sat)
         v = got[0][1] if got else math.nan
         return v * 1e3 if math.isfinite(v) else None
+
+    def load_wait_weeks(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        rng, at = self._raw(lo, hi)
+        got = {
+            k: _by_model(v)
+            for k, v in self._ask(
+                {
+                    "wait": (
+                        f'sum by (model) (sum_over_time({PHASE}{{phase="other"}}[{rng}]))',
+                        at,
+                    ),
+                    "requests": (f"sum by (model) (sum_over_time({REQUESTS}[{rng}]))", at),
+                    "latency": (f"sum by (model) (sum_over_time({LATENCY_SUM}[{rng}]))", at),
+                }
+            ).items()
+        }
+        rows = [
+            {
+                "model": m,
+                "requests": round(got["requests"].get(m, 0.0)),
+                "latency_ms": got["latency"].get(m, 0.0) * 1e3,
+                "wait_ms": w * 1e3,
+            }
+            for m, w in got["wait"].items()
+            if w > 0
+        ]
+        return sorted(rows, key=lambda r: (-r["wait_ms"], r["model"]))
+
+    def load_weeks(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Empty: agents export the requests' load waits (the ``other`` phase), not each load,
+        so a fleet's week has no per-load series (the report says so)."""
+        return []
 
 
 def _by_model(answer: Answer) -> dict[str, float]:

@@ -4,7 +4,8 @@ the base layer, like :mod:`cotenant.core.readers`).
 :class:`WeekRollups` is what :mod:`cotenant.reports.compute` asks of a week's minutes: per
 model its requests, minutes with requests, minutes within its SLO and burstiness; per
 generative model its TTFT / TPOT SLO minutes; per GPU its saturated hours and co-tenancy; a
-victim's p99 around an action. Implementations: ``cotenant.store.week_rollups.
+victim's p99 around an action; where model-load latency went (requests' waits per model, loads
+per model, replica and kind). Implementations: ``cotenant.store.week_rollups.
 StoreWeekRollups`` (embedded mode, DuckDB over the rollup tables) and
 ``cotenant.collectors.prometheus_week.PromQLWeekRollups`` (fleet mode, PromQL over the
 recording rules' minute series). Times are ns UTC, latencies ms, hours as named.
@@ -69,4 +70,20 @@ class WeekRollups(Protocol):
     def p99_estimate(self, model: str, lo: int, hi: int) -> float | None:
         """``model``'s count-weighted p99 (ms) over the minutes starting in ``[lo, hi)`` (all
         its GPUs); None without requests."""
+        ...
+
+    def load_wait_weeks(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Per model whose requests waited for model loads (their ``other`` phase: a
+        ``model.load`` span is booked there, docs/instrumenting.md): ``model``, ``requests``,
+        ``latency_ms`` (their summed latency) and ``wait_ms`` (summed ``other`` time, ms).
+        Models without any such wait are left out; sorted by ``wait_ms``, largest first."""
+        ...
+
+    def load_weeks(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Per (model, replica, load kind) with loads ending in the range: ``model``,
+        ``replica`` (the GPU where no replica was named), ``kind`` (``base``, ``lora``,
+        ``controlnet``, ``pipeline``, ``adapter``), ``loads``, ``load_ms`` (summed duration),
+        ``max_ms`` (the longest) and ``minutes`` (minutes with a load). Sorted by model, then
+        ``load_ms`` largest first. Empty where the loads are not recorded per load (a fleet's
+        Prometheus keeps only the requests' waits)."""
         ...

@@ -2,7 +2,8 @@
 
 The per-minute rollups are read through :class:`store.week_rollups.WeekRollups` (DuckDB over
 the store's rollup tables in embedded mode, PromQL over the recording rules in fleet mode);
-incidents, actions and the audit through :class:`store.report_queries.ReportQueries`. Neither
+incidents, actions and the audit through :class:`store.report_queries.ReportQueries`; where
+model-load latency went through the same rollups (:mod:`reports.loads`). Neither
 reads raw requests, so a week costs the same at 1 or 1,000 requests per second; each section
 is one aggregation, and Python only shapes the (small) results.
 """
@@ -18,6 +19,7 @@ from urllib.parse import quote
 from cotenant.core.slos import E2E, TPOT, TTFT, Slos
 from cotenant.core.week_reads import WeekRollups
 from cotenant.reports.isoweek import IsoWeek
+from cotenant.reports.loads import load_section
 from cotenant.reports.operations import action_rows, count_actions, gpu_weeks
 from cotenant.reports.recommend import recommend
 from cotenant.reports.summary import (
@@ -88,6 +90,7 @@ class ReportBuilder:
         before = self._models(q, prev.start_ns, prev.end_ns, detail=False)
         totals, last = _totals(models), _totals(before)
         matrix, culprits, causes = _causes(q, lo, hi, {m.model for m in models})
+        waits, kinds, replicas = load_section(self._rollups, lo, hi)
         s = WeekSummary(
             week=str(week),
             start_ns=lo,
@@ -107,6 +110,9 @@ class ReportBuilder:
             actions=(actions := action_rows(q, self._rollups, lo, hi)),
             action_counts=count_actions(actions),
             recommendations=[],
+            load_waits=waits,
+            load_kinds=kinds,
+            load_replicas=replicas,
         )
         return _with(s, recommend(s))
 

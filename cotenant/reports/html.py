@@ -8,7 +8,17 @@ import plotly.graph_objects as go
 
 from cotenant.reports.recommend import nothing_to_recommend
 from cotenant.reports.summary import WeekSummary
-from cotenant.reports.text import SECTIONS, delta, headline, ms, num, pct, when
+from cotenant.reports.text import (
+    SECTIONS,
+    delta,
+    headline,
+    hours,
+    loads_note,
+    ms,
+    num,
+    pct,
+    when,
+)
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
@@ -204,6 +214,7 @@ def render_html(s: WeekSummary) -> str:
     else:
         body = '<p class="note">No incidents this week.</p>'
     parts.append(f'<section id="causes"><h2>{title["causes"]}</h2>{body}</section>')
+    parts.append(f'<section id="loads"><h2>{title["loads"]}</h2>{_loads(s)}</section>')
     g_rows = [
         [
             escape(g.gpu),
@@ -285,6 +296,60 @@ def render_html(s: WeekSummary) -> str:
         f'<p class="note">{when(s.start_ns)} to {when(s.end_ns)}; generated '
         f"{when(s.generated_ns)}</p>" + "".join(parts) + "</body></html>\n"
     )
+
+
+def _loads(s: WeekSummary) -> str:
+    """The "Model loads" section's body: the note, the waits, per kind, top replicas."""
+    body = f'<p class="note">{escape(loads_note(s))}</p>'
+    if s.load_waits:
+        body += _table(
+            ["model", "requests", "waited for loads", "share of latency", "mean wait"],
+            [
+                [
+                    escape(w.model),
+                    num(w.requests),
+                    hours(w.wait_h),
+                    "–" if w.latency_share is None else f"{w.latency_share * 100:.1f}%",
+                    ms(w.mean_wait_ms),
+                ]
+                for w in s.load_waits
+            ],
+            {1, 2, 3, 4},
+        )
+    if s.load_kinds:
+        body += _table(
+            ["model", "kind", "loads", "load time", "mean", "longest", "replicas", "most on"],
+            [
+                [
+                    escape(k.model),
+                    escape(k.kind),
+                    num(k.loads),
+                    hours(k.load_h),
+                    ms(k.mean_ms),
+                    ms(k.max_ms),
+                    str(k.replicas),
+                    escape(k.top_replica),
+                ]
+                for k in s.load_kinds
+            ],
+            {2, 3, 4, 5, 6},
+        )
+        kinds = sorted({k.kind for k in s.load_kinds})
+        body += "<p>Replicas that spent the most time loading:</p>" + _table(
+            ["replica", "model", "loads", "load time", *kinds],
+            [
+                [
+                    escape(r.replica),
+                    escape(r.model),
+                    num(r.loads),
+                    hours(r.load_h),
+                    *(hours(r.by_kind_ms[k] / 3.6e6) if k in r.by_kind_ms else "–" for k in kinds),
+                ]
+                for r in s.load_replicas
+            ],
+            set(range(2, 4 + len(kinds))),
+        )
+    return body
 
 
 def _evidence(ev: dict[str, object]) -> str:

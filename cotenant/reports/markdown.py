@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from cotenant.reports.recommend import nothing_to_recommend
 from cotenant.reports.summary import WeekSummary
-from cotenant.reports.text import SECTIONS, delta, headline, ms, num, pct, when
+from cotenant.reports.text import (
+    SECTIONS,
+    delta,
+    headline,
+    hours,
+    loads_note,
+    ms,
+    num,
+    pct,
+    when,
+)
 
 
 def render_markdown(s: WeekSummary) -> str:
@@ -74,6 +84,36 @@ def render_markdown(s: WeekSummary) -> str:
                 + f", {when(i.start_ns)}, "
                 f"{num(i.minutes)} min, p99 {ms(i.peak_p99_ms)} (baseline "
                 f"{ms(i.baseline_p99_ms)}): {top}"
+            )
+        out.append("")
+    out += [f"## {title['loads']}", "", loads_note(s), ""]
+    if s.load_waits:
+        out += [
+            "| model | requests | waited for loads | share of latency | mean wait |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for w in s.load_waits:
+            share = "–" if w.latency_share is None else f"{w.latency_share * 100:.1f}%"
+            out.append(
+                f"| {w.model} | {num(w.requests)} | {hours(w.wait_h)} | {share} "
+                f"| {ms(w.mean_wait_ms)} |"
+            )
+        out.append("")
+    if s.load_kinds:
+        out += [
+            "| model | kind | loads | load time | mean | longest | replicas | most on |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for lk in s.load_kinds:
+            out.append(
+                f"| {lk.model} | {lk.kind} | {num(lk.loads)} | {hours(lk.load_h)} "
+                f"| {ms(lk.mean_ms)} | {ms(lk.max_ms)} | {lk.replicas} | {lk.top_replica} |"
+            )
+        out += ["", "Replicas that spent the most time loading:", ""]
+        for lr in s.load_replicas:
+            split = ", ".join(f"{kind} {hours(v / 3.6e6)}" for kind, v in lr.by_kind_ms.items())
+            out.append(
+                f"- {lr.replica} ({lr.model}): {num(lr.loads)} loads, {hours(lr.load_h)} ({split})"
             )
         out.append("")
     out += [f"## {title['gpus']}", ""]

@@ -117,6 +117,43 @@ class GpuWeek:
 
 
 @dataclass(frozen=True)
+class LoadWait:
+    """A model's requests' time waiting for model loads (their ``other`` phase: the
+    ``model.load`` spans), in hours, and as a share of their summed latency."""
+
+    model: str
+    requests: int
+    wait_h: float
+    latency_share: float | None  # wait / summed latency; None without latency
+    mean_wait_ms: float  # per request
+
+
+@dataclass(frozen=True)
+class LoadKindWeek:
+    """Loads of one kind (``base``, ``lora``, ``controlnet``, ...) on one model's replicas."""
+
+    model: str
+    kind: str
+    loads: int
+    load_h: float
+    mean_ms: float
+    max_ms: float
+    replicas: int  # replicas (containers) that loaded this kind
+    top_replica: str  # the one that spent the most time loading it
+
+
+@dataclass(frozen=True)
+class LoadReplicaWeek:
+    """A replica (container) among those that spent the most time loading, by kind (ms)."""
+
+    model: str
+    replica: str
+    loads: int
+    load_h: float
+    by_kind_ms: dict[str, float]
+
+
+@dataclass(frozen=True)
 class ActionRow:
     id: str
     incident_id: str | None
@@ -182,6 +219,10 @@ class WeekSummary:
     actions: list[ActionRow]
     action_counts: ActionCounts
     recommendations: list[Recommendation]
+    # where model-load latency went (empty without loads; fleet mode: load_waits only)
+    load_waits: list[LoadWait] = field(default_factory=list)
+    load_kinds: list[LoadKindWeek] = field(default_factory=list)
+    load_replicas: list[LoadReplicaWeek] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -200,7 +241,7 @@ class WeekSummary:
 
         def many(t: type[Any], key: str) -> list[Any]:
             names = {f.name for f in dataclasses.fields(t)}
-            return [t(**{k: v for k, v in x.items() if k in names}) for x in d[key]]
+            return [t(**{k: v for k, v in x.items() if k in names}) for x in d.get(key, [])]
 
         return cls(
             week=d["week"],
@@ -221,4 +262,7 @@ class WeekSummary:
             actions=many(ActionRow, "actions"),
             action_counts=ActionCounts(**d["action_counts"]),
             recommendations=many(Recommendation, "recommendations"),
+            load_waits=many(LoadWait, "load_waits"),
+            load_kinds=many(LoadKindWeek, "load_kinds"),
+            load_replicas=many(LoadReplicaWeek, "load_replicas"),
         )

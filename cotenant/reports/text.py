@@ -10,6 +10,7 @@ SECTIONS = (
     ("summary", "Summary"),
     ("who-hurt-whom", "Who hurt whom"),
     ("causes", "Causes"),
+    ("loads", "Model loads"),
     ("gpus", "GPUs"),
     ("actions", "Actions"),
     ("recommendations", "Recommendations"),
@@ -59,4 +60,35 @@ def headline(s: WeekSummary) -> str:
     return (
         f"{num(t.requests)} requests served in {s.week}; {t.incidents} latency incident(s) "
         f"cost {num(t.impacted_minutes)} impacted minutes; SLO attainment {pct(t.slo_attainment)}."
+    )
+
+
+def hours(h: float) -> str:
+    """Hours, or minutes / seconds when under one (load time is often seconds a week)."""
+    if h >= 1:
+        return f"{h:,.1f} h"
+    if h * 60 >= 1:
+        return f"{h * 60:,.1f} min"
+    return f"{h * 3600:,.1f} s"
+
+
+def loads_note(s: WeekSummary) -> str:
+    """What the "Model loads" section says when it has no table, or above its tables."""
+    if not s.load_waits and not s.load_kinds:
+        return "No request waited for a model, adapter or pipeline load this week."
+    total = sum(w.wait_h for w in s.load_waits)
+    lead = (
+        f"Requests waited {hours(total)} for model loads"
+        + (f", most of it {s.load_waits[0].model}'s" if len(s.load_waits) > 1 else "")
+        + "."
+        if s.load_waits
+        else "No request recorded a load wait."
+    )
+    if not s.load_kinds:
+        return lead + " Per-load detail (kind, replica) is not recorded in this mode."
+    n = sum(k.loads for k in s.load_kinds)
+    busiest = max(s.load_kinds, key=lambda k: k.load_h)
+    return (
+        f"{lead} {num(n)} loads took {hours(sum(k.load_h for k in s.load_kinds))}; the most "
+        f"time went to {busiest.model}'s {busiest.kind} loads ({hours(busiest.load_h)})."
     )

@@ -2,10 +2,10 @@
 the rollups have one writer (:mod:`store.writer` says who else writes, and why it is safe).
 
 Rollups are per-minute aggregates (``request_rollup_1m``, ``gpu_rollup_1m``,
-``process_rollup_1m``) recomputed from raw rows for every minute that received rows since the
-last refresh, so late spans correct the minute they belong to. A request belongs to the minute
-in which it completed (``ts_end_ns``). Rollups are kept far longer than raw rows, so long ranges
-and weekly reports never scan raw requests.
+``process_rollup_1m``, ``load_rollup_1m``) recomputed from raw rows for every minute that
+received rows since the last refresh, so late spans correct the minute they belong to. A
+request belongs to the minute in which it completed (``ts_end_ns``). Rollups are kept far
+longer than raw rows, so long ranges and weekly reports never scan raw requests.
 """
 
 from __future__ import annotations
@@ -88,6 +88,19 @@ _ROLLUPS: dict[str, tuple[str, str, str]] = {
           AND (ts_ns // {MINUTE_NS}) * {MINUTE_NS} IN (SELECT minute_ns FROM _dirty)
         GROUP BY host, gpu, pid, minute_ns""",
     ),
+    "model_loads": (
+        "load_rollup_1m",
+        "ts_ns",
+        f"""
+        SELECT (ts_ns // {MINUTE_NS}) * {MINUTE_NS} AS minute_ns, host, gpu, replica, model, kind,
+               sum(coalesce(loads, 1)) AS loads,
+               sum(duration_ms * coalesce(loads, 1)) AS duration_ms_sum,
+               max(duration_ms) AS duration_ms_max
+        FROM model_loads
+        WHERE ts_ns >= $lo AND ts_ns < $hi
+          AND (ts_ns // {MINUTE_NS}) * {MINUTE_NS} IN (SELECT minute_ns FROM _dirty)
+        GROUP BY ALL""",
+    ),
 }
 
 _RAW_EXPIRED_META = "raw_expired_before_ns"
@@ -97,9 +110,11 @@ _RETENTION: dict[str, tuple[str, str]] = {
     "requests": ("ts_end_ns", "raw"),
     "gpu_samples": ("ts_ns", "raw"),
     "process_samples": ("ts_ns", "raw"),
+    "model_loads": ("ts_ns", "raw"),
     "request_rollup_1m": ("minute_ns", "rollup"),
     "gpu_rollup_1m": ("minute_ns", "rollup"),
     "process_rollup_1m": ("minute_ns", "rollup"),
+    "load_rollup_1m": ("minute_ns", "rollup"),
     "incidents": ("coalesce(end_ns, updated_ns)", "incident"),
     "actions": ("updated_ns", "incident"),
     "audit": ("ts_ns", "incident"),

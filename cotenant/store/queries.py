@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cotenant.core.errors import QueryError
+from cotenant.core.errors import QueryError, UsageError
 from cotenant.core.timerange import TimeRange
 from cotenant.store.db import Store
 
@@ -116,6 +116,32 @@ def request_count(store: Store, rng: TimeRange | None = None, *, model: str | No
     with store.cursor() as cur:
         row = cur.execute(f"SELECT count(*) FROM requests {where}", params).fetchone()
     return int(row[0]) if row else 0
+
+
+def requests_from(store: Store, source: str) -> int:
+    """Request rows whose ``source`` (the span shape or importer that wrote them) is
+    ``source``."""
+    with store.cursor() as cur:
+        row = cur.execute(
+            "SELECT count(*) FROM requests WHERE source = $s", {"s": source}
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+ROLLUP_TABLES = ("request_rollup_1m", "gpu_rollup_1m", "process_rollup_1m", "load_rollup_1m")
+
+
+def rollup_minutes(store: Store, table: str, rng: TimeRange) -> pa.Table:
+    """Every row of the rollup ``table`` (one of :data:`ROLLUP_TABLES`) whose minute starts in
+    ``rng``, ordered by minute. Raises UsageError for another table."""
+    if table not in ROLLUP_TABLES:
+        raise UsageError(f"{table!r} is not a rollup table ({', '.join(ROLLUP_TABLES)})")
+    params: dict[str, Any] = {}
+    where = _where([], params, rng, "minute_ns", None)
+    with store.cursor() as cur:
+        return cur.sql(
+            f"SELECT * FROM {table} {where} ORDER BY minute_ns", params=params
+        ).to_arrow_table()
 
 
 def request_rollups(

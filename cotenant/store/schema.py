@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from cotenant.core.phases import PHASE_COLUMNS
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 REQUESTS: list[tuple[str, str]] = [
@@ -73,6 +73,23 @@ PROCESS_SAMPLES: list[tuple[str, str]] = [
 """Per-process samples: GPU processes from NVML (``sm_util``/``mem_util`` in percent, memory
 used); host CPU use in cores (``cpu_cores``) where sampled. Host-only processes have no ``gpu``.
 Schema 2 added ``cpu_cores``."""
+
+MODEL_LOADS: list[tuple[str, str]] = [
+    ("ts_ns", "BIGINT"),
+    ("host", "VARCHAR"),
+    ("gpu", "VARCHAR"),
+    ("replica", "VARCHAR"),
+    ("model", "VARCHAR"),
+    ("kind", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("loads", "INTEGER"),
+    ("duration_ms", "DOUBLE"),
+]
+"""Model, adapter or pipeline loads on a replica (schema 7): ``ts_ns`` when the load ended,
+``kind`` one of ``base``, ``lora``, ``controlnet``, ``pipeline``, ``adapter`` (the
+``cotenant.load.kind`` vocabulary of docs/instrumenting.md), ``name`` what was loaded (NULL when
+not known), ``duration_ms`` the mean duration of the ``loads`` loads the row stands for (1 for one
+load; an importer of per-interval means, e.g. GenTD26, writes one row per interval)."""
 
 INCIDENTS: list[tuple[str, str]] = [
     ("id", "VARCHAR PRIMARY KEY"),
@@ -206,6 +223,20 @@ PROCESS_ROLLUP: list[tuple[str, str]] = [
     ("cpu_cores", "DOUBLE"),
 ]
 
+LOAD_ROLLUP: list[tuple[str, str]] = [
+    ("minute_ns", "BIGINT"),
+    ("host", "VARCHAR"),
+    ("gpu", "VARCHAR"),
+    ("replica", "VARCHAR"),
+    ("model", "VARCHAR"),
+    ("kind", "VARCHAR"),
+    ("loads", "BIGINT"),
+    ("duration_ms_sum", "DOUBLE"),
+    ("duration_ms_max", "DOUBLE"),
+]
+"""Per-minute ``model_loads`` per (host, GPU, replica, model, kind), by the minute a load ended:
+loads, their summed duration and the longest row's mean (schema 7)."""
+
 PENDING_SPANS: list[tuple[str, str]] = [
     ("trace_id", "VARCHAR"),
     ("received_ns", "BIGINT"),
@@ -217,6 +248,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     "requests": REQUESTS,
     "gpu_samples": GPU_SAMPLES,
     "process_samples": PROCESS_SAMPLES,
+    "model_loads": MODEL_LOADS,
     "incidents": INCIDENTS,
     "actions": ACTIONS,
     "audit": AUDIT,
@@ -224,10 +256,11 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     "request_rollup_1m": REQUEST_ROLLUP,
     "gpu_rollup_1m": GPU_ROLLUP,
     "process_rollup_1m": PROCESS_ROLLUP,
+    "load_rollup_1m": LOAD_ROLLUP,
     "pending_spans": PENDING_SPANS,
 }
 
-APPEND_TABLES = ("requests", "gpu_samples", "process_samples", "audit")
+APPEND_TABLES = ("requests", "gpu_samples", "process_samples", "model_loads", "audit")
 """Tables the writer thread appends to in Arrow batches."""
 
 _ARROW_TYPES: dict[str, pa.DataType] = {

@@ -156,3 +156,28 @@ class StoreWeekRollups:
         )
         p99 = rows[0]["p99"] if rows else None
         return None if p99 is None else float(p99)
+
+    def load_wait_weeks(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        return dict_rows(
+            self._store,
+            """
+            SELECT model, sum(count)::BIGINT AS requests,
+                   sum(latency_sum_ms) AS latency_ms,
+                   sum(coalesce(other_ms, 0) * count) AS wait_ms
+            FROM request_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi
+            GROUP BY model HAVING sum(coalesce(other_ms, 0) * count) > 0
+            ORDER BY wait_ms DESC, model""",
+            {"lo": lo, "hi": hi},
+        )
+
+    def load_weeks(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        return dict_rows(
+            self._store,
+            """
+            SELECT model, coalesce(replica, gpu, '') AS replica, kind,
+                   sum(loads)::BIGINT AS loads, sum(duration_ms_sum) AS load_ms,
+                   max(duration_ms_max) AS max_ms, count(DISTINCT minute_ns) AS minutes
+            FROM load_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi
+            GROUP BY ALL ORDER BY model, load_ms DESC, replica, kind""",
+            {"lo": lo, "hi": hi},
+        )

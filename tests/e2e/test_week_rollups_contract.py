@@ -74,6 +74,9 @@ def _minutes(t0: int) -> dict[str, list[dict[str, Any]]]:
                         "errors": int(i % 5 == 0),
                         "p99_ms": float(rng.choice([30.0, 44.0, 48.0, 52.0, 70.0])),
                         "ttft_p99_ms": float(rng.choice([80.0, 120.0])) if model == "c" else None,
+                        "latency_sum_ms": n * 25.0,
+                        # a.b-1's requests waited for model loads (their other phase) at times
+                        "other_ms": float(rng.choice([0.0, 3.5])) if model == "a.b-1" else 0.0,
                     }
                 )
         for k, g in enumerate(("GPU-0", "GPU-1")):
@@ -125,6 +128,14 @@ def _openmetrics(rows: dict[str, list[dict[str, Any]]], *, ms: bool = False) -> 
             {"node": "n", "model": model, "gpu": g},
             m,
             float(r["count"]),
+        )
+        node = {"node": "n", "model": model, "gpu": g}
+        add("cotenant:request_latency_seconds:sum_minute", node, m, r["latency_sum_ms"] / 1e3)
+        add(
+            "cotenant:request_phase_seconds:sum_minute",
+            {**node, "phase": "other"},
+            m,
+            r["other_ms"] * r["count"] / 1e3,
         )
         add(
             "cotenant:request_latency_seconds:p99_minute",
@@ -279,3 +290,14 @@ def test_the_p99_around_an_action_agrees(both: Both) -> None:
     assert want is not None
     assert fleet.p99_estimate("a.b-1", lo, hi) == pytest.approx(want)
     assert fleet.p99_estimate("no-such-model", lo, hi) is None
+
+
+def test_load_waits_agree_and_only_the_store_keeps_each_load(both: Both) -> None:
+    t0, embedded, fleet = both
+    lo, hi = t0 + 2 * MIN, t0 + 22 * MIN
+    want = embedded.load_wait_weeks(lo, hi)
+    got = fleet.load_wait_weeks(lo, hi)
+    assert [r["model"] for r in want] == [r["model"] for r in got] == ["a.b-1"]
+    for k in ("requests", "latency_ms", "wait_ms"):
+        assert got[0][k] == pytest.approx(want[0][k]), (k, want, got)
+    assert fleet.load_weeks(lo, hi) == []

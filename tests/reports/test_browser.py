@@ -45,7 +45,15 @@ def test_html_report_opens_offline_without_console_errors(
         heat = driver.find_element(By.ID, "matrix")
         assert "train-job" in heat.text and "memcopy" in heat.text  # culprit axis drawn
         h2 = [e.text for e in driver.find_elements(By.TAG_NAME, "h2")]
-        assert h2 == ["Summary", "Who hurt whom", "Causes", "GPUs", "Actions", "Recommendations"]
+        assert h2 == [
+            "Summary",
+            "Who hurt whom",
+            "Causes",
+            "Model loads",
+            "GPUs",
+            "Actions",
+            "Recommendations",
+        ]
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == []
         ARTIFACTS.mkdir(exist_ok=True)

@@ -50,6 +50,9 @@ def test_every_section_is_present_in_html_and_markdown(summary: WeekSummary) -> 
     assert 'id="matrix"' in html and '<script src="http' not in html  # plotly.js inline
     assert len(summary.worst) == 8 and all(escape(i.url) in html for i in summary.worst)
     assert summary.recommendations and "Recommendations" in md
+    # the simulated week's 0.2 ms of uncovered time per request is no model load
+    assert summary.load_waits == [] and summary.load_kinds == []
+    assert "No request waited for a model, adapter or pipeline load this week." in md
 
 
 def test_numbers_equal_the_store(fortnight: Fortnight, summary: WeekSummary) -> None:
