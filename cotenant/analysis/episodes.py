@@ -203,6 +203,7 @@ def track(
                 n_eval if p99_ep is None or _brief(p99_ep, p) else min(n_eval, p99_ep.opened),
                 p.seen_windows,
                 p.ordinary_margin,
+                p.ordinary_q,
             )
             if ev is not None:
                 e, brief = _evidence_episode(c, v, valid, over, base, ev, slo_ms, p, n_eval)
@@ -255,8 +256,12 @@ def _evidence_episode(
     b0 = float(base[ev.start]) if np.isfinite(base[ev.start]) else float("nan")
     hold = None
     if np.isfinite(b0):
+        # ... as its closing rule judges it: the median of the last 3 x close_windows p99s
+        tail = pd.Series(v).rolling(3 * p.close_windows, min_periods=p.close_windows).median()
         with np.errstate(invalid="ignore"):
-            hold = valid & (v > max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms))
+            hold = np.nan_to_num(
+                tail.to_numpy() > max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms), nan=0
+            ).astype(bool)
     end, is_open, crossed = evidence.extend(
         c, ev.start, ev.threshold, slo_ms, ev.span, p.evidence, n_eval, over, hold
     )
@@ -338,9 +343,14 @@ def _first_opening(
         # before the stretch (a breach has the SLO to anchor it and needs min_history only)
         known = pd.Series(np.isfinite(learn)).rolling(p.history, min_periods=1).sum()
         enough = (known.shift(d).to_numpy() >= p.history // 2) & np.isfinite(b0)
-        if not p.seasonal:
+        if not p.seasonal and p.seen_windows > 0:
             normal = pd.Series(history).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q)
-            seen = normal.rolling(p.seen_windows, min_periods=1).max().shift(d).to_numpy()
+            seen = (
+                normal.rolling(p.seen_windows, min_periods=1)
+                .quantile(p.ordinary_q)
+                .shift(d)
+                .to_numpy()
+            )
             need = np.fmax(need, b0 + p.ordinary_margin * (seen - b0))
         need = np.where(enough, need, np.nan)
         with np.errstate(invalid="ignore"):

@@ -94,6 +94,7 @@ def opening(
     n_eval: int,
     seen_windows: int,
     margin: float = 1.0,
+    q: float = 1.0,
 ) -> Opening | None:
     """The first evidence opening whose span starts at or after ``pos`` and is judged before
     ``n_eval``. ``center``: the samples (NaN = a window without requests); ``normal``: the
@@ -129,15 +130,16 @@ def opening(
         b0 = np.full(n, np.nan)  # the baseline before the span
         b0[span - 1 :] = base[: n - span + 1]
         need = np.fmax(p.ratio * b0, b0 + p.abs_ms)
-        past = pd.Series(_median(history, span, p.min_samples))
-        seen = past.rolling(seen_windows, min_periods=1).max().shift(span).to_numpy()
-        few = min(seen_windows, p.min_baseline)
-        mid = past.rolling(seen_windows, min_periods=few).median()
-        mad = (past - mid).abs().rolling(seen_windows, min_periods=few).median()
-        spread = (mid + p.spread_z * 1.4826 * mad).shift(span).to_numpy()
-        ordinary = b0 + margin * (seen - b0)
-        need = np.where(np.isfinite(ordinary), np.fmax(need, ordinary), need)
-        need = np.where(np.isfinite(spread), np.fmax(need, spread), need)
+        if seen_windows > 0:  # 0: no ordinary contention, every slowdown is news
+            past = pd.Series(_median(history, span, p.min_samples))
+            seen = past.rolling(seen_windows, min_periods=1).quantile(q).shift(span).to_numpy()
+            few = min(seen_windows, p.min_baseline)
+            mid = past.rolling(seen_windows, min_periods=few).median()
+            mad = (past - mid).abs().rolling(seen_windows, min_periods=few).median()
+            spread = (mid + p.spread_z * 1.4826 * mad).shift(span).to_numpy()
+            ordinary = b0 + margin * (seen - b0)
+            need = np.where(np.isfinite(ordinary), np.fmax(need, ordinary), need)
+            need = np.where(np.isfinite(spread), np.fmax(need, spread), need)
         with np.errstate(invalid="ignore"):
             fire = np.nan_to_num(level > need, nan=0).astype(bool)
         fire[: pos + span - 1] = False

@@ -206,11 +206,23 @@ class IncidentBook:
         return live_of(self.live(), model, gpu, indicator)
 
     def update(
-        self, diags: list[Diagnosis], model: str, gpu: str, horizon_start_ns: int, now_ns: int
+        self,
+        diags: list[Diagnosis],
+        model: str,
+        gpu: str,
+        horizon_start_ns: int,
+        now_ns: int,
+        *,
+        late_ns: int | None = None,
+        watched_from_ns: int = 0,
     ) -> list[IncidentEvent]:
         """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``, of every
         indicator, into its incidents (one per event); resolve live incidents the horizon no
-        longer shows. Returns what changed, oldest incident first."""
+        longer shows. Returns what changed, oldest incident first. ``late_ns`` (the live
+        loop): a slowdown whose detector fired longer ago than this, after
+        ``watched_from_ns`` (the loop's first pass), yet that no incident holds, opens none
+        (it was not news when it happened: only a baseline that moved since, its history
+        scrolled out of the horizon, makes it look slow now)."""
         with self._lock:
             mine = [i for i in self.live() if i.model == model and i.gpu == gpu]
             mine += [
@@ -222,7 +234,8 @@ class IncidentBook:
                 )
                 if i.gpu == gpu
             ]
-            return self._update_events(diags, mine, model, gpu, now_ns)
+            late = None if late_ns is None else (now_ns - late_ns, watched_from_ns)
+            return self._update_events(diags, mine, model, gpu, now_ns, late)
 
     def _update_events(
         self,
@@ -231,6 +244,7 @@ class IncidentBook:
         model: str,
         gpu: str,
         now_ns: int,
+        late: tuple[int, int] | None,
     ) -> list[IncidentEvent]:
         """:meth:`update` for the diagnoses and incidents of one (model, GPU)."""
         groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
@@ -238,6 +252,11 @@ class IncidentBook:
         for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
             inc = self._match(current, extent, d)
             created = inc is None
+            stale = late is not None and late[1] <= d.detected_ns < late[0]
+            if inc is None and stale and not d.carried:
+                # found long after it began, not news then: a baseline that moved since
+                # (history scrolled out of the horizon) does not make it an incident now
+                continue
             if inc is None:
                 inc = self._new(d, model, gpu, now_ns)
                 current.append(inc)

@@ -66,6 +66,9 @@ class AnalysisLoop:
         self._reads = PassReads(source) if batch_reads else None
         self._source: MetricSource = self._reads if self._reads is not None else source
         self._reread_s = reread_s
+        # a slowdown first found this long after its detector fired is not news (the book)
+        self._late_ns = int(2 * max(reread_s, interval_s) * 1e9)
+        self._first: int | None = None  # the first pass's time: what came before is news
         self._full_read_s = full_read_s
         self._book = book
         self._slos = slos or Slos()
@@ -109,6 +112,8 @@ class AnalysisLoop:
             self._reads.new_pass()
         now = self._clock()
         now -= now % self._step_ns
+        if self._first is None:
+            self._first = now
         lo = now - self._horizon_ns
         rng = TimeRange(lo, now)
         events: list[IncidentEvent] = []
@@ -167,7 +172,9 @@ class AnalysisLoop:
         if incidents:  # replicas and their siblings: only read when something is slow
             annotate_replicas(incidents, read, self._source.replicas(full))
         for diags, model, gpu in found:
-            events += self._book.update(diags, model, gpu, lo, now)
+            events += self._book.update(
+                diags, model, gpu, lo, now, late_ns=self._late_ns, watched_from_ns=self._first
+            )
         self._active = self._book.live()
         events.sort(key=lambda e: (e.at_ns, e.incident.start_ns))
         if self._on_incident is not None:

@@ -63,9 +63,18 @@ class AnalysisSettings:
         30.0, "... for at least this long (0 = no degradations, breaches only)", min=0.0
     )
 
+    ordinary_s: float = key(
+        600.0,
+        "a degradation no worse than a slowdown of the model in this much recent history is its "
+        "ordinary contention (a co-tenant's recurring bursts), not an incident; SLO breaches "
+        "always are (0 = every degradation is news)",
+        min=0.0,
+    )
+
     def spike_params(self) -> SpikeParams:
         """The detector's parameters these keys set (the rest keep their defaults)."""
         return SpikeParams(
+            seen_windows=round(self.ordinary_s / self.step_s),
             degrade_ratio=self.degradation_ratio,
             degrade_abs_ms=self.degradation_margin_ms,
             degrade_windows=(

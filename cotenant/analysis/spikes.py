@@ -46,10 +46,13 @@ class SpikeParams:
     season: int = 0  # windows per season (0: no seasonal baseline)
     season_max: int = 10_080  # longest season decomposed (a week of one-minute windows)
     # how far back the levels of a model's slowdowns count as its ordinary contention
-    # (degradations only open above every such level seen since; analysis.evidence)
+    # (degradations only open above every such level seen since; analysis.evidence); 0: none
     seen_windows: int = 600
     # ... by this many times the largest excursion over the baseline seen in that history
     ordinary_margin: float = 1.25
+    # which level of that history counts: 1 = the highest; 0.75 = one the model spent a
+    # quarter of it above (a slowdown seen once is not yet the model's normal)
+    ordinary_q: float = 1.0
     evidence: EvidenceParams | None = field(default_factory=EvidenceParams)  # None: p99 only
 
     @property
