@@ -34,7 +34,7 @@ gpu, pid, process, model`` labels; and DCGM series labelled with a pod (``namesp
 processes, ``pid`` null, ``model`` from the vLLM / Triton / cotenant series of the same pod.
 Only on a GPU whose series name two pods or more (dcgm-exporter with
 ``KUBERNETES_VIRTUAL_GPUS=true``: a copy of every series per pod sharing the GPU, per-pod
-values of ``GPU_UTIL`` and ``FB_USED`` in its releases since 4.5, the GPU's values otherwise).
+values of ``GPU_UTIL`` and ``FB_USED`` since its 4.8.2, the GPU's values otherwise).
 Without it dcgm-exporter labels a GPU with one pod, the one it was allocated to, whoever uses
 it: those values are the GPU's and make no pod row (the label still places the pod's models on
 the GPU). A pod an agent's series name on the same GPU is taken from the agent (per process).
