@@ -36,6 +36,7 @@ EMBED_POD = {"pod_namespace": "serving", "pod_name": "embed-0", "container_name"
 ONE = {"gpu": "2", "UUID": "GPU-1111", "Hostname": "node-v", "device": "nvidia2"}
 QWEN_POD = {"namespace": "serving", "pod": "vllm-2", "container": "vllm"}
 WINDOW = {"window_size_in_ms": "300000"}
+EVENTS = "DCGM_EXP_CLOCK_EVENTS_COUNT"
 
 
 def _labels(d: dict[str, str]) -> str:
@@ -71,8 +72,8 @@ class DcgmExporter:
             line("DCGM_FI_DEV_FB_FREE", 20000.0, VIRTUAL, pod)
             line("DCGM_FI_DEV_SM_CLOCK", 1500.0, VIRTUAL, pod)
             # software thermal slowdown seen 3 times in the last 5 min, no power cap event
-            line("DCGM_EXP_CLOCK_EVENTS_COUNT", 3.0, VIRTUAL, pod, WINDOW, {"clock_event": "sw_thermal"})  # fmt: skip
-            line("DCGM_EXP_CLOCK_EVENTS_COUNT", 0.0, VIRTUAL, pod, WINDOW, {"clock_event": "power_cap"})  # fmt: skip
+            for event, count in (("sw_thermal", 3.0), ("power_cap", 0.0)):
+                line(EVENTS, count, VIRTUAL, pod, WINDOW, {"clock_event": event})
         # several pods per GPU, --use-old-namespace (an older release: copies of every field),
         # and the host under the newer lower-case name
         for pod in (ETL_POD, EMBED_POD):
@@ -80,16 +81,17 @@ class DcgmExporter:
             line("DCGM_FI_DEV_FB_USED", 10000.0, OLD, pod)
             line("DCGM_FI_DEV_FB_FREE", 70000.0, OLD, pod)
             line("DCGM_FI_DEV_MEM_COPY_UTIL", 5.0, OLD, pod)
-            line("DCGM_EXP_CLOCK_EVENTS_COUNT", 0.0, OLD, pod, WINDOW)  # no event: no reason
+            line(EVENTS, 0.0, OLD, pod, WINDOW)  # no event: no reason
         # one pod per GPU (no KUBERNETES_VIRTUAL_GPUS): the GPU's series, labelled in place
         line("DCGM_FI_DEV_GPU_UTIL", 90.0, ONE, QWEN_POD)
         line("DCGM_FI_DEV_FB_USED", 50000.0, ONE, QWEN_POD)
         line("DCGM_FI_DEV_FB_FREE", 30000.0, ONE, QWEN_POD)
         for model, pod in (("llama-8b", LLAMA_POD), ("qwen-7b", QWEN_POD)):
             lb = {"model_name": model, "namespace": pod["namespace"], "pod": pod["pod"]}
-            out.append(f"vllm:e2e_request_latency_seconds_bucket{{{_labels(lb | {'le': '+Inf'})}}} {10 * e!r} {ts}")  # fmt: skip
-            out.append(f"vllm:e2e_request_latency_seconds_sum{{{_labels(lb)}}} {3 * e!r} {ts}")
-            out.append(f"vllm:e2e_request_latency_seconds_count{{{_labels(lb)}}} {10 * e!r} {ts}")
+            e2e = "vllm:e2e_request_latency_seconds"
+            line(f"{e2e}_bucket", 10 * e, lb, {"le": "+Inf"})
+            line(f"{e2e}_sum", 3 * e, lb)
+            line(f"{e2e}_count", 10 * e, lb)
             line("vllm:num_requests_running", 4.0, lb)
         # an agent on node-v sees the trainer's process through NVML
         agent = {"host": "node-v", "gpu": "GPU-vvvv", "pid": "4242", "model": ""}
