@@ -22,6 +22,10 @@ from collections.abc import Mapping
 
 from cotenant.collectors.pod_identity import PodRef
 
+MAX_SPAN_PODS = 4096
+"""Pods (containers) remembered from span resources; past it they are forgotten all at once and
+learnt again from the next spans (short-lived pods would otherwise pile up)."""
+
 
 class GpuResolver:
     """Thread-safe map of (host, pid) -> GPU fed by the NVML collector, plus static fallbacks.
@@ -73,6 +77,9 @@ class GpuResolver:
         if self._span_pods.get(ref) == model:
             return
         with self._lock:
+            if len(self._span_pods) >= MAX_SPAN_PODS:  # pods come and go: relearn from spans
+                self._span_pods.clear()
+                self._pod_models.clear()
             self._span_pods[ref] = model
             for key in ref.container_keys():
                 self._pod_models[key] = {model}  # a container: the last model named wins
