@@ -69,6 +69,34 @@ def test_the_agent_daemonset_sees_every_gpu_and_the_host_processes() -> None:
     assert {n for n in env if n.startswith("COTENANT_")} <= keys
 
 
+def test_the_agent_runs_as_its_service_account_allowed_to_list_pods_and_nothing_else() -> None:
+    """agent-rbac.yaml: the DaemonSet's service account is bound to a role that lists pods
+    (the API server's per-node pod list the agent reads) and grants nothing else."""
+    ds = _one("DaemonSet", "cotenant-agent")
+    spec, ns = ds["spec"]["template"]["spec"], ds["metadata"]["namespace"]
+    account = spec["serviceAccountName"]
+    assert spec.get("automountServiceAccountToken", True) is True  # the token it sends
+    assert _one("ServiceAccount", account)["metadata"]["namespace"] == ns
+    bindings = [
+        d
+        for d in _docs()
+        if d["kind"] == "ClusterRoleBinding"
+        and {"kind": "ServiceAccount", "name": account, "namespace": ns} in d["subjects"]
+    ]
+    assert [b["roleRef"]["kind"] for b in bindings] == ["ClusterRole"]
+    role = _one("ClusterRole", bindings[0]["roleRef"]["name"])
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert not [d for d in _docs() if d["kind"] in ("Role", "RoleBinding")]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    url = env["COTENANT_PROCFS_KUBELET_PODS"]
+    assert url == (
+        "https://kubernetes.default.svc/api/v1/pods"
+        "?fieldSelector=spec.nodeName=$(COTENANT_AGENT_NODE)"
+    )
+    names = [e["name"] for e in spec["containers"][0]["env"]]
+    assert names.index("COTENANT_AGENT_NODE") < names.index("COTENANT_PROCFS_KUBELET_PODS")
+
+
 def test_the_central_config_is_valid_and_reads_prometheus(tmp_path: Path) -> None:
     from cotenant.config import load_config
 

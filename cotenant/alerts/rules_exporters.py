@@ -7,7 +7,11 @@ name ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``, a bitmask of ``nvmlClocksEventReaso
 (``vllm:e2e_request_latency_seconds`` and ``vllm:request_queue_time_seconds`` histograms,
 label ``model_name``) and Triton (``nv_inference_request_duration_us`` /
 ``nv_inference_queue_duration_us`` cumulative microseconds, ``nv_inference_request_success``,
-label ``model``). GPUs are keyed by DCGM's ``Hostname``, ``UUID`` and ``gpu`` labels.
+label ``model``). GPUs are keyed by DCGM's ``Hostname``, ``UUID`` and ``gpu`` labels (and
+``hostname``, as dcgm-exporter's releases after 4.8 name the host, and ``uuid``, as its
+``--use-old-namespace`` names the UUID: whichever a series has). Where a GPU has no reasons
+bitmask, the throttle alerts read dcgm-exporter's ``DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event}``
+(samples with the reason in its window, 5 min by default) above 0.
 
 Recording rules: ``exporter:request_latency_seconds:p50_1m|p99_1m {model}`` (vLLM),
 ``exporter:request_latency_seconds:mean_1m {model}`` (Triton: it exports no quantiles by
@@ -34,16 +38,18 @@ from cotenant.alerts.rule_blocks import (
 )
 from cotenant.alerts.rules_tokens import token_alerts, token_records
 
-GPU_BY = "Hostname, UUID, gpu"
+GPU_BY = "Hostname, hostname, UUID, uuid, gpu"
 REASONS = "(DCGM_FI_DEV_CLOCKS_EVENT_REASONS or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)"
-THROTTLE_BITS: tuple[tuple[str, int], ...] = (
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
+THROTTLE_BITS: tuple[tuple[str, int, str], ...] = (
+    ("sw_power_cap", 0x4, "power_cap"),
+    ("hw_slowdown", 0x8, "hw_slowdown"),
+    ("sw_thermal_slowdown", 0x20, "sw_thermal"),
+    ("hw_thermal_slowdown", 0x40, "hw_thermal"),
+    ("hw_power_brake_slowdown", 0x80, "hw_power_brake"),
 )
-"""Bits of the clock event reasons mask that mean thermal or power throttling."""
+"""Bits of the clock event reasons mask that mean thermal or power throttling, with the
+``clock_event`` label dcgm-exporter's ``DCGM_EXP_CLOCK_EVENTS_COUNT`` gives each."""
+EVENTS_COUNT = "DCGM_EXP_CLOCK_EVENTS_COUNT"
 EXPORTER_JOB_RE = "(?i).*(dcgm|vllm|triton).*"
 """Scrape jobs whose ``up`` ExporterDown watches."""
 
@@ -107,7 +113,10 @@ def _recording(s: RuleSettings) -> list[Record]:
 
 
 def _alerts(s: RuleSettings) -> list[Alert]:
-    on_gpu = "on GPU {{ $labels.gpu }} ({{ $labels.UUID }}, {{ $labels.Hostname }})"
+    on_gpu = (
+        "on GPU {{ $labels.gpu }} ({{ $labels.UUID }}{{ $labels.uuid }}, "
+        "{{ $labels.Hostname }}{{ $labels.hostname }})"
+    )
     slo_desc = (
         "{} latency of {{{{ $labels.model }}}} over the last minute is "
         "{{{{ $value | humanizeDuration }}}}, above the model's SLO ({} metrics)."
@@ -157,11 +166,13 @@ def _alerts(s: RuleSettings) -> list[Alert]:
             + f" (threshold {s.memory_pressure:.0%}).",
         ),
     ]
-    for reason, bit in THROTTLE_BITS:
+    for reason, bit, event in THROTTLE_BITS:
         out.append(
             Alert(
                 "GPUClockThrottled",
-                f"floor(max by ({GPU_BY}) {REASONS} / {bit}) % 2 == 1",
+                f"floor(max by ({GPU_BY}) {REASONS} / {bit}) % 2 == 1\nor\n"
+                f'(max by ({GPU_BY}) ({EVENTS_COUNT}{{clock_event="{event}"}}) > 0\n'
+                f"unless max by ({GPU_BY}) {REASONS})",
                 "warning",
                 f"GPU {{{{ $labels.gpu }}}} clocks throttled ({reason})",
                 f"DCGM reports clock event reason {reason} "

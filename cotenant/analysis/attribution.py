@@ -59,6 +59,7 @@ from cotenant.analysis.demand import (
     slowdown,
 )
 from cotenant.analysis.load_causes import load_finding
+from cotenant.analysis.missing_series import missing_notes
 from cotenant.analysis.mix import MixExcess
 from cotenant.analysis.windows import GpuWindows
 from cotenant.core.phases import PHASE_COLUMNS
@@ -258,6 +259,7 @@ def attribute(
         own = explained if not own_surge else 1.0  # its own load rose: not unseen contention
         ev = _contention(demands, slowdown(v, before, during), own, notes)
         causes.append(Cause("unknown", "—", rest, 0.0, ev, None, rest * total))
+    notes += missing_notes(w, phases, before | during, (c.kind for c in causes))
     return Attribution(phases, causes, notes)
 
 

@@ -1,14 +1,30 @@
 """Which GPU served a request.
 
 Order (DESIGN.md): the span's ``cotenant.gpu``; else the process (``host``, ``process.pid``
-from the span's resource) found in NVML's per-GPU process list; else the configured
-model -> GPU map; else the configured default (``""`` = unknown).
+from the span's resource) found in NVML's per-GPU process list; else the GPU of the processes
+of the span resource's Kubernetes container, else pod (``k8s.*`` attributes joined with the
+pods NVML's processes are in, when that is one GPU); else the configured model -> GPU map; else
+the configured default (``""`` = unknown).
+
+Which model a process serves, likewise: the one spans with its ``process.pid`` name, else the
+one spans from its container name (the last seen), else from its pod when they name only one.
+So a model's GPU process that sends no spans itself (vLLM's engine core: its ``llm_request``
+spans come from the API-server process, without ``process.pid``) is labelled with the model
+through its pod, and analysis treats it as the model, never as its co-tenant. A pod whose spans
+name two models (two containers, or one serving several) labels its processes of an unnamed
+container with neither.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+
+from cotenant.collectors.pod_identity import PodRef
+
+MAX_SPAN_PODS = 4096
+"""Pods (containers) remembered from span resources; past it they are forgotten all at once and
+learnt again from the next spans (short-lived pods would otherwise pile up)."""
 
 
 class GpuResolver:
@@ -23,6 +39,10 @@ class GpuResolver:
         self._default = default_gpu
         self._pid_gpu: dict[tuple[str, int], str] = {}
         self._pid_model: dict[tuple[str, int], str] = {}
+        self._span_pods: dict[PodRef, str] = {}
+        self._pod_models: dict[tuple[str, ...], set[str]] = {}  # PodRef keys -> models
+        self._pid_pod: dict[tuple[str, int], PodRef] = {}
+        self._pod_pids: dict[tuple[str, ...], set[tuple[str, int]]] = {}
         self._lock = threading.Lock()
 
     def set_process_gpu(self, host: str, pid: int, gpu: str) -> None:
@@ -33,6 +53,48 @@ class GpuResolver:
     def forget_process(self, host: str, pid: int) -> None:
         with self._lock:
             self._pid_gpu.pop((host, pid), None)
+            ref = self._pid_pod.pop((host, pid), None)
+            for key in () if ref is None else (*ref.container_keys(), *ref.pod_keys()):
+                pids = self._pod_pids.get(key)
+                if pids is not None:
+                    pids.discard((host, pid))
+                    if not pids:
+                        del self._pod_pids[key]
+
+    def set_process_pod(self, host: str, pid: int, ref: PodRef) -> None:
+        """Record that ``pid`` on ``host`` runs in the pod ``ref`` (from its cgroup), so that
+        spans naming that pod but no pid find its GPU."""
+        with self._lock:
+            if self._pid_pod.get((host, pid)) == ref:
+                return
+            self._pid_pod[(host, pid)] = ref
+            for key in (*ref.container_keys(), *ref.pod_keys()):
+                self._pod_pids.setdefault(key, set()).add((host, pid))
+
+    def note_pod(self, ref: PodRef, model: str) -> None:
+        """Remember that the pod (container) of a span's resource serves ``model``. Cheap
+        when nothing changed: it runs for every root span naming a pod."""
+        if self._span_pods.get(ref) == model:
+            return
+        with self._lock:
+            if len(self._span_pods) >= MAX_SPAN_PODS:  # pods come and go: relearn from spans
+                self._span_pods.clear()
+                self._pod_models.clear()
+            self._span_pods[ref] = model
+            for key in ref.container_keys():
+                self._pod_models[key] = {model}  # a container: the last model named wins
+            for key in ref.pod_keys():
+                self._pod_models.setdefault(key, set()).add(model)
+
+    def model_of_pod(self, ref: PodRef) -> str | None:
+        """The model spans named for ``ref``'s container, else for its pod when they named
+        only one; None when neither is known."""
+        with self._lock:
+            for key in (*ref.container_keys(), *ref.pod_keys()):
+                models = self._pod_models.get(key)
+                if models is not None and len(models) == 1:
+                    return next(iter(models))
+        return None
 
     def note_model(self, host: str, pid: int, model: str) -> None:
         """Remember which model a process serves (from a span's resource)."""
@@ -51,11 +113,35 @@ class GpuResolver:
             items = list(self._pid_model.items())
         return {pid: model for (host, pid), model in items if host in hosts}
 
-    def resolve(self, span_gpu: str | None, host: str, pid: int | None, model: str) -> str:
+    def resolve(
+        self,
+        span_gpu: str | None,
+        host: str,
+        pid: int | None,
+        model: str,
+        pod: PodRef | None = None,
+    ) -> str:
+        """The GPU of a request, in the order of the module docstring."""
         if span_gpu:
             return span_gpu
         if pid is not None:
             gpu = self._pid_gpu.get((host, pid))
             if gpu is not None:
                 return gpu
+        if pod is not None and self._pod_pids:
+            gpu = self._gpu_of_pod(pod)
+            if gpu is not None:
+                return gpu
         return self._model_gpu.get(model, self._default)
+
+    def _gpu_of_pod(self, ref: PodRef) -> str | None:
+        """The one GPU the processes of ``ref``'s container (else pod) run on; None when
+        they run on none or on several."""
+        with self._lock:
+            for key in (*ref.container_keys(), *ref.pod_keys()):
+                gpus = {self._pid_gpu.get(p) for p in self._pod_pids.get(key, ())} - {None}
+                if len(gpus) == 1:
+                    return gpus.pop()
+                if gpus:
+                    return None  # several GPUs (tensor parallel): none of them is the answer
+        return None

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.pending_children import Key, PendingChildren
+from cotenant.collectors.pod_identity import pod_ref_of_resource
 from cotenant.collectors.shapes import SHAPES
 from cotenant.collectors.shapes.attributes import (
     INT64_MAX,
@@ -341,8 +342,11 @@ class _ExportContext:
         pid = as_int(resource, "process.pid", 0, INT64_MAX)
         if pid is not None:
             self._resolver.note_model(host, pid, model)
+        pod = pod_ref_of_resource(resource)
+        if pod is not None:
+            self._resolver.note_pod(pod, model)
         if span_gpu is None:
             span_gpu = resource.get("cotenant.gpu")
-        gpu = self._resolver.resolve(as_str(span_gpu), host, pid, model)
+        gpu = self._resolver.resolve(as_str(span_gpu), host, pid, model, pod)
         status = "error" if span.status.code == _STATUS_ERROR else "ok"
         return start, end, model, host, gpu, pid, status

@@ -8,8 +8,9 @@ processes that used the GPU); samples above 100 %, which some drivers report for
 processes, are dropped. Each pid is labelled with its process name (``namespace/pod
 (container)`` where ``pods`` knows its Kubernetes pod, else ``nvmlSystemGetProcessName``)
 and the model the span resources that named it give (``GpuResolver.model_of``; spans
-without ``host.name`` count as this host's), and the resolver is told which GPU each pid
-runs on, and when it left.
+without ``host.name`` count as this host's), else the model spans from its pod name
+(``GpuResolver.model_of_pod``: their ``k8s.*`` resource attributes); the resolver is told which
+GPU each pid runs on, in which pod, and when it left.
 
 Not thread-safe: the collector calls it under its lock.
 """
@@ -28,7 +29,7 @@ from cotenant.collectors.nvml_api import ProcessSample
 from cotenant.collectors.nvml_ctypes import sample_columns
 from cotenant.collectors.nvml_errors import DriverDown, error_code
 from cotenant.collectors.nvml_health import DeviceState, NvmlDevices
-from cotenant.collectors.pod_identity import PodIdentity
+from cotenant.collectors.pod_identity import PodIdentity, PodRef
 from cotenant.store.schema import arrow_schema
 
 PROCESS_SCHEMA = arrow_schema("process_samples")
@@ -86,6 +87,7 @@ class ProcessReader:
         self._hosts = (host, "") if host else ("",)
         self._pid_gpu: dict[int, str] = {}
         self._names: dict[int, str | None] = {}
+        self._pod_refs: dict[int, PodRef] = {}
         self._labels: dict[int, tuple[str | None, str | None]] = {}
 
     def read(self, d: DeviceState, ts: int, cols: list[list[Any]], seen: dict[int, str]) -> bool:
@@ -140,6 +142,7 @@ class ProcessReader:
         for pid in gone:
             del self._pid_gpu[pid]
             self._names.pop(pid, None)
+            self._pod_refs.pop(pid, None)
             for h in self._hosts:
                 self._resolver.forget_process(h, pid)
 
@@ -152,12 +155,20 @@ class ProcessReader:
 
     def _model_of(self, pid: int) -> str | None:
         r = self._resolver
-        return r.model_of(self._host, pid) or (r.model_of("", pid) if self._host else None)
+        model = r.model_of(self._host, pid) or (r.model_of("", pid) if self._host else None)
+        ref = self._pod_refs.get(pid)
+        return model if model is not None or ref is None else r.model_of_pod(ref)
 
     def _name(self, pid: int) -> str | None:
-        pod, final = (None, True) if self._pods is None else self._pods.lookup(pid)
-        name = pod if pod is not None else self._nvml_name(pid)
-        if final:  # else its pod is not listed yet: asked again at the next batch
+        found = None if self._pods is None else self._pods.lookup(pid)
+        if found is not None and found.ref is not None and self._pod_refs.get(pid) != found.ref:
+            self._pod_refs[pid] = found.ref
+            for h in self._hosts:
+                self._resolver.set_process_pod(h, pid, found.ref)
+        name = found.name if found is not None else None
+        if name is None:
+            name = self._nvml_name(pid)
+        if found is None or found.final:  # else its pod is not listed yet: asked again
             self._names[pid] = name
         return name
 

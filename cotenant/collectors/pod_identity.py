@@ -21,11 +21,13 @@ same shape), :class:`StaticPods` holds a fixed list (tests, and callers that alr
 ``namespace/pod (container)``, ``namespace/pod`` where the pod is known but not the container
 (a container not yet in the kubelet's status), or None (not in a pod, the pod unknown, the
 cgroup unreadable); :meth:`PodIdentity.lookup` also says whether that answer is final, so
-callers that cache names per process ask again for one whose pod is not listed yet. It never
-raises: a directory that fails is logged once, counted in
-:attr:`PodIdentity.errors` and its previous answer kept. The directory is read again at most
-every ``refresh_s`` when a pod is not in it (a pod started since), so a poll thread blocks on
-the kubelet (up to its ``timeout_s``) at most that often.
+callers that cache names per process ask again for one whose pod is not listed yet, and gives
+its :class:`PodRef` (the pod UID from the cgroup and the names), the key that
+:meth:`collectors.gpu_resolve.GpuResolver.model_of_pod` joins with the ``k8s.*`` attributes of
+span resources (:func:`pod_ref_of_resource`). It never raises: a directory that fails is
+logged once, counted in :attr:`PodIdentity.errors` and its previous answer kept. The
+directory is read again at most every ``refresh_s`` when a pod is not in it (a pod started
+since), so a poll thread blocks on the kubelet (up to its ``timeout_s``) at most that often.
 
 Thread-safe: the NVML and procfs pollers share one instance.
 """
@@ -102,12 +104,58 @@ def parse_cgroup(text: str) -> ContainerRef | None:
     return None
 
 
+K8S_NAMESPACE = "k8s.namespace.name"
+K8S_POD = "k8s.pod.name"
+K8S_CONTAINER = "k8s.container.name"
+K8S_POD_UID = "k8s.pod.uid"
+
+
+class PodRef(NamedTuple):
+    """Who a process, or the sender of a span, is on Kubernetes, as far as known: the pod's
+    UID (lower case) and its names; at least one of the two is set."""
+
+    uid: str | None
+    name: PodName | None
+
+    def container_keys(self) -> tuple[tuple[str, ...], ...]:
+        """Keys naming its container: (namespace, pod, container) and (UID, container)."""
+        n = self.name
+        if n is None or n.container is None:
+            return ()
+        by_name = ("c", n.namespace, n.pod, n.container)
+        return (by_name,) if self.uid is None else (by_name, ("uc", self.uid, n.container))
+
+    def pod_keys(self) -> tuple[tuple[str, ...], ...]:
+        """Keys naming its pod: (namespace, pod) and the UID."""
+        keys: tuple[tuple[str, ...], ...] = ()
+        if self.name is not None:
+            keys = (("p", self.name.namespace, self.name.pod),)
+        return keys if self.uid is None else (*keys, ("u", self.uid))
+
+
+def pod_ref_of_resource(resource: Mapping[str, Any]) -> PodRef | None:
+    """The pod a span's resource names in OpenTelemetry's ``k8s.*`` attributes
+    (``k8s.namespace.name`` with ``k8s.pod.name``, ``k8s.container.name``, ``k8s.pod.uid``: what
+    the Collector's k8sattributes processor or ``OTEL_RESOURCE_ATTRIBUTES`` set); None when it
+    names neither a namespaced pod nor a UID. Non-string values are ignored."""
+    uid = resource.get(K8S_POD_UID)
+    ns, pod = resource.get(K8S_NAMESPACE), resource.get(K8S_POD)
+    uid = uid.lower() if isinstance(uid, str) and uid else None
+    name = None
+    if isinstance(ns, str) and isinstance(pod, str) and ns and pod:
+        c = resource.get(K8S_CONTAINER)
+        name = PodName(ns, pod, c if isinstance(c, str) and c else None)
+    return None if uid is None and name is None else PodRef(uid, name)
+
+
 class PodLookup(NamedTuple):
-    """What :meth:`PodIdentity.lookup` found: the name (None: name it by program) and
-    whether it is final for the process (False: its pod or container is not listed yet)."""
+    """What :meth:`PodIdentity.lookup` found: the name (None: name it by program), whether
+    it is final for the process (False: its pod or container is not listed yet), and its
+    pod (None: not in a pod, or unreadable)."""
 
     name: str | None
     final: bool
+    ref: PodRef | None = None
 
 
 class PodDirectory(Protocol):
@@ -245,15 +293,16 @@ class PodIdentity:
             return PodLookup(None, True)  # exited, or not readable
         if ref is None or ref.pod_uid is None:
             return PodLookup(None, True)
-        key = (ref.pod_uid, ref.container_id)
+        uid = ref.pod_uid
+        key = (uid, ref.container_id)
         with self._lock:
             if key not in self._pods:
                 self._refresh()
             name = self._pods.get(key)
             if name is not None:
-                return PodLookup(str(name), True)
-            pod = self._pods.get((ref.pod_uid, ""))
-        return PodLookup(None if pod is None else str(pod), False)
+                return PodLookup(str(name), True, PodRef(uid, name))
+            pod = self._pods.get((uid, ""))
+        return PodLookup(None if pod is None else str(pod), False, PodRef(uid, pod))
 
     def _refresh(self) -> None:
         now = self._monotonic()

@@ -8,7 +8,9 @@ host CPU lines up with its requests, as in the simulator) and otherwise the prog
 ``comm``, or for an interpreter (python, node, java, ...) the interpreter and its script or
 module, e.g. ``python3 burn.py``; with ``pods`` (a
 :class:`collectors.pod_identity.PodIdentity`) a process in a known Kubernetes pod is named
-``namespace/pod (container)`` instead. Analysis keys host CPU series by that name, so each
+``namespace/pod (container)`` instead, or by the model spans from that pod name (their
+``k8s.*`` resource attributes, :meth:`collectors.gpu_resolve.GpuResolver.model_of_pod`), as for
+a pid spans named. Analysis keys host CPU series by that name, so each
 poll submits one ``process_samples`` row per *name*: the cores of its processes (those using at
 least ``min_cores``) summed, under the pid of the busiest. Rows go out for the ``top_n`` names
 by CPU use and for every model, whatever its use. Rows are host-level, as the simulator
@@ -46,7 +48,7 @@ import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.pod_identity import PodIdentity
+from cotenant.collectors.pod_identity import PodIdentity, PodRef
 from cotenant.core.errors import CotenantError
 from cotenant.core.periodic import Periodic
 from cotenant.store.schema import arrow_schema
@@ -196,7 +198,7 @@ class ProcfsCollector:
         self._pods = pods
         self._prev: dict[_Key, int] = {}  # CPU ticks at the previous read
         self._prev_t: float | None = None
-        self._names: dict[_Key, str] = {}
+        self._names: dict[_Key, tuple[str, PodRef | None]] = {}
         self._fds: dict[int, int] = {}  # pid -> open descriptor of its stat
         self._fd_budget = min(max_pids, _fd_budget())
         self._logged: set[str] = set()
@@ -275,7 +277,12 @@ class ProcfsCollector:
             model = served.get(pid)
             if model is None and c < min_cores:
                 continue
-            name = model or self._name(key, comm)
+            if model is None:
+                name, pod = self._name(key, comm)
+                model = None if pod is None else self._resolver.model_of_pod(pod)
+                name = model or name
+            else:
+                name = model
             g = groups.get(name)
             if g is None:
                 groups[name] = _Group(c, pid, c, model)
@@ -334,21 +341,23 @@ class ProcfsCollector:
             del pids[self.max_pids :]
         return pids
 
-    def _name(self, key: _Key, comm: bytes) -> str:
-        name = self._names.get(key)
-        if name is None:
-            pod, final = (None, True) if self._pods is None else self._pods.lookup(key[0])
-            if pod is None:
+    def _name(self, key: _Key, comm: bytes) -> tuple[str, PodRef | None]:
+        """The process's name (its pod's, else its program's) and its pod."""
+        known = self._names.get(key)
+        if known is None:
+            found = None if self._pods is None else self._pods.lookup(key[0])
+            if found is None or found.name is None:
                 try:
                     cmdline = _read(f"{self._proc}/{key[0]}/cmdline")
                 except OSError:
                     cmdline = b""
                 name = program_name(comm.decode(errors="replace"), cmdline)
             else:
-                name = pod
-            if final:  # else its pod is not listed yet: ask again at the next poll
-                self._names[key] = name
-        return name
+                name = found.name
+            known = (name, None if found is None else found.ref)
+            if found is None or found.final:  # else its pod is not listed yet: ask again
+                self._names[key] = known
+        return known
 
     def _submit(self, ts: int, names: list[str], groups: list[_Group]) -> None:
         n = len(names)

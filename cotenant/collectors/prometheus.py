@@ -12,8 +12,11 @@ The query texts are in :mod:`collectors.promql`, the HTTP calls in
 ``r = max(step, 4 * scrape_interval_s)``: a rate needs two samples, so a step shorter than that
 gives overlapping (smoothed) windows rather than empty ones. Steps are whole milliseconds.
 
-**GPU_WINDOWS** (DCGM exporter), keyed by ``UUID`` (the ``gpu`` index when absent), host from
-``Hostname`` / ``hostname`` (else ``instance``): ``sm_util`` = ``DCGM_FI_DEV_GPU_UTIL`` (%, like
+**GPU_WINDOWS** (DCGM exporter), keyed by ``UUID`` (``uuid`` under dcgm-exporter's
+``--use-old-namespace``; the ``gpu`` index when absent), host from ``Hostname`` / ``hostname``
+(else ``instance``), each from the GPU's own series where there are (with
+``KUBERNETES_VIRTUAL_GPUS`` dcgm-exporter adds per-pod ones beside them), else the mean of its
+copies labelled with pods: ``sm_util`` = ``DCGM_FI_DEV_GPU_UTIL`` (%, like
 NVML) or else 100 x ``DCGM_FI_PROF_SM_ACTIVE``; ``mem_util`` = ``DCGM_FI_DEV_MEM_COPY_UTIL`` (%);
 ``dram_active`` = ``DCGM_FI_PROF_DRAM_ACTIVE`` (0-1); ``pcie_{tx,rx}_bps`` =
 ``DCGM_FI_PROF_PCIE_{TX,RX}_BYTES`` and ``nvlink_*`` = ``DCGM_FI_PROF_NVLINK_*_BYTES`` (already
@@ -23,12 +26,18 @@ bytes/s: gauges despite the name); ``mem_used_bytes`` / ``mem_total_bytes`` = ``
 ``DCGM_FI_DEV_MAX_SM_CLOCK``; ``clock_event_reasons`` = bitwise OR of the raw samples of
 ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` and its older name ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``.
 
-**PROCESS_WINDOWS**: DCGM series carrying ``pod``; ``process_name`` = ``namespace/pod/container``
-(the parts present), ``pid`` null, the values of the GPU the pod is on (DCGM does not split a
-shared GPU per pod), ``model`` from the vLLM / Triton / cotenant series of the same pod. Then
-the per-process series of cotenant agents (``cotenant_gpu_process_*`` from NVML, and host CPU
-``cotenant_process_cpu_cores``, with no GPU), keyed by their ``host, gpu, pid, process,
-model`` labels.
+**PROCESS_WINDOWS**: the per-process series of cotenant agents (``cotenant_gpu_process_*``
+from NVML, and host CPU ``cotenant_process_cpu_cores``, with no GPU), keyed by their ``host,
+gpu, pid, process, model`` labels; and DCGM series labelled with a pod (``namespace``, ``pod``,
+``container``, or ``pod_namespace``, ``pod_name``, ``container_name`` under
+``--use-old-namespace``): ``process_name`` = ``namespace/pod (container)`` as agents name
+processes, ``pid`` null, ``model`` from the vLLM / Triton / cotenant series of the same pod.
+Only on a GPU whose series name two pods or more (dcgm-exporter with
+``KUBERNETES_VIRTUAL_GPUS=true``: a copy of every series per pod sharing the GPU, per-pod
+values of ``GPU_UTIL`` and ``FB_USED`` since its 4.8.2, the GPU's values otherwise).
+Without it dcgm-exporter labels a GPU with one pod, the one it was allocated to, whoever uses
+it: those values are the GPU's and make no pod row (the label still places the pod's models on
+the GPU). A pod an agent's series name on the same GPU is taken from the agent (per process).
 
 **LOCK_WAITS** from the agents' ``cotenant_lock_waits_total`` / ``cotenant_lock_wait_seconds_total``
 (increase over the range); empty where only exporters run.
@@ -76,13 +85,14 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cotenant.collectors import promql, promql_recorded
-from cotenant.collectors.promql import GPU_BY, POD_BY, QUANTILES, Grid
+from cotenant.collectors.promql import GPU_BY, QUANTILES, Grid
 from cotenant.collectors.promql_client import Fields, PromClient, PromQLClient, Series
 from cotenant.collectors.promql_frames import div, merge, table, windows_with_data
 from cotenant.collectors.promql_joins import Joins
@@ -188,7 +198,7 @@ class PrometheusSource:
         for ident, f in sorted(blocks.items()):
             host, dev = promql.host_of(ident), promql.gpu_of(ident)
             if gpu is None or dev == gpu:
-                same[(dev,) if ident[0] else (host, dev)].append((host, dev, f))
+                same[(dev,) if promql.uuid_of(ident) else (host, dev)].append((host, dev, f))
         out = []
         for group in same.values():
             host, dev, _ = group[0]
@@ -211,36 +221,23 @@ class PrometheusSource:
         if g.n == 0:
             return PROCESS_WINDOWS.empty_table()
         window = promql.duration(max(g.step, self._scrape_ns))
-        by = GPU_BY + POD_BY
-        blocks = {}
-        # DCGM's pod series have no host CPU: with hosts (a node's host CPU), agents only
-        for sel in promql.gpu_selectors(gpu) if hosts is None else ():
-            matchers = ",".join(x for x in ('pod!=""', sel) if x)
-            query = promql.dcgm_query(promql.PROCESS_FIELDS, by, matchers, window)
-            blocks = self._api.blocks(query, g, by)
-            if blocks:
-                break
-        models = self._joins.pod_models(g) if blocks else {}
-        out = []
-        for ident, f in blocks.items():
-            dev = promql.gpu_of(ident)
-            if gpu is not None and dev != gpu:
-                continue
-            ns, pod, container = ident[len(GPU_BY) :]
-            name = "/".join(p for p in (ns, pod, container) if p)
-            key = (promql.host_of(ident), dev, None, name, models.get((ns, pod)))
-            out.append((key, f, windows_with_data(f)))
+        out: list[tuple[tuple[Any, ...], Fields, np.ndarray]] = []
         sels = [f"gpu={promql.quote(gpu)}"] if gpu is not None else []
         if hosts is not None:
             alts = "|".join(re.escape(h) for h in hosts)
             sels.append(f"host=~{promql.quote(alts)}")
         agent = promql.agent_process_query(",".join(sels), window)
+        named: set[tuple[str, str]] = set()  # (GPU, process name) the agents' series give
         for (host, dev, pid, name, model), f in self._api.blocks(
             agent, g, promql.AGENT_PROCESS_BY
         ).items():
             pid_v = int(pid) if pid.isdigit() else None
             key2 = (host, dev or None, pid_v, name, model or None)
-            out.append((key2, f, windows_with_data(f)))  # type: ignore[arg-type]
+            out.append((key2, f, windows_with_data(f)))
+            named.add((dev, name))
+        # DCGM's pod series have no host CPU: with hosts (a node's host CPU), agents only
+        if hosts is None:
+            out[:0] = self._joins.pod_rows(g, gpu, window, named)
         return table(PROCESS_WINDOWS, g, ("host", "gpu", "pid", "process_name", "model"), out)
 
     def replicas(self, rng: TimeRange) -> dict[tuple[str, str], str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from cotenant.collectors.pod_identity import PodName
 from cotenant.core.errors import UsageError
 from cotenant.core.readers import check_range
 from cotenant.core.timerange import TimeRange
@@ -27,9 +28,20 @@ MAX_POINTS = 10_000  # Prometheus refuses more than 11,000 points per series and
 MIB = 1_048_576
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 OWN = "cotenant_request_duration_seconds"
-GPU_BY = ("UUID", "gpu", "Hostname", "hostname", "instance")
-"""Labels identifying a GPU in DCGM series (see :func:`host_of`, :func:`gpu_of`)."""
-POD_BY = ("namespace", "pod", "container")
+GPU_BY = ("UUID", "uuid", "gpu", "Hostname", "hostname", "instance")
+"""Labels identifying a GPU in DCGM series (see :func:`host_of`, :func:`gpu_of`): dcgm-exporter
+names the UUID ``uuid`` under ``--use-old-namespace``, and the host ``hostname`` from its
+releases after 4.8."""
+POD_BY = ("namespace", "pod", "container", "pod_namespace", "pod_name", "container_name")
+"""Labels naming the pod of a DCGM series (see :func:`pod_of`): dcgm-exporter's, then the same
+under ``--use-old-namespace``."""
+DEVICE_SERIES = ('pod="",pod_name=""', "")
+"""Alternatives selecting a GPU's own series: those of no pod where there are (with
+``KUBERNETES_VIRTUAL_GPUS``, dcgm-exporter adds per-pod series of ``DCGM_FI_DEV_GPU_UTIL`` and
+``DCGM_FI_DEV_FB_USED`` beside the GPU's), else its copies labelled with a pod (every other
+field; the GPU's value, whoever it is labelled with)."""
+POD_SERIES = ('pod!=""', 'pod_name!=""')
+"""Alternatives selecting the series labelled with a pod, under either label set."""
 SPANS_PROBE = f'group(last_over_time({OWN}_count{{phase!="total"}}[1h]))'
 
 
@@ -106,28 +118,65 @@ GPU_FIELDS = {
 PROCESS_FIELDS = {k: GPU_FIELDS[k] for k in ("sm_util", "mem_util", "mem_used_bytes")}
 
 
-def dcgm_query(fields: Mapping[str, str], by: tuple[str, ...], sel: str, window: str) -> str:
+def dcgm_query(
+    fields: Mapping[str, str],
+    by: tuple[str, ...],
+    sel: str,
+    window: str,
+    alternatives: tuple[str, ...] = DEVICE_SERIES,
+) -> str:
     """Union of ``fields`` with every DCGM name replaced by ``avg by (by) (avg_over_time(
-    NAME{sel}[window]))``."""
+    NAME{alt,sel}[window]))`` for each matcher ``alt`` of ``alternatives``, joined with ``or``
+    (per identity, the first that has series)."""
     by_s = ", ".join(by)
 
     def mean(m: re.Match[str]) -> str:
-        return f"avg by ({by_s}) (avg_over_time({m.group(1)}{{{sel}}}[{window}]))"
+        parts = [
+            f"avg by ({by_s}) (avg_over_time({m.group(1)}"
+            f"{{{','.join(x for x in (alt, sel) if x)}}}[{window}]))"
+            for alt in alternatives
+        ]
+        return parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
 
     return union({f: re.sub(r"\b(DCGM_FI_\w+)", mean, e) for f, e in fields.items()})
 
 
+CLOCK_REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+"""The clock-event reasons bitmask, under its current and its older (DCGM < 3.3) name."""
+CLOCK_EVENTS_COUNT = "DCGM_EXP_CLOCK_EVENTS_COUNT"
+"""dcgm-exporter's own field (commented out in its default counters, like the bitmask): one
+gauge per GPU and reason (label ``clock_event``), the number of samples of the bitmask that had
+the reason in the ``window_size_in_ms`` before (``--clock-events-count-window-size``, 5 min by
+default); a GPU without events has one series, 0, without ``clock_event``."""
+CLOCK_EVENT_BITS = {
+    "gpu_idle": 0x1,
+    "clocks_setting": 0x2,
+    "power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clocks": 0x100,
+}
+"""``clock_event`` label -> bit of the reasons bitmask (dcgm-exporter's
+``internal/pkg/collector/clock_events_collector.go``, DCGM's ``dcgm_fields.h``)."""
+
+
 def clock_reasons_query(window: str, sel: str = "") -> str:
-    """Raw samples (a matrix) of the clock-event reasons under both of their names."""
-    names = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+    """Raw samples (a matrix) of the clock-event reasons under both of their names, and of
+    :data:`CLOCK_EVENTS_COUNT` (one selector: ``or`` does not take range vectors)."""
     more = f",{sel}" if sel else ""
+    names = "|".join((*CLOCK_REASONS, CLOCK_EVENTS_COUNT))
     return f'{{__name__=~"{names}"{more}}}[{window}]'
 
 
 def pod_gpus_query(window: str) -> str:
-    return (
-        "group by (namespace, pod, UUID, gpu) "
-        f'(last_over_time(DCGM_FI_DEV_FB_USED{{pod!=""}}[{window}]))'
+    """The GPUs each pod's DCGM series name, under either label set."""
+    by = ", ".join(("UUID", "uuid", "gpu", *POD_BY))
+    return " or ".join(
+        f"group by ({by}) (last_over_time(DCGM_FI_DEV_FB_USED{{{m}}}[{window}]))"
+        for m in POD_SERIES
     )
 
 
@@ -190,21 +239,34 @@ def owners_query(model: str, gpu: str | None, window: str) -> str:
 
 def gpu_selectors(gpu: str | None) -> tuple[str, ...]:
     """Label matchers that select one GPU's DCGM series, in the order to try them: its
-    ``UUID``, else its index in ``gpu`` (exporters without UUIDs); ``("",)`` for every GPU."""
+    ``UUID`` (``uuid`` under ``--use-old-namespace``), else its index in ``gpu`` (exporters
+    without UUIDs); ``("",)`` for every GPU."""
     if gpu is None:
         return ("",)
-    return (f"UUID={quote(gpu)}", f"gpu={quote(gpu)}")
+    return (f"UUID={quote(gpu)}", f"uuid={quote(gpu)}", f"gpu={quote(gpu)}")
 
 
 def host_of(ident: tuple[str, ...]) -> str:
     """Host of a :data:`GPU_BY` identity: ``Hostname``, ``hostname``, else ``instance``."""
-    _, _, hostname_cap, hostname, instance = ident[:5]
+    hostname_cap, hostname, instance = ident[3:6]
     return hostname_cap or hostname or instance.rsplit(":", 1)[0]
+
+
+def uuid_of(ident: tuple[str, ...]) -> str:
+    """UUID of a :data:`GPU_BY` identity (``UUID`` or ``uuid``); ``""`` when it has none."""
+    return ident[0] or ident[1]
 
 
 def gpu_of(ident: tuple[str, ...]) -> str:
     """GPU of a :data:`GPU_BY` identity: the UUID, else the index."""
-    return ident[0] or ident[1]
+    return ident[0] or ident[1] or ident[2]
+
+
+def pod_of(labels: tuple[str, ...]) -> PodName | None:
+    """The pod of a :data:`POD_BY` tuple of label values, named as agents name processes
+    (``str()`` gives ``namespace/pod (container)``); None when no pod is named."""
+    ns, pod, container = (labels[i] or labels[i + 3] for i in range(3))
+    return PodName(ns, pod, container or None) if pod else None
 
 
 # -- request latency families ----------------------------------------------------------------

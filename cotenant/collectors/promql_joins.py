@@ -1,17 +1,19 @@
 """Joins PromQL cannot do for :class:`collectors.prometheus.PrometheusSource`: placing series
-that name no GPU (by their pod's DCGM series, else ``[gpu] model_gpu``), the pods' models, and
-the OR of raw clock-event-reason samples."""
+that name no GPU (by their pod's DCGM series, else ``[gpu] model_gpu``), the pods' models and
+their DCGM rows, and the OR of raw clock-event-reason samples."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from cotenant.collectors import promql
-from cotenant.collectors.promql import GPU_BY, MAX_POINTS, Grid
+from cotenant.collectors.promql import GPU_BY, MAX_POINTS, POD_BY, Grid
 from cotenant.collectors.promql_client import Fields, PromQLClient
+from cotenant.collectors.promql_frames import windows_with_data
 
 
 class Joins:
@@ -27,9 +29,11 @@ class Joins:
 
     def clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
         """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where
-        none). Raw samples, because PromQL has no bitwise OR over time."""
-        bits: dict[tuple[str, str], np.ndarray] = {}
-        seen: dict[tuple[str, str], np.ndarray] = {}
+        none). Raw samples, because PromQL has no bitwise OR over time. A GPU without the
+        bitmask takes the reasons of :data:`promql.CLOCK_EVENTS_COUNT` samples above 0: a
+        reason seen within that series' own window (5 min by default) before the sample."""
+        # per source (0: the bitmask, 1: the counts): key -> (bits, windows with a sample)
+        found: tuple[dict[tuple[str, str], tuple[np.ndarray, np.ndarray]], ...] = ({}, {})
         for c in range(0, g.n, MAX_POINTS):
             lo, hi = g.w0 + c * g.step, g.w0 + min(g.n, c + MAX_POINTS) * g.step
             for labels, ts, vals in self._api.at(
@@ -37,20 +41,29 @@ class Joins:
             ):
                 ident = tuple(labels.get(b, "") for b in GPU_BY)
                 key = (promql.host_of(ident), promql.gpu_of(ident))
+                counts = labels.get("__name__") == promql.CLOCK_EVENTS_COUNT
+                if counts:  # the reason's bit where the count is above 0, else none
+                    bit = promql.CLOCK_EVENT_BITS.get(labels.get("clock_event", ""), 0)
+                    vals = np.where(vals > 0, float(bit), np.where(np.isnan(vals), np.nan, 0.0))
                 k = (ts - g.w0 - 1) // g.step  # (w, w + step], as the range queries see it
                 ok = ~np.isnan(vals) & (k >= 0) & (k < g.n)
-                acc = bits.setdefault(key, np.zeros(g.n, np.int64))
+                acc, seen = found[counts].setdefault(
+                    key, (np.zeros(g.n, np.int64), np.zeros(g.n, bool))
+                )
                 np.bitwise_or.at(acc, k[ok], vals[ok].astype(np.int64))
-                seen.setdefault(key, np.zeros(g.n, bool))[k[ok]] = True
-        return {key: np.where(seen[key], v, np.nan) for key, v in bits.items()}
+                seen[k[ok]] = True
+        merged = found[1] | found[0]  # the bitmask wins where a GPU has it
+        return {key: np.where(seen, v, np.nan) for key, (v, seen) in merged.items()}
 
     def pod_gpus(self, g: Grid) -> dict[tuple[str, str], str]:
         """(namespace, pod) -> the GPU its DCGM series name (the first, when several)."""
         found: dict[tuple[str, str], list[str]] = defaultdict(list)
         query = promql.pod_gpus_query(promql.duration(g.end - g.w0))
         for labels, _ in self._api.instant(query, g.end):
-            pod = (labels.get("namespace", ""), labels.get("pod", ""))
-            found[pod].append(labels.get("UUID") or labels.get("gpu", ""))
+            name = promql.pod_of(tuple(labels.get(b, "") for b in POD_BY))
+            if name is not None:
+                dev = labels.get("UUID") or labels.get("uuid") or labels.get("gpu", "")
+                found[(name.namespace, name.pod)].append(dev)
         return {pod: sorted(gpus)[0] for pod, gpus in found.items()}
 
     def pod_models(self, g: Grid) -> dict[tuple[str, str], str]:
@@ -61,6 +74,41 @@ class Joins:
             for lb, _ in self._api.instant(query, g.end)
             if lb.get("model_name") or lb.get("model")
         }
+
+    def pod_rows(
+        self, g: Grid, gpu: str | None, window: str, named: set[tuple[str, str]]
+    ) -> list[tuple[tuple[Any, ...], Fields, np.ndarray]]:
+        """PROCESS_WINDOWS rows (key, fields, windows with data) of the DCGM series labelled
+        with a pod, on GPUs whose series name two pods or more, but for the (GPU, process name)
+        pairs in ``named`` (those agents' series give); see
+        :mod:`collectors.prometheus`, PROCESS_WINDOWS."""
+        by = GPU_BY + POD_BY
+        blocks: dict[tuple[str, ...], Fields] = {}
+        for sel in promql.gpu_selectors(gpu):
+            query = promql.dcgm_query(promql.PROCESS_FIELDS, by, sel, window, promql.POD_SERIES)
+            blocks = self._api.blocks(query, g, by)
+            if blocks:
+                break
+        pods: dict[tuple[str, str], set[str]] = defaultdict(set)
+        rows = []
+        for ident, f in blocks.items():
+            dev, pod = promql.gpu_of(ident), promql.pod_of(ident[len(GPU_BY) :])
+            if pod is not None and (gpu is None or dev == gpu):
+                host = promql.host_of(ident)
+                pods[(host, dev)].add(f"{pod.namespace}/{pod.pod}")
+                rows.append((host, dev, pod, f))
+        # one pod per GPU (dcgm-exporter without KUBERNETES_VIRTUAL_GPUS): the values are the
+        # GPU's, labelled with the pod it was allocated to, whoever uses it: no pod's own
+        rows = [r for r in rows if len(pods[(r[0], r[1])]) > 1 and (r[1], str(r[2])) not in named]
+        models = self.pod_models(g) if rows else {}
+        return [
+            (
+                (host, dev, None, str(pod), models.get((pod.namespace, pod.pod))),
+                f,
+                windows_with_data(f),
+            )
+            for host, dev, pod, f in rows
+        ]
 
     def place(
         self, keyed: Iterable[tuple[tuple[str, ...], Fields]], g: Grid

@@ -163,7 +163,9 @@ class RowContext(Protocol):
     def identity(self, span: Any, resource: Attrs, model: Any, span_gpu: Any) -> Identity:
         """Check ``span``'s ids and times and resolve who served it: ``model`` and
         ``span_gpu`` are what the span says (None: fall back to the resource's
-        ``cotenant.*`` attributes); the GPU goes through the normalizer's ``GpuResolver``.
+        ``cotenant.*`` attributes); the GPU goes through the normalizer's ``GpuResolver``,
+        which also learns the model of the resource's ``process.pid`` and Kubernetes pod
+        (``k8s.*``).
         Raises :class:`Rejected` (``bad_ids``, ``bad_time``, ``missing_model``,
         ``bad_attribute``)."""
         ...
