@@ -9,6 +9,12 @@ target deployment's ``max_ongoing_requests`` (and ``num_replicas`` when the chan
   ``max(1, floor(current x params.fraction))`` (the rate cut the policy sized).
 * ``priority``: Ray Serve has no request priorities — refused (use the gateway in front).
 
+Ray 2.60 turns token authentication on by default for clusters ``ray.init`` starts (and for
+``ray start`` once ``~/.ray/auth_token`` exists): the dashboard then answers 401 without
+``Authorization: Bearer <token>``. The factory sends the token of ``backend_token_file``, else
+the one Ray's own clients would find (:func:`actuators.backends.factory.ray_token`); a 401 or
+403 is refused with an error saying so.
+
 A PUT removes applications it does not list, so an application deployed without a config
 (``serve.run`` from Python, no ``deployed_app_config``) makes the change refused rather than
 risk deleting it. The target is a deployment name, or ``app/deployment`` when ambiguous.
@@ -19,6 +25,8 @@ from __future__ import annotations
 import copy
 import math
 from typing import Any
+
+import httpx
 
 from cotenant.actuators.backend import Change
 from cotenant.actuators.backends.http import HttpCaller
@@ -38,8 +46,22 @@ class RayServeBackend:
     def _fail(self, why: str) -> BackendError:
         return BackendError(f"rayserve backend {self._http.base_url}{PATH}: {why}")
 
+    def _send(self, method: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        r = self._http.request(method, PATH, json=body, ok=(401, 403))
+        if r.status_code in (401, 403):
+            raise self._fail(
+                f"{method} refused with {r.status_code} ({r.text[:200].strip()}): the dashboard "
+                "has token authentication on; set actuators.backend_token_file to a file holding "
+                "the cluster's token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH, as for Ray's CLI)"
+            )
+        return r
+
     def _read(self) -> dict[str, Any]:
-        state = self._http.json("GET", PATH)
+        r = self._send("GET")
+        try:
+            state = r.json()
+        except ValueError as exc:
+            raise self._fail(f"answer is not JSON: {r.text[:200]!r}") from exc
         if not isinstance(state, dict) or not isinstance(state.get("applications"), dict):
             raise self._fail("answer has no 'applications' object")
         return state
@@ -100,7 +122,7 @@ class RayServeBackend:
         if entry is not None:
             deps.append(entry)
         cfg["deployments"] = deps
-        self._http.request("PUT", PATH, json=body)
+        self._send("PUT", body)
 
     def apply(self, change: Change) -> dict[str, Any]:
         if change.kind != "rate_limit":
