@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 
 from cotenant.actuators.backend import Change
 from cotenant.actuators.backends.factory import make_backend
@@ -20,6 +21,7 @@ from cotenant.actuators.backends.http import HttpCaller
 from cotenant.actuators.backends.rayserve import RayServeBackend
 from cotenant.actuators.backends.triton import TritonBackend
 from cotenant.actuators.settings import ActuatorSettings
+from cotenant.core.errors import BackendError
 from tests.engines.conftest import RayCluster, TritonServer, wait_for
 from tests.engines.recording import RECORDINGS, RecordingTransport
 
@@ -80,6 +82,11 @@ def test_rayserve_backend_caps_a_real_deployment_and_rolls_back(ray_cluster: Ray
         backend_token_file=str(ray_cluster.token_file),
     )
     assert make_backend(cfg).current("Sleeper")["max_ongoing_requests"] == 8  # token accepted
+    tokenless = RayServeBackend(
+        HttpCaller("rayserve", ray_cluster.dashboard, transport=RecordingTransport("rayserve-401"))
+    )
+    with pytest.raises(BackendError, match=r"refused with 401.*backend_token_file"):
+        tokenless.current("Sleeper")
     http = HttpCaller(
         "rayserve",
         ray_cluster.dashboard,

@@ -15,6 +15,11 @@ Ray 2.60 turns token authentication on by default for clusters ``ray.init`` star
 the one Ray's own clients would find (:func:`actuators.backends.factory.ray_token`); a 401 or
 403 is refused with an error saying so.
 
+Ray applies a PUT asynchronously (the application goes ``DEPLOYING``; a GET right after still
+shows the old value, seen on Ray 2.60): ``apply`` and ``revert`` poll the GET until the
+deployment shows the value set (``max_ongoing_requests`` is updated in place, no replica
+restart) for up to ``settle_s``, and return what it shows then.
+
 A PUT removes applications it does not list, so an application deployed without a config
 (``serve.run`` from Python, no ``deployed_app_config``) makes the change refused rather than
 risk deleting it. The target is a deployment name, or ``app/deployment`` when ambiguous.
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import copy
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -40,8 +47,20 @@ RAY_DEFAULT_MAX_ONGOING = 5
 class RayServeBackend:
     name = "rayserve"
 
-    def __init__(self, http: HttpCaller) -> None:
+    def __init__(
+        self,
+        http: HttpCaller,
+        *,
+        settle_s: float = 30.0,
+        poll_s: float = 0.25,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._http = http
+        self._settle_s = settle_s
+        self._poll_s = poll_s
+        self._sleep = sleep
+        self._clock = clock
 
     def _fail(self, why: str) -> BackendError:
         return BackendError(f"rayserve backend {self._http.base_url}{PATH}: {why}")
@@ -99,6 +118,16 @@ class RayServeBackend:
         state = self._read()
         return self._summary(state, *self._locate(state, target))
 
+    def _settled(self, target: str, want: Any) -> dict[str, Any]:
+        """:meth:`current` once it shows ``max_ongoing_requests == want`` (None: whatever the
+        deployment's own default is), or when ``settle_s`` has passed."""
+        deadline = self._clock() + self._settle_s
+        while True:
+            now = self.current(target)
+            if want is None or now["max_ongoing_requests"] == want or self._clock() >= deadline:
+                return now
+            self._sleep(self._poll_s)
+
     def _config(self, state: dict[str, Any]) -> dict[str, Any]:
         apps = []
         for name, detail in state["applications"].items():
@@ -144,10 +173,10 @@ class RayServeBackend:
         if "num_replicas" in p:
             entry["num_replicas"] = int(p["num_replicas"])
         self._put(state, app, dep, entry)
-        return self.current(change.target)
+        return self._settled(change.target, limit)
 
     def revert(self, target: str, before: dict[str, Any]) -> dict[str, Any]:
         state = self._read()
         app, dep = self._locate(state, target)
         self._put(state, app, dep, copy.deepcopy(before.get("declared")))
-        return self.current(target)
+        return self._settled(target, before.get("max_ongoing_requests"))

@@ -54,6 +54,9 @@ class TritonShape:
             {"model": as_str(attrs[TRITON_MODEL_ATTR]), "events": events},
         )
 
+    def awaits(self, span: Any, attrs: Attrs, ctx: RowContext) -> bool:
+        return False  # every child comes from the root's own process
+
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
         kids = ctx.children(span.trace_id, span.span_id)
         model_span = next((c for c in kids if c[0] == TRITON_MODEL), None)
