@@ -266,9 +266,11 @@ class Normalizer:
             self.roots_given_up += 1
         try:
             rows.append(shape.build_row(span, a, rattrs, ctx))
+            rows.extend(ctx.extra)
         except Rejected as exc:
             res.rejected[exc.reason] += 1
             res.first_error = res.first_error or str(exc)
+        ctx.extra.clear()
 
     def _finish(self, rows: list[Row], res: NormalizeResult) -> None:
         if rows:
@@ -379,7 +381,7 @@ class _ExportContext:
     """The :class:`collectors.shapes.base.RowContext` of one export: its children by parent
     (what the roots do not take becomes pending), the pending buffer and the GPU resolver."""
 
-    __slots__ = ("_batch", "_pending", "_resolver")
+    __slots__ = ("_batch", "_pending", "_resolver", "extra")
 
     def __init__(
         self, pending: PendingChildren, batch: dict[Key, list[Child]], resolver: GpuResolver
@@ -387,12 +389,17 @@ class _ExportContext:
         self._pending = pending
         self._batch = batch
         self._resolver = resolver
+        self.extra: list[Row] = []
+        """Rows the root being built added besides its own (:meth:`add_row`)."""
 
     def children(self, trace_id: bytes, span_id: bytes) -> list[Child]:
         return self._pending.take((trace_id, span_id), self._batch)
 
     def peek(self, trace_id: bytes, span_id: bytes) -> list[Child]:
         return self._pending.peek((trace_id, span_id), self._batch)
+
+    def add_row(self, row: Row) -> None:
+        self.extra.append(row)
 
     def identity(self, span: Any, resource: Attrs, model: Any, span_gpu: Any) -> Identity:
         if len(span.trace_id) != 16 or len(span.span_id) != 8:

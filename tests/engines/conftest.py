@@ -274,6 +274,8 @@ def triton(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "--model-control-mode=explicit",
         "--load-model=matmul",
         "--load-model=sleeper",
+        "--load-model=double",
+        "--load-model=pipeline",
         f"--http-port={http}",
         f"--grpc-port={grpc}",
         f"--metrics-port={metrics}",

@@ -90,3 +90,29 @@ def test_triton_inferences_become_rows_with_queue_and_compute(
         assert_like_client(row, t0_and_ms, tail_ms=2.0)
         assert row["queue_ms"] > 0
         assert row["compute_ms"] > 0
+
+
+def test_a_triton_ensemble_gives_a_row_per_step_and_one_for_itself(
+    triton: TritonServer, served: Served
+) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": [1.0] * 256}]}
+    traces: dict[str, tuple[int, float]] = {}
+    with httpx.Client(timeout=30) as client:
+        for _ in range(3):
+            trace, header = traceparent()
+            t0_ns, t0 = time.time_ns(), time.perf_counter()
+            r = client.post(
+                f"{triton.url}/v2/models/pipeline/infer", json=body, headers={"traceparent": header}
+            )
+            traces[trace] = (t0_ns, (time.perf_counter() - t0) * 1e3)
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["name"] == "z"
+    ensembles = rows_for(served, "pipeline", set(traces))
+    steps = {m: rows_for(served, m, set(traces)) for m in ("double",)}
+    for trace, sent in traces.items():
+        assert_like_client(ensembles[trace], sent, tail_ms=2.0)
+        assert ensembles[trace]["compute_ms"] > 0  # its steps' compute, not all "other"
+        step = steps["double"][trace]
+        assert ensembles[trace]["ts_start_ns"] <= step["ts_start_ns"]
+        assert step["ts_end_ns"] <= ensembles[trace]["ts_end_ns"] + 1_000_000
+        assert step["compute_ms"] > 0

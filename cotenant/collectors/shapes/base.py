@@ -169,6 +169,11 @@ class RowContext(Protocol):
         """Like :meth:`children`, but the children stay held."""
         ...
 
+    def add_row(self, row: Row) -> None:
+        """A further row the root being built gives besides its own (a Triton ensemble's
+        composing models); dropped with the root's if the root is rejected."""
+        ...
+
     def identity(self, span: Any, resource: Attrs, model: Any, span_gpu: Any) -> Identity:
         """Check ``span``'s ids and times and resolve who served it: ``model`` and
         ``span_gpu`` are what the span says (None: fall back to the resource's
