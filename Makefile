@@ -8,7 +8,7 @@ PLOTLY := $(VENV)/.plotly-stamp
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 IMAGE   ?= cotenant:$(VERSION)
 
-.PHONY: demo test install system-deps lint typecheck unit bench reliability image clean
+.PHONY: demo test install system-deps lint typecheck unit bench reliability engines image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ reliability: install
 	COTENANT_KILL9_ROUNDS=$(KILL9_ROUNDS) \
 	$(BIN)/python -m pytest -q --timeout 7200 tests/reliability \
 		tests/test_group_commit.py tests/e2e/test_backpressure.py
+
+## engines: real Ray Serve and Triton on this machine's CPUs, their spans into `cotenant serve`
+## and the actuator backends changing them (tests/engines; docs/instrumenting.md, "Verified
+## against"). Engines install once into .engines/; not part of `make test`.
+engines: install
+	bash scripts/engines.sh $(BIN)/python
 
 ## image: the container image of the agent and central serve (Dockerfile; docs/fleet.md)
 image:

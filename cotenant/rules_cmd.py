@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from cotenant.alerts.rule_blocks import RuleSettings
-from cotenant.alerts.rules import prometheus_rule, write_rules
+from cotenant.alerts.rules import exporters_rule, prometheus_rule, write_rules
 from cotenant.config import Config, load_config
 from cotenant.core.slos import E2E, TPOT, TTFT
 
@@ -41,6 +41,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="also write cotenant.rules.yml and fleet.rules.yml as one Prometheus Operator "
         "PrometheusRule manifest (deploy/k8s/prometheusrule.yaml is this with the defaults)",
     )
+    render.add_argument(
+        "--exporters-rule",
+        metavar="FILE",
+        type=Path,
+        help="also write exporters.rules.yml as a PrometheusRule named cotenant-exporters "
+        "(deploy/k8s/optional/prometheusrule-exporters.yaml is this with the defaults)",
+    )
     render.set_defaults(func=cmd_rules_render)
 
 
@@ -72,4 +79,8 @@ def cmd_rules_render(args: argparse.Namespace) -> int:
         args.prometheus_rule.parent.mkdir(parents=True, exist_ok=True)
         args.prometheus_rule.write_text(prometheus_rule(settings), encoding="utf-8")
         print(f"wrote {args.prometheus_rule}")
+    if args.exporters_rule is not None:
+        args.exporters_rule.parent.mkdir(parents=True, exist_ok=True)
+        args.exporters_rule.write_text(exporters_rule(settings), encoding="utf-8")
+        print(f"wrote {args.exporters_rule}")
     return 0

@@ -130,7 +130,11 @@ class Service:
             spool=self._open_spool(sc),
         )
         self.resolver = GpuResolver(config.gpu.model_gpu, config.gpu.default_gpu)
-        self.normalizer = Normalizer(self.resolver, pending_ttl_s=config.otlp.pending_ttl_s)
+        self.normalizer = Normalizer(
+            self.resolver,
+            pending_ttl_s=config.otlp.pending_ttl_s,
+            root_wait_s=config.otlp.root_wait_s,
+        )
         restored = self.normalizer.import_pending(pending_spans(self.store))
         if restored:
             log.info("restored %d child spans waiting for their root", restored)
@@ -146,6 +150,7 @@ class Service:
             lambda: self.writer.queued_rows,
             sc.queue_max_rows,
             lambda: self.normalizer.pending_spans,
+            lambda: self.normalizer.waiting_roots,
         )
         self.metrics.bind_memory(
             lambda: self.writer.queued_bytes, lambda: self.pipeline.inflight_bytes
@@ -420,6 +425,7 @@ class Service:
         log.info("cotenant stopped in %.1f s", time.monotonic() - t0)
 
     def _shutdown_store(self) -> None:
+        self.pipeline.flush()  # the rows of roots still waiting for another process's child
         self.writer.close()
         try:
             replace_pending_spans(self.store, self.normalizer.export_pending(), time.time_ns())

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cotenant.alerts.rules import prometheus_rule, render_rules
+from cotenant.alerts.rules import exporters_rule, prometheus_rule, render_rules
 from cotenant.config import Config
 from cotenant.rules_cmd import settings_from
 
@@ -126,6 +126,20 @@ def test_the_prometheus_rule_is_the_rendered_rules() -> None:
     assert groups == want
 
 
+def test_the_optional_exporters_rule_is_the_rendered_exporter_rules() -> None:
+    s = settings_from(Config())
+    path = K8S / "optional" / "prometheusrule-exporters.yaml"
+    assert path.read_text() == exporters_rule(s), (
+        "re-render: cotenant rules render --exporters-rule " + str(path.relative_to(ROOT))
+    )
+    [doc] = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert doc["metadata"]["name"] == "cotenant-exporters"
+    rendered = yaml.safe_load(render_rules(s)["exporters.rules.yml"])["groups"]
+    assert doc["spec"]["groups"] == rendered
+    alerts = {r["alert"] for g in rendered for r in g["rules"] if "alert" in r}
+    assert {"ModelLatencySLOBreach", "GPUClockThrottled", "ExporterDown"} <= alerts
+
+
 @needs_promtool
 def test_promtool_checks_the_prometheus_rule_and_the_scrape_example(tmp_path: Path) -> None:
     # every PrometheusRule under deploy/, its groups as a rule file
@@ -135,7 +149,7 @@ def test_promtool_checks_the_prometheus_rule_and_the_scrape_example(tmp_path: Pa
         for d in yaml.safe_load_all(p.read_text())
         if d and d.get("kind") == "PrometheusRule"
     ]
-    assert [d["metadata"]["name"] for d in found] == ["cotenant"]
+    assert [d["metadata"]["name"] for d in found] == ["cotenant-exporters", "cotenant"]
     for i, doc in enumerate(found):
         rules = tmp_path / f"rules-{i}.yml"
         rules.write_text(yaml.safe_dump({"groups": doc["spec"]["groups"]}))

@@ -47,8 +47,9 @@ class ActuatorSettings:
     webhook_secret: str = key("", "HMAC-SHA256 key signing webhook bodies", secret=True)
     backend_token_file: str = key(
         "",
-        "file holding the bearer token of the backend's control API (gateway; '' = "
-        "COTENANT_GATEWAY_TOKEN, or none)",
+        "file holding the bearer token of the backend's control API (gateway, rayserve; '' = "
+        "COTENANT_GATEWAY_TOKEN for the gateway, Ray's RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH / "
+        "~/.ray/auth_token for rayserve, or none)",
     )
     interval_s: float = key(5.0, "how often the control loop advances actions", min=0.1)
     max_actions_per_hour: int = key(10, "most actions applied per hour overall", min=0)

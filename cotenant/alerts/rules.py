@@ -75,9 +75,11 @@ def prometheus_rule(
     name: str = "cotenant",
     namespace: str = "cotenant",
     files: tuple[str, ...] = ("cotenant.rules.yml", "fleet.rules.yml"),
+    flag: str = "--prometheus-rule",
 ) -> str:
     """The rule files ``files`` as one Prometheus Operator ``PrometheusRule`` manifest (the
-    groups of each, in order), for ``deploy/k8s/``."""
+    groups of each, in order), for ``deploy/k8s/``; ``flag`` is the ``cotenant rules render``
+    option its header names for re-rendering."""
     groups: dict[str, list[dict[str, Any]]] = {
         "cotenant.rules.yml": cotenant_groups(s),
         "exporters.rules.yml": exporter_groups(s),
@@ -94,7 +96,17 @@ def prometheus_rule(
         "spec": {"groups": [g for f in files for g in groups[f]]},
     }
     body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
-    return HEADER.replace("re-render", "re-render (--prometheus-rule)") + body
+    return HEADER.replace("re-render", f"re-render ({flag})") + body
+
+
+def exporters_rule(s: RuleSettings) -> str:
+    """``exporters.rules.yml`` as its own ``PrometheusRule`` (``cotenant-exporters``), for
+    ``deploy/k8s/optional/``: the alerts on the engines' and DCGM's own metrics, for models no
+    cotenant agent sees. Not for models cotenant's rules already watch: both sets name their
+    alerts alike (``ModelLatencySLOBreach``, ``GPUClockThrottled``, …) and would page twice."""
+    return prometheus_rule(
+        s, name="cotenant-exporters", files=("exporters.rules.yml",), flag="--exporters-rule"
+    )
 
 
 def write_rules(s: RuleSettings, out_dir: Path) -> list[Path]:

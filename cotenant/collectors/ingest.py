@@ -4,6 +4,7 @@ count. Thread-safe; concurrent exports share one commit (:mod:`store.writer`, gr
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from cotenant.store.write_batches import Receipt
 from cotenant.store.writer import Writer
 
 ACKS = ("durable", "queued")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,21 @@ class IngestPipeline:
             self._await_commit(receipt, protocol)
         self._count(res, protocol, fmt)
         return ExportOutcome(res.spans, res.requests.num_rows, res.rejected_count, _message(res))
+
+    def flush(self) -> int:
+        """Queue the rows of the roots the normalizer still holds (at shutdown, before the
+        writer closes); returns how many. Never raises: a full queue is logged."""
+        with self._lock:
+            res = self._normalizer.flush()
+            if res.requests.num_rows:
+                try:
+                    self._writer.submit("requests", res.requests, durable=False)
+                except (Overloaded, StoreError) as exc:
+                    log.error(
+                        "%d held request rows lost at shutdown: %s", res.requests.num_rows, exc
+                    )
+                    return 0
+            return int(res.requests.num_rows)
 
     def _await_commit(self, receipt: Receipt, protocol: str) -> None:
         try:

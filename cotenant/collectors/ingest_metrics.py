@@ -298,6 +298,11 @@ class IngestMetrics:
             "Child spans waiting for their root span",
             registry=registry,
         )
+        self.waiting_roots = Gauge(
+            "cotenant_otlp_waiting_root_spans",
+            "Request root spans held for a child another process exports (otlp.root_wait_s)",
+            registry=registry,
+        )
         if durations is None:
             durations = RequestDurationHistogram()
             registry.register(durations)
@@ -306,11 +311,16 @@ class IngestMetrics:
         registry.register(self.tokens)
 
     def bind_queue(
-        self, depth: Callable[[], float], capacity: float, pending: Callable[[], float]
+        self,
+        depth: Callable[[], float],
+        capacity: float,
+        pending: Callable[[], float],
+        waiting: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.queue_rows.set_function(depth)
         self.queue_capacity.set(capacity)
         self.pending_spans.set_function(pending)
+        self.waiting_roots.set_function(waiting)
 
     def bind_memory(self, queue_bytes: Callable[[], float], inflight: Callable[[], float]) -> None:
         """What bounds ingest's memory: the writer queue's bytes and the receivers'."""

@@ -6,7 +6,10 @@ a shape's own child or unrecognized is the contract in :mod:`collectors.shapes.b
 
 Children usually arrive before their root (they end first); a child whose root is not in the
 same export waits in :class:`collectors.pending_children.PendingChildren` for up to
-``pending_ttl_s``. Spans of no shape are ignored and counted by reason; spans that look like
+``pending_ttl_s``. A root whose shape *awaits* a child another process exports (Ray Serve's
+replica span) is held for up to ``root_wait_s``, its row built as soon as that child arrives
+(or, after the wait, without it; :meth:`Normalizer.flush` builds what is held at shutdown).
+Spans of no shape are ignored and counted by reason; spans that look like
 requests but cannot be used (no model, bad ids or times, an attribute of the wrong type) are
 *rejected* and reported back to the client as an OTLP partial success.
 
@@ -59,6 +62,8 @@ _STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 
 REQUEST_SCHEMA = arrow_schema("requests")
 _EMPTY = REQUEST_SCHEMA.empty_table()
+_Waiting = tuple[float, SpanShape, Any, Attrs, Attrs]
+"""A held root: ``(first seen, monotonic s; its shape, span, attributes, resource's)``."""
 """The result of an export without rows: built once (``Schema.empty_table`` takes ~0.4 ms,
 more than the rest of a 40-request export's table); Arrow tables are immutable."""
 
@@ -93,6 +98,8 @@ class Normalizer:
         shapes: Sequence[SpanShape] = SHAPES,
         pending_ttl_s: float = 30.0,
         max_pending: int = 1_000_000,
+        root_wait_s: float = 10.0,
+        max_waiting_roots: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._resolver = resolver
@@ -112,12 +119,22 @@ class Normalizer:
                     )
                 self._by_name[name] = shape
         self._pending = PendingChildren(pending_ttl_s, max_pending)
+        self._root_wait_s = root_wait_s
+        self._max_waiting = max_waiting_roots
+        self._waiting: list[_Waiting] = []
         self._clock = clock
+        self.roots_given_up = 0
+        """Awaiting roots whose row was built without the awaited child (cumulative)."""
 
     @property
     def pending_spans(self) -> int:
         """Children held for a root not seen yet."""
         return self._pending.count
+
+    @property
+    def waiting_roots(self) -> int:
+        """Roots held for a child another process exports (see the module docstring)."""
+        return len(self._waiting)
 
     @property
     def expired(self) -> Counter[str]:
@@ -189,14 +206,74 @@ class Normalizer:
         res.spans = n
         ctx = _ExportContext(self._pending, children, self._resolver)
         rows: list[Row] = []
+        if self._waiting:  # held roots first: this export may hold what they wait for
+            waiting, self._waiting = self._waiting, []
+            for since, shape, span, a, rattrs in waiting:
+                if now - since < self._root_wait_s and shape.awaits(span, a, ctx):
+                    self._waiting.append((since, shape, span, a, rattrs))
+                else:
+                    self._build(shape, span, a, rattrs, ctx, rows, res, since=since)
         for shape, span, a, rattrs in roots:
-            try:
-                rows.append(shape.build_row(span, a, rattrs, ctx))
-            except Rejected as exc:
-                res.rejected[exc.reason] += 1
-                res.first_error = res.first_error or str(exc)
+            if self._root_wait_s > 0 and shape.awaits(span, a, ctx):
+                self._wait(now, shape, span, a, rattrs, ctx, rows, res)
+            else:
+                self._build(shape, span, a, rattrs, ctx, rows, res)
         self._pending.keep(children, now)
         self._pending.expire(now)
+        self._finish(rows, res)
+        return res
+
+    def flush(self) -> NormalizeResult:
+        """The rows of every held root, built now with what has arrived (at shutdown)."""
+        res = NormalizeResult(requests=_EMPTY)
+        ctx = _ExportContext(self._pending, {}, self._resolver)
+        rows: list[Row] = []
+        waiting, self._waiting = self._waiting, []
+        for since, shape, span, a, rattrs in waiting:
+            self._build(shape, span, a, rattrs, ctx, rows, res, since=since)
+        self._finish(rows, res)
+        return res
+
+    def _wait(
+        self,
+        now: float,
+        shape: SpanShape,
+        span: Any,
+        a: Attrs,
+        rattrs: Attrs,
+        ctx: _ExportContext,
+        rows: list[Row],
+        res: NormalizeResult,
+    ) -> None:
+        if len(self._waiting) >= self._max_waiting:  # full: the oldest stops waiting
+            since, o_shape, o_span, o_a, o_res = self._waiting.pop(0)
+            self._build(o_shape, o_span, o_a, o_res, ctx, rows, res, since=since)
+        own = type(span)()
+        own.CopyFrom(span)  # not a view into the export: that would keep all of it alive
+        self._waiting.append((now, shape, own, a, rattrs))
+
+    def _build(
+        self,
+        shape: SpanShape,
+        span: Any,
+        a: Attrs,
+        rattrs: Attrs,
+        ctx: _ExportContext,
+        rows: list[Row],
+        res: NormalizeResult,
+        since: float | None = None,
+    ) -> None:
+        if since is not None and shape.awaits(span, a, ctx):
+            self.roots_given_up += 1
+        try:
+            rows.append(shape.build_row(span, a, rattrs, ctx))
+            rows.extend(ctx.extra)
+        except Rejected as exc:
+            res.rejected[exc.reason] += 1
+            res.first_error = res.first_error or str(exc)
+        ctx.extra.clear()
+
+    def _finish(self, rows: list[Row], res: NormalizeResult) -> None:
         if rows:
             try:
                 res.requests = _table(rows)
@@ -204,7 +281,6 @@ class Normalizer:
                 rows = _usable_rows(rows, res)
                 if rows:
                     res.requests = _table(rows, check_finite=False)  # checked row by row
-        return res
 
     def export_pending(self) -> list[tuple[str, bytes]]:
         """Pending children as ``(trace_id hex, JSON bytes)`` to persist at shutdown."""
@@ -306,7 +382,7 @@ class _ExportContext:
     """The :class:`collectors.shapes.base.RowContext` of one export: its children by parent
     (what the roots do not take becomes pending), the pending buffer and the GPU resolver."""
 
-    __slots__ = ("_batch", "_pending", "_resolver")
+    __slots__ = ("_batch", "_pending", "_resolver", "extra")
 
     def __init__(
         self, pending: PendingChildren, batch: dict[Key, list[Child]], resolver: GpuResolver
@@ -314,9 +390,17 @@ class _ExportContext:
         self._pending = pending
         self._batch = batch
         self._resolver = resolver
+        self.extra: list[Row] = []
+        """Rows the root being built added besides its own (:meth:`add_row`)."""
 
     def children(self, trace_id: bytes, span_id: bytes) -> list[Child]:
         return self._pending.take((trace_id, span_id), self._batch)
+
+    def peek(self, trace_id: bytes, span_id: bytes) -> list[Child]:
+        return self._pending.peek((trace_id, span_id), self._batch)
+
+    def add_row(self, row: Row) -> None:
+        self.extra.append(row)
 
     def identity(self, span: Any, resource: Attrs, model: Any, span_gpu: Any) -> Identity:
         if len(span.trace_id) != 16 or len(span.span_id) != 8:

@@ -44,6 +44,11 @@ class PendingChildren:
                 got = held[1] + got
         return got
 
+    def peek(self, key: Key, batch: dict[Key, list[Child]]) -> list[Child]:
+        """Like :meth:`take`, leaving them held."""
+        held = self._held.get(key) if self._held else None
+        return (held[1] if held is not None else []) + (batch.get(key) or [])
+
     def keep(self, children: dict[Key, list[Child]], now: float) -> None:
         """Hold ``children`` (seen at ``now``); past ``max_spans``, the oldest parents' are
         dropped as ``pending_overflow``."""

@@ -36,6 +36,13 @@ class OtlpSettings:
         max=300.0,
     )
     pending_ttl_s: float = key(30.0, "how long child spans wait for their root span", min=0.1)
+    root_wait_s: float = key(
+        10.0,
+        "how long a request's root span waits for a child another process exports (Ray "
+        "Serve's replica span, sent in the replica's own batches) before its row is written "
+        "without it; 0 = never wait",
+        min=0.0,
+    )
     grpc_workers: int = key(4, "threads serving OTLP/gRPC calls", min=1, max=64)
 
 

@@ -91,3 +91,38 @@ def test_a_broken_triton_body_gets_a_400_that_says_what_is_wrong(served: Served)
     # nothing of the refused bodies was stored; the intact one still goes through
     assert post(served, path).status_code == 200
     assert len(rows_of(served, "matmul", 1)) == 1
+
+
+RAY_PD = FIXTURES / "rayserve-2.60.0" / "process-detector"
+# one request, one span per body: the route span and the proxy's root (proxy process), the
+# replica's span (replica process, pid 14621, replica scp6oo7i)
+ROUTE, REPLICA, ROOT = (RAY_PD / f"v1_traces_000{n}.pb" for n in (1, 2, 3))
+
+
+def test_a_ray_root_sent_before_its_replica_span_still_gets_the_replica(served: Served) -> None:
+    # the arrival order two BatchSpanProcessors (proxy, replica) often give
+    for body in (ROUTE, ROOT):
+        assert post(served, body).status_code == 200
+    # the root waits for the replica's span (normalized before the export was answered)
+    metrics = httpx.get(f"{served.api}/metrics", timeout=10).text
+    assert "cotenant_otlp_waiting_root_spans 1.0" in metrics.splitlines()
+    assert post(served, REPLICA).status_code == 200
+    [row] = rows_of(served, "mm/MatMul", 1)
+    assert (row["pid"], row["replica"]) == (14621, "scp6oo7i")
+    assert row["queue_ms"] > 0 and row["compute_ms"] > 0
+
+
+def test_a_ray_root_still_waiting_at_shutdown_is_written(tmp_path: Path) -> None:
+    env = {"COTENANT_STORE_RAW_RETENTION_H": "1e6"}
+    s = start_serve(tmp_path, tmp_path / "s.duckdb", env)
+    try:
+        for body in (ROUTE, ROOT):
+            assert post(s, body).status_code == 200
+    finally:
+        assert s.stop() == 0
+    s = start_serve(tmp_path, tmp_path / "s.duckdb", env)
+    try:
+        [row] = rows_of(s, "mm/MatMul", 1)
+        assert row["pid"] is None and row["latency_ms"] > 0
+    finally:
+        s.stop()

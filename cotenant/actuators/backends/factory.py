@@ -30,6 +30,23 @@ def read_secret(value: str, file: str, key: str) -> str:
         raise ConfigError(f"config key {key}: cannot read {file!r}: {exc}") from exc
 
 
+def ray_token(env: Mapping[str, str]) -> str:
+    """The Ray dashboard's bearer token found the way Ray's own clients find it (Ray 2.60
+    turns token authentication on for a cluster ``ray.init`` starts, and for ``ray start``
+    once a token exists): ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH`` names,
+    else ``$HOME/.ray/auth_token`` when it exists; '' when there is none. ConfigError when
+    ``RAY_AUTH_TOKEN_PATH`` names a file that cannot be read."""
+    if env.get("RAY_AUTH_TOKEN"):
+        return env["RAY_AUTH_TOKEN"].strip()
+    if env.get("RAY_AUTH_TOKEN_PATH"):
+        return read_secret("", env["RAY_AUTH_TOKEN_PATH"], "RAY_AUTH_TOKEN_PATH (environment)")
+    home = env.get("HOME")
+    default = Path(home) / ".ray" / "auth_token" if home else None
+    if default is not None and default.is_file():
+        return read_secret("", str(default), "$HOME/.ray/auth_token")
+    return ""
+
+
 def make_backend(cfg: ActuatorSettings, env: Mapping[str, str] | None = None) -> Backend:
     """The backend ``cfg.backend`` names (``cfg``: the ``[actuators]`` keys).
 
@@ -50,9 +67,9 @@ def make_backend(cfg: ActuatorSettings, env: Mapping[str, str] | None = None) ->
             raise ConfigError(f"config key actuators.backend_url: {exc}") from exc
         return HaproxyBackend(api, backends=cfg.haproxy_backends)
     headers: dict[str, str] = {}
-    if kind == "gateway":
-        token = read_secret("", cfg.backend_token_file, "actuators.backend_token_file") or env.get(
-            "COTENANT_GATEWAY_TOKEN", ""
+    if kind in ("gateway", "rayserve"):
+        token = read_secret("", cfg.backend_token_file, "actuators.backend_token_file") or (
+            env.get("COTENANT_GATEWAY_TOKEN", "") if kind == "gateway" else ray_token(env)
         )
         if token:
             headers["Authorization"] = f"Bearer {token}"

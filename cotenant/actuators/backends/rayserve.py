@@ -9,6 +9,17 @@ target deployment's ``max_ongoing_requests`` (and ``num_replicas`` when the chan
   ``max(1, floor(current x params.fraction))`` (the rate cut the policy sized).
 * ``priority``: Ray Serve has no request priorities — refused (use the gateway in front).
 
+Ray 2.60 turns token authentication on by default for clusters ``ray.init`` starts (and for
+``ray start`` once ``~/.ray/auth_token`` exists): the dashboard then answers 401 without
+``Authorization: Bearer <token>``. The factory sends the token of ``backend_token_file``, else
+the one Ray's own clients would find (:func:`actuators.backends.factory.ray_token`); a 401 or
+403 is refused with an error saying so.
+
+Ray applies a PUT asynchronously (the application goes ``DEPLOYING``; a GET right after still
+shows the old value, seen on Ray 2.60): ``apply`` and ``revert`` poll the GET until the
+deployment shows the value set (``max_ongoing_requests`` is updated in place, no replica
+restart) for up to ``settle_s``, and return what it shows then.
+
 A PUT removes applications it does not list, so an application deployed without a config
 (``serve.run`` from Python, no ``deployed_app_config``) makes the change refused rather than
 risk deleting it. The target is a deployment name, or ``app/deployment`` when ambiguous.
@@ -18,7 +29,11 @@ from __future__ import annotations
 
 import copy
 import math
+import time
+from collections.abc import Callable
 from typing import Any
+
+import httpx
 
 from cotenant.actuators.backend import Change
 from cotenant.actuators.backends.http import HttpCaller
@@ -32,14 +47,40 @@ RAY_DEFAULT_MAX_ONGOING = 5
 class RayServeBackend:
     name = "rayserve"
 
-    def __init__(self, http: HttpCaller) -> None:
+    def __init__(
+        self,
+        http: HttpCaller,
+        *,
+        settle_s: float = 30.0,
+        poll_s: float = 0.25,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._http = http
+        self._settle_s = settle_s
+        self._poll_s = poll_s
+        self._sleep = sleep
+        self._clock = clock
 
     def _fail(self, why: str) -> BackendError:
         return BackendError(f"rayserve backend {self._http.base_url}{PATH}: {why}")
 
+    def _send(self, method: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        r = self._http.request(method, PATH, json=body, ok=(401, 403))
+        if r.status_code in (401, 403):
+            raise self._fail(
+                f"{method} refused with {r.status_code} ({r.text[:200].strip()}): the dashboard "
+                "has token authentication on; set actuators.backend_token_file to a file holding "
+                "the cluster's token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH, as for Ray's CLI)"
+            )
+        return r
+
     def _read(self) -> dict[str, Any]:
-        state = self._http.json("GET", PATH)
+        r = self._send("GET")
+        try:
+            state = r.json()
+        except ValueError as exc:
+            raise self._fail(f"answer is not JSON: {r.text[:200]!r}") from exc
         if not isinstance(state, dict) or not isinstance(state.get("applications"), dict):
             raise self._fail("answer has no 'applications' object")
         return state
@@ -77,6 +118,16 @@ class RayServeBackend:
         state = self._read()
         return self._summary(state, *self._locate(state, target))
 
+    def _settled(self, target: str, want: Any) -> dict[str, Any]:
+        """:meth:`current` once it shows ``max_ongoing_requests == want`` (None: whatever the
+        deployment's own default is), or when ``settle_s`` has passed."""
+        deadline = self._clock() + self._settle_s
+        while True:
+            now = self.current(target)
+            if want is None or now["max_ongoing_requests"] == want or self._clock() >= deadline:
+                return now
+            self._sleep(self._poll_s)
+
     def _config(self, state: dict[str, Any]) -> dict[str, Any]:
         apps = []
         for name, detail in state["applications"].items():
@@ -100,7 +151,7 @@ class RayServeBackend:
         if entry is not None:
             deps.append(entry)
         cfg["deployments"] = deps
-        self._http.request("PUT", PATH, json=body)
+        self._send("PUT", body)
 
     def apply(self, change: Change) -> dict[str, Any]:
         if change.kind != "rate_limit":
@@ -122,10 +173,10 @@ class RayServeBackend:
         if "num_replicas" in p:
             entry["num_replicas"] = int(p["num_replicas"])
         self._put(state, app, dep, entry)
-        return self.current(change.target)
+        return self._settled(change.target, limit)
 
     def revert(self, target: str, before: dict[str, Any]) -> dict[str, Any]:
         state = self._read()
         app, dep = self._locate(state, target)
         self._put(state, app, dep, copy.deepcopy(before.get("declared")))
-        return self.current(target)
+        return self._settled(target, before.get("max_ongoing_requests"))

@@ -21,6 +21,11 @@ Then :meth:`SpanShape.build_row` turns each root into one ``requests`` row, taki
 children from the :class:`RowContext` (this export's and those still pending from earlier
 exports). A root that cannot be used raises :class:`Rejected`, counted by its reason.
 
+A root whose row needs a child that *another process* exports (Ray Serve's replica span: the
+proxy's batch may be sent before the replica's) says so with :meth:`SpanShape.awaits`; the
+normalizer then holds the root, for up to its ``root_wait_s``, until that child has arrived,
+and builds the row without it only after that.
+
 Adding a shape: one module under ``collectors/shapes/`` implementing :class:`SpanShape`, listed
 in :data:`collectors.shapes.SHAPES`, and a case in ``tests/test_span_shapes.py``; no other
 shape and not the normalizer change.
@@ -160,6 +165,15 @@ class RowContext(Protocol):
         pending ones, oldest first); they are forgotten once taken. ``[]`` when none."""
         ...
 
+    def peek(self, trace_id: bytes, span_id: bytes) -> list[Child]:
+        """Like :meth:`children`, but the children stay held."""
+        ...
+
+    def add_row(self, row: Row) -> None:
+        """A further row the root being built gives besides its own (a Triton ensemble's
+        composing models); dropped with the root's if the root is rejected."""
+        ...
+
     def identity(self, span: Any, resource: Attrs, model: Any, span_gpu: Any) -> Identity:
         """Check ``span``'s ids and times and resolve who served it: ``model`` and
         ``span_gpu`` are what the span says (None: fall back to the resource's
@@ -192,6 +206,12 @@ class SpanShape(Protocol):
         another process; it is not copied, so keep only the values you need). Returns
         :attr:`Claim.ROOT`, a :data:`Child` to hold for the span's parent, or
         :attr:`Claim.NONE`. Runs for every such span: keep it to a lookup or two."""
+        ...
+
+    def awaits(self, span: Any, attrs: Attrs, ctx: RowContext) -> bool:
+        """True while a root this shape claimed lacks a child another process exports, so
+        its row should wait (read children with :meth:`RowContext.peek` only). Shapes whose
+        children come from the root's own process answer False."""
         ...
 
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:

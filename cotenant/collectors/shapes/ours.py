@@ -37,6 +37,9 @@ class OursShape:
     def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         return _ROOT if ATTR_MODEL in attrs else _NONE
 
+    def awaits(self, span: Any, attrs: Attrs, ctx: RowContext) -> bool:
+        return False  # every child comes from the root's own process
+
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
         a = attrs
         trace_id, span_id = span.trace_id, span.span_id  # each read builds a new bytes

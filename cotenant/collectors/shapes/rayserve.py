@@ -15,9 +15,11 @@ takes), ``replica`` the ``replica_id``, ``queue_ms`` the time from the route spa
 replica span's start, ``compute_ms`` the replica span's duration, the rest of the proxy's
 latency ``other``. Who served it (``pid``, ``host.name``, ``cotenant.gpu``) comes from the
 replica span's resource, never the proxy's: the proxy serves every deployment, so its pid must
-not be joined to the model's GPU. A root whose replica span has not arrived (it is exported by
-another process) still gives its row, without replica, pid or phases; the late span then
-expires as an orphan child.
+not be joined to the model's GPU. A routed root (its route span is there) *awaits* its replica
+span: the proxy and the replica export in separate batches, so with the SDK's usual
+``BatchSpanProcessor`` the root often comes first, and the normalizer holds it for up to
+``otlp.root_wait_s``. After that (or a root answered by the proxy alone) the row has no
+replica, pid or phases; a replica span coming later expires as an orphan child.
 """
 
 from __future__ import annotations
@@ -86,6 +88,15 @@ class RayServeShape:
                 extra,
             )
         return _NONE
+
+    def awaits(self, span: Any, attrs: Attrs, ctx: RowContext) -> bool:
+        # routed (the route span comes from the root's own process) but no replica span yet;
+        # a request answered by the proxy alone (no route span) has no replica to wait for
+        trace_id = span.trace_id
+        routes = [r for r in ctx.peek(trace_id, span.span_id) if r[0] == RAY_ROUTE]
+        return bool(routes) and not any(
+            c[0] == RAY_REPLICA for r in routes for c in ctx.peek(trace_id, r[3])
+        )
 
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
         trace_id, span_id = span.trace_id, span.span_id

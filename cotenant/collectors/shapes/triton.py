@@ -7,12 +7,21 @@
 ``h2d_ms`` / ``compute_ms`` / ``d2h_ms`` split the compute, else it is all ``compute_ms``; the
 rest of the root's latency is ``other``. The tenant comes from the resource only. A root whose
 model span is missing is rejected (``triton_incomplete``).
+
+**Ensembles** (checked on Triton 2.51): the ensemble's model span has no ``compute`` child but
+one model span per composing model executed (each with its own ``compute``). Each composing
+model gets a row of its own (same trace id, its model span's id, times and phases), and the
+ensemble's row sums its steps' queue / transfer / compute, the rest of its latency ``other``
+(a step's span ends after it handed its output on, so consecutive steps overlap a little, and
+parallel ones a lot: a sum over the latency is scaled down to it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from cotenant.collectors.critical_path import OTHER
 from cotenant.collectors.shapes.attributes import as_str, replica_of
 from cotenant.collectors.shapes.base import (
     COMPUTE,
@@ -54,6 +63,9 @@ class TritonShape:
             {"model": as_str(attrs[TRITON_MODEL_ATTR]), "events": events},
         )
 
+    def awaits(self, span: Any, attrs: Attrs, ctx: RowContext) -> bool:
+        return False  # every child comes from the root's own process
+
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
         kids = ctx.children(span.trace_id, span.span_id)
         model_span = next((c for c in kids if c[0] == TRITON_MODEL), None)
@@ -62,29 +74,11 @@ class TritonShape:
                 "triton_incomplete",
                 "InferRequest span arrived without its model span (triton.model_name)",
             )
-        mx = model_span[4] or {}
-        compute_kids = ctx.children(span.trace_id, model_span[3])
-        ev: dict[str, int] = dict(mx.get("events") or {})
-        for c in compute_kids:
-            if c[0] == COMPUTE and c[4]:
-                ev.update(c[4].get("events") or {})
         start, end, model, host, gpu, pid, status = ctx.identity(
-            span, resource, mx.get("model"), None
+            span, resource, (model_span[4] or {}).get("model"), None
         )
         latency = (end - start) / 1e6
-        phases = [0.0] * len(PHASES)
-        q0 = ev.get("QUEUE_START", ev.get("REQUEST_START"))
-        c0, c1 = ev.get("COMPUTE_START"), ev.get("COMPUTE_INPUT_END")
-        c2, c3 = ev.get("COMPUTE_OUTPUT_START"), ev.get("COMPUTE_END")
-        if q0 is not None and c0 is not None:
-            phases[QUEUE] = max(0, c0 - q0) / 1e6
-        if c0 is not None and c3 is not None:
-            if c1 is not None and c2 is not None:
-                phases[H2D] = max(0, c1 - c0) / 1e6
-                phases[COMPUTE] = max(0, c2 - c1) / 1e6
-                phases[D2H] = max(0, c3 - c2) / 1e6
-            else:
-                phases[COMPUTE] = max(0, c3 - c0) / 1e6
+        phases = self._model_phases(span, model_span, resource, ctx)
         fit_phases(phases, latency)
         return request_row(
             ts_start_ns=start,
@@ -101,3 +95,81 @@ class TritonShape:
             phases_ms=phases,
             replica=replica_of(attrs, resource),
         )
+
+    def _model_phases(
+        self, root: Any, model_span: Child, resource: Attrs, ctx: RowContext
+    ) -> list[float]:
+        """The phases (ms, not yet fitted) of one model span: from its and its ``compute``
+        child's events, or, for an ensemble, the sum of its composing models' phases (each
+        of which also gets a row of its own through ``ctx.add_row``), its ``other`` left to
+        the caller's fit."""
+        trace_id = root.trace_id
+        events: dict[str, int] = dict((model_span[4] or {}).get("events") or {})
+        steps: list[Child] = []
+        for c in ctx.children(trace_id, model_span[3]):
+            if c[0] == COMPUTE and c[4]:
+                events.update(c[4].get("events") or {})
+            elif c[0] == TRITON_MODEL:
+                steps.append(c)
+        if not steps:
+            return _event_phases(events)
+        total = [0.0] * len(PHASES)
+        for step in sorted(steps, key=lambda c: c[1]):
+            own = self._model_phases(root, step, resource, ctx)
+            as_span = _Step(trace_id, step[3], step[1], step[2], root.status)
+            s0, s1, model, host, gpu, pid, status = ctx.identity(
+                as_span, resource, (step[4] or {}).get("model"), None
+            )
+            fit_phases(own, (s1 - s0) / 1e6)
+            ctx.add_row(
+                request_row(
+                    ts_start_ns=s0,
+                    ts_end_ns=s1,
+                    trace_id=trace_id.hex(),
+                    span_id=step[3].hex(),
+                    model=model,
+                    tenant=as_str(resource.get("cotenant.tenant")),
+                    host=host,
+                    pid=pid,
+                    gpu=gpu,
+                    status=status,
+                    source=self.source,
+                    phases_ms=own,
+                    replica=replica_of({}, resource),
+                )
+            )
+            for k, ms in enumerate(own):
+                if k != OTHER:
+                    total[k] += ms
+        return total
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A composing model's span as :meth:`RowContext.identity` reads a span (its ids, times
+    and the status of the request it served)."""
+
+    trace_id: bytes
+    span_id: bytes
+    start_time_unix_nano: int
+    end_time_unix_nano: int
+    status: Any
+    name: str = "ensemble step"
+
+
+def _event_phases(ev: dict[str, int]) -> list[float]:
+    """Queue / h2d / compute / d2h (ms) from a model span's and its compute span's events."""
+    phases = [0.0] * len(PHASES)
+    q0 = ev.get("QUEUE_START", ev.get("REQUEST_START"))
+    c0, c1 = ev.get("COMPUTE_START"), ev.get("COMPUTE_INPUT_END")
+    c2, c3 = ev.get("COMPUTE_OUTPUT_START"), ev.get("COMPUTE_END")
+    if q0 is not None and c0 is not None:
+        phases[QUEUE] = max(0, c0 - q0) / 1e6
+    if c0 is not None and c3 is not None:
+        if c1 is not None and c2 is not None:
+            phases[H2D] = max(0, c1 - c0) / 1e6
+            phases[COMPUTE] = max(0, c2 - c1) / 1e6
+            phases[D2H] = max(0, c3 - c2) / 1e6
+        else:
+            phases[COMPUTE] = max(0, c3 - c0) / 1e6
+    return phases

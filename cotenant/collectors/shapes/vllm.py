@@ -39,6 +39,9 @@ class VllmShape:
     def claim(self, span: Any, attrs: Attrs, resource: Attrs) -> Claim | Child:
         return Claim.NONE  # roots are claimed by name; vLLM emits no child spans
 
+    def awaits(self, span: Any, attrs: Attrs, ctx: RowContext) -> bool:
+        return False  # every child comes from the root's own process
+
     def build_row(self, span: Any, attrs: Attrs, resource: Attrs, ctx: RowContext) -> Row:
         a = attrs
         model = (
