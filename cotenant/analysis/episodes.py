@@ -343,7 +343,9 @@ def _first_opening(
         # before the stretch (a breach has the SLO to anchor it and needs min_history only)
         known = pd.Series(np.isfinite(learn)).rolling(p.history, min_periods=1).sum()
         enough = (known.shift(d).to_numpy() >= p.history // 2) & np.isfinite(b0)
-        if not p.seasonal and p.seen_windows > 0:
+        with np.errstate(invalid="ignore"):
+            over = np.nan_to_num(level[pos:n_eval] > need[pos:n_eval]).any()
+        if over and not p.seasonal and p.seen_windows > 0:  # (nothing over: no need to look)
             normal = pd.Series(history).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q)
             seen = (
                 normal.rolling(p.seen_windows, min_periods=1)

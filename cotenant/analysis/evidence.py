@@ -130,6 +130,11 @@ def opening(
         b0 = np.full(n, np.nan)  # the baseline before the span
         b0[span - 1 :] = base[: n - span + 1]
         need = np.fmax(p.ratio * b0, b0 + p.abs_ms)
+        with np.errstate(invalid="ignore"):
+            if not np.nan_to_num(
+                level[pos + span - 1 : n_eval] > need[pos + span - 1 : n_eval]
+            ).any():
+                continue  # nothing over the bar at all (most passes): the rest is not needed
         if seen_windows > 0:  # 0: no ordinary contention, every slowdown is news
             past = pd.Series(_median(history, span, p.min_samples))
             seen = past.rolling(seen_windows, min_periods=1).quantile(q).shift(span).to_numpy()
