@@ -64,13 +64,26 @@ def test_the_queries_read_some_triton_series_at_all() -> None:
 @pytest.mark.parametrize("name", TRITON_PAGES)
 def test_every_triton_name_we_query_is_on_the_real_page_with_its_model_label(name: str) -> None:
     real = page(name)
-    for metric in sorted(triton_names_we_read()):
+    for metric in sorted(triton_names_we_read() - {promql.TRITON_SUMMARY}):
         assert metric in real, f"{metric} is not exposed by {name}"
         kind, _, label_sets = real[metric]
         assert kind == "counter", f"{metric} is a {kind}: rate() of it means nothing"
         assert all("model" in labels for labels in label_sets), metric
         if metric.endswith("_us"):
             assert "microseconds" in real[metric][1]
+
+
+def test_the_optional_latency_summary_is_read_with_the_quantiles_triton_exposes() -> None:
+    # on the page of a server run with summary_latencies=true; pytriton's has none (null p99)
+    assert promql.TRITON_SUMMARY in triton_names_we_read()
+    kind, doc, label_sets = page("triton-2.51.0/metrics.txt")[promql.TRITON_SUMMARY]
+    assert kind == "summary" and "microseconds" in doc
+    quantiles = {float(ls["quantile"]) for ls in label_sets if "quantile" in ls}
+    assert {q for _, q in promql.QUANTILES} <= quantiles
+    assert all("model" in ls for ls in label_sets)
+    assert promql.TRITON_SUMMARY not in page("pytriton-0.7.0/metrics.txt")
+    for name, _ in promql.QUANTILES:
+        assert triton_fields()[name].endswith(" / 1e6"), name
 
 
 def test_every_microsecond_counter_is_divided_into_seconds() -> None:

@@ -53,7 +53,9 @@ p95), from the raw buckets for windows before their first evaluation or without 
 vLLM (``vllm:e2e_request_latency_seconds`` quantiles and mean; ``queue_ms`` from
 ``vllm:request_queue_time_seconds``, ``compute_ms`` from ``vllm:request_inference_time_seconds``
 when exported), else Triton (means = ``rate(nv_inference_*_duration_us) /
-rate(nv_inference_request_success)`` (``nv_inference_count`` when absent), quantiles null,
+rate(nv_inference_request_success)`` (``nv_inference_count`` when absent), quantiles from
+``nv_inference_request_summary_us`` where Triton runs with ``summary_latencies=true`` (over its
+own sliding window; null without it),
 ``queue/h2d/compute/d2h_ms`` from queue / compute_input / compute_infer / compute_output,
 ``errors`` from ``nv_inference_request_failure``, ``batch_size_mean`` = inferences / executions).
 Rows are windows with requests; ``count`` = rate x step. ``has_spans`` is True when cotenant's

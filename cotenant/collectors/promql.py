@@ -343,7 +343,16 @@ def _triton_query(m: str, r: str) -> str:
         ("d2h", "compute_output"),
     ):
         parts[f"{phase}_sum"] = rate(f"nv_inference_{stage}_duration_us", " / 1e6")
+    for n, q in QUANTILES:
+        # optional (--metrics-config=summary_latencies=true): quantiles over Triton's own
+        # sliding window, not the rate window; the highest of a model's series (versions)
+        sel = ",".join(x for x in (m, f'quantile="{q}"') if x)
+        parts[n] = f"max by ({by}) (last_over_time({TRITON_SUMMARY}{{{sel}}}[{r}])) / 1e6"
     return union(parts)
+
+
+TRITON_SUMMARY = "nv_inference_request_summary_us"
+"""Triton's request-latency summary (µs): exposed only with ``summary_latencies=true``."""
 
 
 FAMILIES: tuple[Family, ...] = (

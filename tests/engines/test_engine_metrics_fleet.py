@@ -119,6 +119,8 @@ def test_prometheus_source_reads_triton_requests_as_the_client_sent_them(
         assert 0 < row["mean_ms"] <= client_mean * 1.05, (model, row, client_mean)
         assert row["queue_ms"] is not None and row["queue_ms"] >= 0, row
         assert row["compute_ms"] is not None and 0 < row["compute_ms"] <= row["mean_ms"], row
+        # Triton's latency summary (summary_latencies=true), over its own sliding window
+        assert 0 < row["p50_ms"] <= row["p99_ms"], row
         print(
             f"{model}: client n={n} mean {client_mean:.1f} ms; fleet count {row['count']:.1f} "
             f"mean {row['mean_ms']:.1f} ms (queue {row['queue_ms']:.2f}, compute "
