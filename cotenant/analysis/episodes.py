@@ -120,7 +120,7 @@ def track(
         c0 = max(0, min(n, carry.start))
         if carry.rule == evidence.RULE and c is not None and p.evidence is not None:
             ep = evidence.extend(
-                c, c0, carry.threshold_ms, slo_ms, carry.span, p.evidence, n_eval, over
+                c, c0, carry.threshold_ms, slo_ms, carry.span, p.close_windows, n_eval, over
             )
         else:
             ep = _extend(v, valid, slo_ms, p, c0, carry.baseline_ms, carry.threshold_ms, n_eval)
@@ -263,7 +263,7 @@ def _evidence_episode(
                 tail.to_numpy() > max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms), nan=0
             ).astype(bool)
     end, is_open, crossed = evidence.extend(
-        c, ev.start, ev.threshold, slo_ms, ev.span, p.evidence, n_eval, over, hold
+        c, ev.start, ev.threshold, slo_ms, ev.span, p.close_windows, n_eval, over, hold
     )
     if not is_open and end - ev.start + 1 < max(p.min_episode_windows, p.degrade_windows):
         # judged slow, but a degradation must last as long as one: the p99 rules decide (a
@@ -347,13 +347,8 @@ def _first_opening(
             over = np.nan_to_num(level[pos:n_eval] > need[pos:n_eval]).any()
         if over and not p.seasonal and p.seen_windows > 0:  # (nothing over: no need to look)
             normal = pd.Series(history).rolling(d, min_periods=max(1, d // 2)).quantile(LEVEL_Q)
-            seen = (
-                normal.rolling(p.seen_windows, min_periods=1)
-                .quantile(p.ordinary_q)
-                .shift(d)
-                .to_numpy()
-            )
-            need = np.fmax(need, b0 + p.ordinary_margin * (seen - b0))
+            bar = evidence.ordinary(normal, b0, p.seen_windows, p.ordinary_q, p.ordinary_margin, d)
+            need = np.fmax(need, bar)
         need = np.where(enough, need, np.nan)
         with np.errstate(invalid="ignore"):
             fire = np.nan_to_num(level > need, nan=0).astype(bool) & valid

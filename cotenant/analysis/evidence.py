@@ -21,8 +21,8 @@ windows) holding at least ``min_samples`` samples, a slowdown opens when
 So a 200 req/s model is judged over 30 windows and a 0.5 req/s model over one or two minutes:
 the shortest span that holds the evidence wins. Once open, the slowdown stays open while the
 median of the samples since it began (at most a span of them) stays over the frozen
-threshold, and closes after ``close_windows`` windows under it (or a span without samples: a
-model that stops serving is not slow).
+threshold, and closes after ``SpikeParams.close_windows`` windows under it (or a span without
+samples: a model that stops serving is not slow).
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ class EvidenceParams:
     # ... and the recent spans' typical median by this many robust standard deviations of
     # theirs (a bursty neighbour's ordinary excursions make that spread wide)
     spread_z: float = 4.0
-    close_windows: int = 5  # windows under the threshold that end a slowdown
 
 
 @dataclass(frozen=True)
@@ -79,6 +78,17 @@ def sign_p(k: int, n: int) -> float:
     if k <= 0:
         return 1.0
     return sum(math.comb(n, j) for j in range(k, n + 1)) / 2.0**n
+
+
+def ordinary(
+    levels: pd.Series, b0: np.ndarray, seen_windows: int, q: float, margin: float, lag: int
+) -> np.ndarray:
+    """The ordinary-contention bar per window: the baseline ``b0`` plus ``margin`` x the
+    excursion of the ``q`` quantile (1 = the highest) of ``levels`` over the ``seen_windows``
+    before the stretch (``lag`` windows back); NaN where nothing was seen. Both the p99 rule
+    and this one open a degradation only above it."""
+    seen = levels.rolling(seen_windows, min_periods=1).quantile(q).shift(lag).to_numpy()
+    return np.asarray(b0 + margin * (seen - b0))
 
 
 def threshold(baseline: float, p: EvidenceParams) -> float:
@@ -137,13 +147,12 @@ def opening(
                 continue  # nothing over the bar at all (most passes): the rest is not needed
         if seen_windows > 0:  # 0: no ordinary contention, every slowdown is news
             past = pd.Series(_median(history, span, p.min_samples))
-            seen = past.rolling(seen_windows, min_periods=1).quantile(q).shift(span).to_numpy()
+            bar = ordinary(past, b0, seen_windows, q, margin, span)
             few = min(seen_windows, p.min_baseline)
             mid = past.rolling(seen_windows, min_periods=few).median()
             mad = (past - mid).abs().rolling(seen_windows, min_periods=few).median()
             spread = (mid + p.spread_z * 1.4826 * mad).shift(span).to_numpy()
-            ordinary = b0 + margin * (seen - b0)
-            need = np.where(np.isfinite(ordinary), np.fmax(need, ordinary), need)
+            need = np.where(np.isfinite(bar), np.fmax(need, bar), need)
             need = np.where(np.isfinite(spread), np.fmax(need, spread), need)
         with np.errstate(invalid="ignore"):
             fire = np.nan_to_num(level > need, nan=0).astype(bool)
@@ -179,7 +188,7 @@ def extend(
     threshold_ms: float,
     slo_ms: float | None,
     span: int,
-    p: EvidenceParams,
+    close: int,
     n_eval: int,
     over: np.ndarray | None = None,
     hold: np.ndarray | None = None,
@@ -203,7 +212,7 @@ def extend(
         calm = ((count == 0) | ~(level > threshold_ms)) & ~held
         slow = (ok & (seg > threshold_ms)) | held
     crossed = bool(breach.any())
-    c = p.close_windows
+    c = close
     run = _count(calm, c)
     closed = np.flatnonzero(run >= c)
     if len(closed):

@@ -165,8 +165,6 @@ class IncidentBook:
         self._cooldown_ns = cooldown_ns
         self._publish = publish_windows
         self._lock = threading.Lock()
-        # per incident being updated: its lead indicator and indicator entries (_told)
-        self._pending: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def find(
         self,
@@ -267,7 +265,7 @@ class IncidentBook:
         events: list[IncidentEvent] = []
         written: list[Incident] = []
         for inc, ds, created in groups.values():
-            got = self._apply(inc, self._told(inc, ds), now_ns, created)
+            got = self._apply(inc, *self._told(inc, ds), now_ns, created)
             events += got
             if got or created or inc.live:
                 inc.updated_ns = now_ns
@@ -288,7 +286,7 @@ class IncidentBook:
         self._delete(dismissed)
         return events
 
-    def _told(self, inc: Incident, ds: list[Diagnosis]) -> Diagnosis:
+    def _told(self, inc: Incident, ds: list[Diagnosis]) -> tuple[Diagnosis, str, dict[str, Any]]:
         """The diagnoses of one incident (any indicators) as one: the lead indicator's
         merged diagnosis (its causes) over the extent of all, open while any is; each
         indicator's own entry goes to ``detail["indicators"]``."""
@@ -308,8 +306,7 @@ class IncidentBook:
             open=any(d.open for d in merged.values()),
             severity=BREACH if any(d.severity == BREACH for d in ds) else DEGRADATION,
         )
-        self._pending[inc.id] = (lead, entries)
-        return told
+        return told, lead, entries
 
     def _match(
         self, current: list[Incident], extent: dict[str, tuple[int, int]], d: Diagnosis
@@ -364,11 +361,17 @@ class IncidentBook:
         )
 
     def _apply(
-        self, inc: Incident, d: Diagnosis, now_ns: int, created: bool
+        self,
+        inc: Incident,
+        d: Diagnosis,
+        lead: str,
+        entries: dict[str, Any],
+        now_ns: int,
+        created: bool,
     ) -> list[IncidentEvent]:
-        """Fold the merged diagnosis ``d`` into ``inc``; the events of what changed."""
+        """Fold the merged diagnosis ``d`` (told by ``lead``; each indicator's ``entries``)
+        into ``inc``; the events of what changed."""
         prev_state, prev_top, prev_sev = inc.state, inc.top, inc.severity
-        lead, entries = self._pending.pop(inc.id, (d.indicator, {}))
         mine = entries.get(lead, {})
         if lead != inc.indicator:  # another indicator breached first: the incident follows it
             inc.indicator = lead
