@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from cotenant.analysis.candidates import Candidate
-from cotenant.analysis.change import confidence, mean_over, wmean_over
+from cotenant.analysis.change import confidence, wmean_over
 from cotenant.analysis.change import evidence as change_evidence
 from cotenant.analysis.compute_causes import (
     SAMPLE_LAG_WINDOWS,
@@ -52,6 +52,8 @@ from cotenant.analysis.compute_causes import (
 from cotenant.analysis.cpu_causes import cpu_risers
 from cotenant.analysis.demand import (
     Demand,
+    arrival_rates,
+    arrival_span,
     arrival_surge,
     cotenant_demands,
     cpu_work_rose,
@@ -172,7 +174,7 @@ def attribute(
     # queue: own load vs lost capacity
     q = phases.get("queue_ms", 0.0)
     if q > 0:
-        rate_b, rate_d = mean_over(v["arrival_rps"], before), mean_over(v["arrival_rps"], during)
+        rate_b, rate_d = arrival_rates(v, before, during)
         item = (
             np.nan_to_num(v["compute_ms"]) + np.nan_to_num(v["h2d_ms"]) + np.nan_to_num(v["d2h_ms"])
         ) / np.fmax(np.nan_to_num(v["batch_size_mean"], nan=1.0), 1.0)
@@ -182,12 +184,11 @@ def attribute(
         load = Candidate("load", victim)
         if lw + cw > 0:
             excess[load] += q * lw / (lw + cw)
-            conf.setdefault(load, confidence(v["arrival_rps"], before, during))
+            span = arrival_span(before, during)
+            conf.setdefault(load, confidence(v["arrival_rps"], span, during))
             evidence.setdefault(
                 load,
-                change_evidence(
-                    v["arrival_rps"], before, during, f"{victim} arrival rate", "req/s"
-                ),
+                change_evidence(v["arrival_rps"], span, during, f"{victim} arrival rate", "req/s"),
             )
             lost = q * cw / (lw + cw)
             ctotal = sum(compute.values())

@@ -56,6 +56,30 @@ SLOWED = 1.2
 """A co-tenant whose compute per item (or mean latency) grew by this factor was slowed."""
 
 
+def arrival_span(before: np.ndarray, during: np.ndarray) -> np.ndarray:
+    """The stretch of time ``before`` covers: every window from its first to its last, less
+    ``during``. An arrival rate is requests over *time*: ``before`` itself holds only windows
+    with enough requests for a latency (or, for a sparse model, any request), so a bursty
+    model's rate over it was that of its busy windows alone — the tail of its last burst read
+    as 12 requests/s before a burst of 8, and its own burst was never a surge."""
+    idx = np.flatnonzero(before)
+    if not len(idx):
+        return before
+    span = np.zeros_like(before)
+    span[idx[0] : idx[-1] + 1] = True
+    out: np.ndarray = span & ~during
+    return out
+
+
+def arrival_rates(
+    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray
+) -> tuple[float, float]:
+    """A model's mean arrival rate (requests/s) over :func:`arrival_span` and over
+    ``during``."""
+    arr = v["arrival_rps"]
+    return mean_over(arr, arrival_span(before, during)), mean_over(arr, during)
+
+
 def arrival_surge(
     v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
 ) -> bool:
@@ -66,11 +90,11 @@ def arrival_surge(
     the difference of two Poisson rates, ``sqrt(n_b / t_b^2 + n_d / t_d^2)``. Taking the
     before rate as exact made a sparse model (0.2 requests/s, 5 arrivals in a minute that
     happened to be quiet) "surge" on the 17 of an ordinary minute after it."""
-    rate_b = mean_over(v["arrival_rps"], before)
+    rate_b, _ = arrival_rates(v, before, during)
     if not np.isfinite(rate_b) or rate_b <= 0:
         return False
     step_s = step_ns / 1e9
-    secs_b = float(before.sum()) * step_s
+    secs_b = float(arrival_span(before, during).sum()) * step_s
     secs_d = float(during.sum()) * step_s
     if secs_b <= 0 or secs_d <= 0:
         return False
@@ -87,9 +111,10 @@ def _woke_up(
     """No arrival before, and more during than a rate that could have hidden in the before
     windows allows (its 95 % upper bound, 3 / their length: the rule of three). A sparse model
     with a short history (a warm-up) has not woken up by sending one request."""
-    if mean_over(v["arrival_rps"], before) > 0:
+    span = arrival_span(before, during)
+    if mean_over(v["arrival_rps"], span) > 0:
         return False
-    secs_b = float(before.sum()) * step_ns / 1e9
+    secs_b = float(span.sum()) * step_ns / 1e9
     if secs_b <= 0:
         return False
     expected = 3.0 / secs_b * float(during.sum()) * step_ns / 1e9
@@ -155,7 +180,7 @@ def demand_of(
     v = w.models[model]
     cnt = v["count"]
     d = Demand(model, False, slowed=slowdown(v, before, during))
-    rate_b, rate_d = mean_over(v["arrival_rps"], before), mean_over(v["arrival_rps"], during)
+    rate_b, rate_d = arrival_rates(v, before, during)
     d.evidence["arrival_rps"] = [_r(rate_b), _r(rate_d)]
     if arrival_surge(v, before, during, w.step_ns) or _woke_up(v, before, during, w.step_ns):
         d.reasons.append(f"arrivals {_r(rate_b)} -> {_r(rate_d)} req/s")
@@ -230,7 +255,7 @@ def cpu_work_rose(
     own = slowdown(v, before, during)
     own = own if np.isfinite(own) and own > 1 else 1.0
     # more requests bring more CPU work; a rate within Poisson noise of before counts as flat
-    rb, rd = mean_over(v["arrival_rps"], before), mean_over(v["arrival_rps"], during)
+    rb, rd = arrival_rates(v, before, during)
     more = rd / rb if rb > 0 and arrival_surge(v, before, during, step_ns) else 1.0
     return bool(cd > cb * more * own * OWN_USE_RISE)
 

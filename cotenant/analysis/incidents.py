@@ -22,7 +22,9 @@ pass's diagnoses of one (model, GPU) into its incidents and says what changed, a
   history is kept once per incident (``detail["cause_history"]``: first, each change, with
   the time of the pass that saw it);
 * a diagnosis of an episode that began before the windows the loop read (``carried``) keeps
-  the incident's causes: its "before" windows are no longer in the horizon.
+  the incident's causes: its "before" windows are no longer in the horizon;
+* a degradation the model's own arrival surge explains opens no incident
+  (:func:`analysis.incident_merge.own_load`): a bursty tenant is not paged for its own bursts.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from cotenant.analysis import incident_merge
 from cotenant.analysis.diagnose import Diagnosis
 from cotenant.analysis.episodes import BREACH, DEGRADATION
+from cotenant.analysis.incident_merge import indicator_entry, own_load
 from cotenant.analysis.incident_record import (
     DIAGNOSING,
     DISMISSED,
@@ -64,71 +68,6 @@ def _same_cause(i: Incident, d: Diagnosis) -> bool:
     if top is None:
         return True
     return _cause_key(i.top) == (top.kind, top.culprit)
-
-
-def _lead(ds: list[Diagnosis], current: str | None) -> str:
-    """The indicator an incident is told by: the first to breach its SLO, else the one it
-    already had, else the first found."""
-    breached = sorted((d for d in ds if d.severity == BREACH), key=lambda d: d.start_ns)
-    if current is not None and any(d.indicator == current for d in breached):
-        return current
-    if breached:
-        return breached[0].indicator
-    if current is not None and any(d.indicator == current for d in ds):
-        return current
-    return min(ds, key=lambda d: d.start_ns).indicator
-
-
-def _indicator_entry(d: Diagnosis, frozen: dict[str, Any] | None) -> dict[str, Any]:
-    """What an incident shows of one indicator: extent, severity, before / during, SLO; the
-    baseline and threshold stay as frozen when the indicator joined."""
-    out: dict[str, Any] = {
-        "start_ns": d.start_ns,
-        "end_ns": d.end_ns,
-        "open": d.open,
-        "severity": d.severity,
-        "baseline_p99_ms": _num(d.baseline_p99_ms),
-        "peak_p99_ms": _num(d.peak_p99_ms),
-        "slo_ms": d.slo_ms,
-        "threshold_ms": _num(d.threshold_ms),
-        "judged_on": d.judged_on,
-        "carried": d.carried,
-    }
-    if frozen:
-        for k in ("baseline_p99_ms", "threshold_ms", "judged_on"):
-            if k in frozen:
-                out[k] = frozen[k]
-        out["start_ns"] = min(d.start_ns, int(frozen.get("start_ns", d.start_ns)))
-        if frozen.get("severity") == BREACH:
-            out["severity"] = BREACH
-        peaks = [float(x) for x in (frozen.get("peak_p99_ms"), out["peak_p99_ms"]) if x is not None]
-        out["peak_p99_ms"] = max(peaks) if peaks else None
-    return out
-
-
-def _num(x: float) -> float | None:
-    return None if x != x else round(float(x), 3)
-
-
-def _merged(ds: list[Diagnosis]) -> Diagnosis:
-    """One diagnosis for the episodes (in start order) that continue one incident: its
-    extent, open when the newest is, a breach when any was; causes from the newest episode
-    unless it is too short to say, then from the longest."""
-    newest = ds[-1]
-    src = newest
-    if len(ds) > 1 and newest.open and newest.during_windows < 5:
-        src = max(ds, key=lambda d: d.during_windows)
-    peaks = [d.peak_p99_ms for d in ds if d.peak_p99_ms == d.peak_p99_ms]
-    return replace(
-        src,
-        start_ns=min(d.start_ns for d in ds),
-        end_ns=max(d.end_ns for d in ds),
-        open=newest.open,
-        severity=BREACH if any(d.severity == BREACH for d in ds) else newest.severity,
-        peak_p99_ms=max(peaks) if peaks else src.peak_p99_ms,
-        after_p99_ms=newest.after_p99_ms,
-        during_windows=max(d.during_windows for d in ds),
-    )
 
 
 def live_of(incidents: list[Incident], model: str, gpu: str, indicator: str) -> Incident | None:
@@ -255,6 +194,10 @@ class IncidentBook:
                 # found long after it began, not news then: a baseline that moved since
                 # (history scrolled out of the horizon) does not make it an incident now
                 continue
+            if inc is None and own_load(d):
+                # slower within its SLO because its own requests surged: its load, not a
+                # co-tenant's (an incident a co-tenant opened still continues through it)
+                continue
             if inc is None:
                 inc = self._new(d, model, gpu, now_ns)
                 current.append(inc)
@@ -294,11 +237,11 @@ class IncidentBook:
         per: dict[str, list[Diagnosis]] = {}
         for d in ds:
             per.setdefault(d.indicator, []).append(d)
-        merged = {ind: _merged(group) for ind, group in per.items()}
+        merged = {ind: incident_merge.merged(group) for ind, group in per.items()}
         for ind, d in merged.items():
-            entries[ind] = _indicator_entry(d, entries.get(ind))
+            entries[ind] = indicator_entry(d, entries.get(ind))
         current = inc.indicator if inc.detail.get("indicators") else None
-        lead = _lead(list(merged.values()), current)
+        lead = incident_merge.lead(list(merged.values()), current)
         told = replace(
             merged[lead],
             start_ns=min(d.start_ns for d in ds),

@@ -61,8 +61,15 @@ class SpikeParams:
 
     @property
     def history_windows(self) -> int:
-        """Windows of history read before a range: two seasons when seasonal."""
-        return max(self.history, 2 * self.season) if self.seasonal else self.history
+        """Windows of history read before a range: two seasons when seasonal, and the
+        ordinary contention's whole memory before the range's first window (plus the
+        stretches its levels are judged over), so a window is judged against the same past
+        whichever pass reads it: with less, a live pass whose read had scrolled past a burst
+        found an old stretch "new" and joined it to the next incident."""
+        n = max(self.history, 2 * self.season) if self.seasonal else self.history
+        if self.seen_windows > 0:
+            n = max(n, self.seen_windows + 2 * self.degrade_windows)
+        return n
 
 
 def baseline(p99: np.ndarray, count: np.ndarray, p: SpikeParams) -> tuple[np.ndarray, np.ndarray]:
