@@ -43,7 +43,7 @@ def test_a_sparse_models_arrival_rate_is_over_time_not_over_its_busy_windows() -
     before[0:180:5] = True  # the windows with a request: what attribution compares with
     during = np.zeros(n, dtype=bool)
     during[200:260] = True
-    v = {"arrival_rps": arrivals}
+    v = {"arrival_rps": arrivals, "count": arrivals}
     rate_b, rate_d = arrival_rates(v, before, during)
     assert abs(rate_b - 0.4) < 0.01 and rate_d == 2.5
     # over its busy windows alone it "sent 2/s before": 2.5/s would be no surge

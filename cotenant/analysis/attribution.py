@@ -184,7 +184,7 @@ def attribute(
         load = Candidate("load", victim)
         if lw + cw > 0:
             excess[load] += q * lw / (lw + cw)
-            span = arrival_span(before, during)
+            span = arrival_span(v, before, during)
             conf.setdefault(load, confidence(v["arrival_rps"], span, during))
             evidence.setdefault(
                 load,

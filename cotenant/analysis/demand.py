@@ -56,18 +56,20 @@ SLOWED = 1.2
 """A co-tenant whose compute per item (or mean latency) grew by this factor was slowed."""
 
 
-def arrival_span(before: np.ndarray, during: np.ndarray) -> np.ndarray:
-    """The stretch of time ``before`` covers: every window from its first to its last, less
-    ``during``. An arrival rate is requests over *time*: ``before`` itself holds only windows
-    with enough requests for a latency (or, for a sparse model, any request), so a bursty
-    model's rate over it was that of its busy windows alone — the tail of its last burst read
-    as 12 requests/s before a burst of 8, and its own burst was never a surge."""
+def arrival_span(v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray) -> np.ndarray:
+    """The stretch of time ``before`` covers: its windows and the windows without requests
+    between its first and its last (not those of other slowdowns), less ``during``. An
+    arrival rate is requests over *time*: ``before`` itself holds only windows with enough
+    requests for a latency (or, for a sparse model, any request), so a bursty model's rate
+    over it was that of its busy windows alone — the tail of its last burst read as 12
+    requests/s before a burst of 8, and its own burst was never a surge."""
     idx = np.flatnonzero(before)
     if not len(idx):
         return before
     span = np.zeros_like(before)
     span[idx[0] : idx[-1] + 1] = True
-    out: np.ndarray = span & ~during
+    idle = ~(np.nan_to_num(v["arrival_rps"]) > 0) & ~(np.nan_to_num(v["count"]) > 0)
+    out: np.ndarray = span & (before | idle) & ~during
     return out
 
 
@@ -77,7 +79,7 @@ def arrival_rates(
     """A model's mean arrival rate (requests/s) over :func:`arrival_span` and over
     ``during``."""
     arr = v["arrival_rps"]
-    return mean_over(arr, arrival_span(before, during)), mean_over(arr, during)
+    return mean_over(arr, arrival_span(v, before, during)), mean_over(arr, during)
 
 
 def arrival_surge(
@@ -94,7 +96,7 @@ def arrival_surge(
     if not np.isfinite(rate_b) or rate_b <= 0:
         return False
     step_s = step_ns / 1e9
-    secs_b = float(arrival_span(before, during).sum()) * step_s
+    secs_b = float(arrival_span(v, before, during).sum()) * step_s
     secs_d = float(during.sum()) * step_s
     if secs_b <= 0 or secs_d <= 0:
         return False
@@ -111,7 +113,7 @@ def _woke_up(
     """No arrival before, and more during than a rate that could have hidden in the before
     windows allows (its 95 % upper bound, 3 / their length: the rule of three). A sparse model
     with a short history (a warm-up) has not woken up by sending one request."""
-    span = arrival_span(before, during)
+    span = arrival_span(v, before, during)
     if mean_over(v["arrival_rps"], span) > 0:
         return False
     secs_b = float(span.sum()) * step_ns / 1e9
