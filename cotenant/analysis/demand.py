@@ -56,6 +56,10 @@ SLOWED = 1.2
 """A co-tenant whose compute per item (or mean latency) grew by this factor was slowed."""
 
 
+IDLE_LEAD = 180
+"""Windows of idleness before a model's "before" windows that count as its time."""
+
+
 def arrival_span(v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray) -> np.ndarray:
     """The stretch of time ``before`` covers: its windows and the windows without requests
     between its first and its last (not those of other slowdowns), less ``during``. An
@@ -66,9 +70,16 @@ def arrival_span(v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarra
     idx = np.flatnonzero(before)
     if not len(idx):
         return before
+    idle = ~(np.nan_to_num(v["arrival_rps"]) > 0)
+    if "count" in v:  # (requests that arrived earlier and completed in the window)
+        idle &= ~(np.nan_to_num(v["count"]) > 0)
+    # ... from the idle stretch that led up to its first window (a bursty model idle for
+    # minutes between bursts, whose "before" is a window or two), at most IDLE_LEAD back
+    lo = max(0, int(idx[0]) - IDLE_LEAD)
+    busy = np.flatnonzero(~idle[lo : idx[0]])
+    lo += int(busy[-1]) + 1 if len(busy) else 0
     span = np.zeros_like(before)
-    span[idx[0] : idx[-1] + 1] = True
-    idle = ~(np.nan_to_num(v["arrival_rps"]) > 0) & ~(np.nan_to_num(v["count"]) > 0)
+    span[lo : idx[-1] + 1] = True
     out: np.ndarray = span & (before | idle) & ~during
     return out
 

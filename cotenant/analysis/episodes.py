@@ -115,6 +115,13 @@ def track(
         taken[e.start : e.end + 1] = True
         if e.severity == BREACH:
             breached[e.start : e.end + 1] = True
+        # ... and its rise: the windows of the span before it already over its threshold,
+        # while below the bar that opened it (a bursty model's burst until it beat its last one)
+        # teach no baseline and are no "before" either: they made the burst its own normal
+        x = c if e.rule == evidence.RULE and c is not None else v
+        lo = max(0, e.start - (e.span or p.degrade_windows))
+        with np.errstate(invalid="ignore"):
+            taken[lo : e.start] |= np.nan_to_num(x[lo : e.start] > e.threshold_ms, nan=0) > 0
 
     if carry is not None:
         c0 = max(0, min(n, carry.start))
