@@ -12,12 +12,13 @@ Skip a module when the server is absent with ``pytestmark = needs_prometheus``.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -128,7 +129,12 @@ class PromServer:
         self._logf.close()
 
 
-def _config(targets: list[str], scrape_interval_s: float, rule_files: list[Path]) -> str:
+def _config(
+    targets: list[str],
+    scrape_interval_s: float,
+    rule_files: list[Path],
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> str:
     lines = [
         "global:",
         f"  scrape_interval: {int(scrape_interval_s * 1000)}ms",
@@ -138,13 +144,27 @@ def _config(targets: list[str], scrape_interval_s: float, rule_files: list[Path]
         lines += ["rule_files:", *[f"  - {p}" for p in rule_files]]
     if not targets:
         return "\n".join([*lines, "scrape_configs: []"]) + "\n"
-    lines += [
-        "scrape_configs:",
-        "  - job_name: test",
-        "    static_configs:",
-        "      - targets: [" + ", ".join(f"'{t}'" for t in targets) + "]",
-    ]
+    labels = labels or {}
+    plain = [t for t in targets if t not in labels]
+    lines += ["scrape_configs:", "  - job_name: test", "    static_configs:"]
+    if plain:
+        lines.append("      - targets: [" + ", ".join(f"'{t}'" for t in plain) + "]")
+    for t in targets:
+        if t in labels:
+            lines += [f"      - targets: ['{t}']", "        labels:"]
+            lines += [f"          {k}: '{v}'" for k, v in labels[t].items()]
     return "\n".join(lines) + "\n"
+
+
+def zeroed(page: str) -> str:
+    """A text exposition as it was before anything happened: every sample 0."""
+    return (
+        "\n".join(
+            line if line.startswith("#") or not line else re.sub(r" \S+$", " 0", line)
+            for line in page.splitlines()
+        )
+        + "\n"
+    )
 
 
 @contextlib.contextmanager
@@ -157,16 +177,18 @@ def start_prometheus(
     ready_timeout_s: float = 30.0,
     blocks: Path | None = None,
     extra_args: tuple[str, ...] = (),
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Iterator[PromServer]:
     """Run Prometheus on a free loopback port, a config scraping ``targets`` every
     ``scrape_interval_s`` and a data directory under ``tmp``; yields once ``/-/ready`` answers
     200, stops it on exit. Tries a few ports in case one was taken meanwhile. ``blocks``: a
     directory of TSDB blocks (from ``promtool tsdb create-blocks-from``) copied into the data
     directory first, so history exists at once. ``extra_args``: more flags (e.g.
-    ``--enable-feature=exemplar-storage``)."""
+    ``--enable-feature=exemplar-storage``). ``labels``: target -> labels Prometheus adds to
+    its series (as a scrape config's target labels)."""
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "prometheus.yml"
-    cfg.write_text(_config(targets, scrape_interval_s, rule_files or []))
+    cfg.write_text(_config(targets, scrape_interval_s, rule_files or [], labels))
     server: PromServer | None = None
     for attempt in range(3):
         port = free_port()

@@ -86,14 +86,14 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cotenant.collectors import promql, promql_recorded
+from cotenant.collectors import promql, promql_engines, promql_recorded
 from cotenant.collectors.promql import GPU_BY, QUANTILES, Grid
 from cotenant.collectors.promql_client import Fields, PromClient, PromQLClient, Series
 from cotenant.collectors.promql_frames import div, merge, table, windows_with_data
@@ -257,7 +257,7 @@ class PrometheusSource:
         window = promql.duration(max(step, 4 * self._scrape_ns))
         taken: set[str] = set()
         keyed: list[tuple[tuple[str, ...], Fields]] = []
-        for fam in promql.FAMILIES:
+        for fam in promql_engines.FAMILIES:
             idents = [
                 tuple(labels.get(b, "") if b else "" for b in fam.by)
                 for labels, _ in self.instant(fam.presence(window), hi)
@@ -287,16 +287,18 @@ class PrometheusSource:
         window = promql.duration(window_ns)
         taken: set[str] = set()
         keyed: list[tuple[tuple[str, ...], Fields]] = []
-        for fam in promql.FAMILIES:
-            ms = [f"{fam.model_label}={promql.quote(model)}"] if model is not None else []
+        for fam in promql_engines.FAMILIES:
+            more = []
             if gpu is not None and fam.by[1]:
                 # a family with its own gpu label: filter in the query (or no GPU: those are
                 # placed by pod or configuration below)
-                ms.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
+                more.append(f"{fam.by[1]}=~{promql.quote(re.escape(gpu) + '|')}")
             if fam.spans:
-                blocks = promql_recorded.own_blocks(self._api, fam, g, ",".join(ms), window_ns)
+                ms = [f"{fam.model_label}={promql.quote(model)}"] if model is not None else []
+                m = ",".join((*ms, *more))
+                blocks = promql_recorded.own_blocks(self._api, fam, g, m, window_ns)
             else:
-                blocks = self._api.blocks(fam.query(",".join(ms), window), g, fam.by)
+                blocks = self._api.blocks(fam.requests(model, window, more), g, fam.by)
             mine = {ident[0] for ident in blocks if ident[0]} - taken  # preferred family wins
             for ident, f in blocks.items():
                 if ident[0] in mine:
@@ -346,11 +348,13 @@ class PrometheusSource:
         for (mdl, dev), f in self._api.blocks(own, g, ("model", "gpu")).items():
             if mdl:
                 placed[(mdl, dev)].append(f)
-        mine = {mdl for mdl, _ in placed}  # the agents' series win over vLLM's
-        by = ("model_name", "", "namespace", "pod")
-        blocks = self._api.blocks(promql.token_query("", window, lengths=lengths), g, by)
-        vllm = ((i, f) for i, f in blocks.items() if i[0] not in mine)
-        for key, fs in self._joins.place(vllm, g).items():
+        # the agents' series win over the engines', and an engine over those after it
+        queries = (
+            (promql_engines.token_query(fam, names, window, lengths=lengths), fam.by)
+            for fam, names in promql_engines.TOKENS
+        )
+        engines = self._preferred(queries, g, {mdl for mdl, _ in placed})
+        for key, fs in self._joins.place(engines, g).items():
             placed[key] += fs
         nan = np.full(g.n, np.nan)
         out = []
@@ -359,7 +363,8 @@ class PrometheusSource:
                 continue
             f = merge(fs, means=promql.TOKEN_QUANTILES)
             cols = {
-                "count": f.get("ttft_n", nan) * step_s,
+                # TGI has no TTFT: its requests are those that finished with output tokens
+                "count": f.get("ttft_n", f.get("output_n", nan)) * step_s,
                 "ttft_p99_ms": 1e3 * f.get("ttft_p99", nan),
                 "ttft_mean_ms": 1e3 * div(f.get("ttft_sum", nan), f.get("ttft_n", nan)),
                 "tpot_p99_ms": 1e3 * f.get("tpot_p99", nan),
@@ -371,6 +376,20 @@ class PrometheusSource:
             }
             out.append((key, cols, windows_with_data(f)))
         return table(TOKEN_WINDOWS, g, ("model", "gpu"), out)
+
+    def _preferred(
+        self, queries: Iterable[tuple[str, tuple[str, ...]]], g: Grid, taken: Iterable[str] = ()
+    ) -> list[tuple[tuple[str, ...], Fields]]:
+        """The series of each (union query, identity labels) in turn, as identity -> fields,
+        but for models an earlier query (or ``taken``) already gave."""
+        seen = set(taken)
+        keyed: list[tuple[tuple[str, ...], Fields]] = []
+        for query, by in queries:
+            blocks = self._api.blocks(query, g, by)
+            mine = {ident[0] for ident in blocks if ident[0]} - seen
+            keyed += [(ident, f) for ident, f in blocks.items() if ident[0] in mine]
+            seen |= mine
+        return keyed
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
         """From cotenant agents' lock counters; exporters carry no lock detail (empty)."""
@@ -406,13 +425,14 @@ class PrometheusSource:
         g = promql.grid(rng, step_s)
         if g.n == 0:
             return SERVING_WINDOWS.empty_table()
-        m = f"model_name={promql.quote(model)}" if model is not None else ""
         gauge_w = promql.duration(max(g.step, self._scrape_ns))
         rate_w = promql.duration(max(g.step, 4 * self._scrape_ns))
-        by = ("model_name", "", "namespace", "pod")
-        blocks = self._api.blocks(promql.serving_query(m, gauge_w, rate_w), g, by)
+        queries = (
+            (promql_engines.gauges_query(fam, gauges, model, gauge_w, rate_w), fam.by)
+            for fam, gauges in promql_engines.SERVING
+        )
         out = []
-        for key, fs in self._joins.place(blocks.items(), g).items():
+        for key, fs in self._joins.place(self._preferred(queries, g), g).items():
             f = merge(fs, means=("kv_cache_usage",))
             out.append((key, f, windows_with_data(f)))
         return table(SERVING_WINDOWS, g, ("model", "gpu"), out)

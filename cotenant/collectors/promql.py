@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,12 +282,43 @@ class Family:
     query: Callable[[str, str], str]  # (model matcher, rate window) -> query
     counter: str  # a selector of its request counter: which series served requests
     spans: bool = False  # its phases come from spans (cotenant's own series)
+    model_from: Callable[[str], str] | None = None
+    """For series that name no model in one label (Ray Serve, TGI): wraps an expression
+    aggregated by ``model_keep`` to add ``model_label`` made of those labels; ``query`` applies
+    it itself, and a model is then selected after it (:func:`only`)."""
+    model_keep: tuple[str, ...] = ()
 
     def presence(self, window: str) -> str:
         """The identities of its series that served requests in the ``window`` before the
         query time: cheap (no quantiles), for ``model_gpus``."""
-        labels = ", ".join(b for b in self.by if b)
-        return f"group by ({labels}) (increase({self.counter}[{window}]) > 0)"
+        if self.model_from is None:
+            labels = ", ".join(b for b in self.by if b)
+            return f"group by ({labels}) (increase({self.counter}[{window}]) > 0)"
+        labels = ", ".join((*self.model_keep, *(b for b in self.by[1:] if b)))
+        return self.model_from(f"group by ({labels}) (increase({self.counter}[{window}]) > 0)")
+
+    def select(
+        self, model: str | None, make: Callable[[str], str], more: Sequence[str] = ()
+    ) -> str:
+        """``make(matchers)``, a query of this family's series built on label matchers (as
+        ``query``: with ``model_from`` applied), for ``model`` (every model when None), its
+        series also matching the matchers ``more``."""
+        if self.model_from is None:
+            ms = [f"{self.model_label}={quote(model)}"] if model is not None else []
+            return make(",".join((*ms, *more)))
+        q = make(",".join(more))
+        return q if model is None else only(q, self.model_label, model)
+
+    def requests(self, model: str | None, window: str, more: Sequence[str] = ()) -> str:
+        """Its request query (``query``) over ``window`` for ``model`` (see :meth:`select`)."""
+        return self.select(model, lambda m: self.query(m, window), more)
+
+
+def only(query: str, label: str, value: str) -> str:
+    """The series of ``query`` whose ``label`` is ``value`` (for a label PromQL made, which no
+    selector can match)."""
+    literal = quote(value.replace("$", "$$"))  # label_replace's replacement expands $1
+    return f'({query}) and on ({label}) label_replace(vector(1), "{label}", {literal}, "", "")'
 
 
 def _own_query(m: str, r: str) -> str:

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from cotenant.collectors import promql
+from cotenant.collectors import promql, promql_engines
 from cotenant.collectors.promql import GPU_BY, MAX_POINTS, POD_BY, Grid
 from cotenant.collectors.promql_client import Fields, PromQLClient
+from cotenant.collectors.promql_engines import MODEL
 from cotenant.collectors.promql_frames import windows_with_data
 
 
@@ -68,12 +69,13 @@ class Joins:
 
     def pod_models(self, g: Grid) -> dict[tuple[str, str], str]:
         """(namespace, pod) -> the model its serving series name."""
-        query = promql.pod_models_query(promql.duration(g.end - g.w0))
-        return {
-            (lb.get("namespace", ""), lb.get("pod", "")): lb.get("model_name") or lb["model"]
+        query = promql_engines.pod_models_query(promql.duration(g.end - g.w0))
+        found = (
+            ((lb.get("namespace", ""), lb.get("pod", "")), model)
             for lb, _ in self._api.instant(query, g.end)
-            if lb.get("model_name") or lb.get("model")
-        }
+            if (model := lb.get(MODEL) or lb.get("model_name") or lb.get("model"))
+        )
+        return dict(found)
 
     def pod_rows(
         self, g: Grid, gpu: str | None, window: str, named: set[tuple[str, str]]

@@ -6,12 +6,11 @@ before issue 27 (live: tests/engines/test_engine_metrics_fleet.py)."""
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 import pytest
-from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until
+from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until, zeroed
 
 from cotenant.collectors.prometheus import PrometheusSource
 from cotenant.core.timerange import TimeRange
@@ -23,17 +22,6 @@ PAGE = (
 ).read_text()
 SCRAPE_S = 0.25
 STEP_S = 2.0
-
-
-def zeroed(page: str) -> str:
-    """The page as it was before any request: every sample 0."""
-    return (
-        "\n".join(
-            line if line.startswith("#") or not line else re.sub(r" \S+$", " 0", line)
-            for line in page.splitlines()
-        )
-        + "\n"
-    )
 
 
 def test_the_real_page_gives_the_requests_it_counts_and_its_summary_quantiles(
