@@ -124,6 +124,7 @@ class RayCluster:
     http: str
     log: Path
     token_file: Path
+    metrics: str  # the cluster's Prometheus page (host:port, Ray's metrics agent)
 
     @property
     def auth(self) -> dict[str, str]:
@@ -141,7 +142,7 @@ def ray_cluster(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Ite
     log = tmp_path_factory.mktemp("ray") / "driver.log"
     # Ray's unix sockets live under its temp dir: keep the path short
     temp = tempfile.mkdtemp(prefix="ctray", dir="/tmp")
-    dash, http = free_port(), free_port()
+    dash, http, metrics = free_port(), free_port(), free_port()
     # Ray 2.60 turns token authentication on for a cluster ray.init starts (and for `ray start`
     # once ~/.ray/auth_token exists): the dashboard's REST API then wants this bearer token
     token = secrets.token_hex(16)
@@ -158,10 +159,13 @@ def ray_cluster(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "OTEL_SERVICE_NAME": "ray-serve",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_AUTH_TOKEN": token,
+        # workers hand their metrics to the node's agent every 10 s by default: every second
+        # here, so a test's requests reach the /metrics page within its window
+        "RAY_metrics_report_interval_ms": "1000",
     }
     errf = log.open("w")
     proc = subprocess.Popen(
-        [str(py), str(APPS / "ray_driver.py"), str(dash), str(http), temp],
+        [str(py), str(APPS / "ray_driver.py"), str(dash), str(http), temp, str(metrics)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=errf,
@@ -170,7 +174,12 @@ def ray_cluster(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Ite
         start_new_session=True,
     )
     cluster = RayCluster(
-        proc, f"http://127.0.0.1:{dash}", f"http://127.0.0.1:{http}", log, token_file
+        proc,
+        f"http://127.0.0.1:{dash}",
+        f"http://127.0.0.1:{http}",
+        log,
+        token_file,
+        f"127.0.0.1:{metrics}",
     )
     try:
         ready = _readline_within(proc, 180.0)
