@@ -57,21 +57,26 @@ rate(nv_inference_request_success)`` (``nv_inference_count`` when absent), quant
 ``nv_inference_request_summary_us`` where Triton runs with ``summary_latencies=true`` (over its
 own sliding window; null without it),
 ``queue/h2d/compute/d2h_ms`` from queue / compute_input / compute_infer / compute_output,
-``errors`` from ``nv_inference_request_failure``, ``batch_size_mean`` = inferences / executions).
+``errors`` from ``nv_inference_request_failure``, ``batch_size_mean`` = inferences / executions),
+else SGLang, TGI, Ray Serve (:mod:`collectors.promql_engines`: end-to-end histograms, TGI's and
+Ray Serve's errors; Ray Serve's latency is the replica's processing time, its model
+``application/deployment`` as its spans'; TGI's model its ``model`` label, else its ``job``).
 Rows are windows with requests; ``count`` = rate x step. ``has_spans`` is True when cotenant's
 own phase series exist (an agent ingested spans): probed once, over the last hour, on first use,
 and set by any ``request_windows`` that reads them.
 
 **SERVING_WINDOWS** from vLLM gauges (``num_requests_waiting`` / ``running`` summed over
 replicas, ``kv_cache_usage_perc`` (``gpu_cache_usage_perc`` before vLLM 0.9) averaged,
-``rate(num_preemptions_total)``).
+``rate(num_preemptions_total)``), else SGLang's, TGI's or Ray Serve's queue and running gauges
+(SGLang's ``token_usage`` as the cache use).
 
 **TOKEN_WINDOWS** from vLLM's histograms: ``ttft_*`` from ``vllm:time_to_first_token_seconds``,
 ``tpot_*`` from ``vllm:time_per_output_token_seconds``, else (current vLLM) its rename
 ``vllm:inter_token_latency_seconds``, else ``vllm:request_time_per_output_token_seconds`` (p99
 and mean, s -> ms), token counts
-from ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` (mean and p99);
-``count`` = first tokens per second x step.
+from ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` (mean and p99),
+else SGLang's and TGI's (:data:`promql_engines.TOKENS`); ``count`` = first tokens per second x
+step (TGI, without TTFT: finished requests).
 
 **GPU of a model**: the series' own ``gpu`` label; else the GPU whose DCGM series carry the same
 ``namespace``/``pod`` (the first UUID when a pod has several); else ``model_gpu``; else
