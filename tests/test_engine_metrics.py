@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cotenant.collectors import promql
+from cotenant.collectors import promql, promql_engines
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.normalize import Normalizer
 from cotenant.collectors.otlp_decode import JSON, decode
@@ -125,3 +125,36 @@ def test_the_failure_counter_has_a_reason_label_that_the_query_sums_away() -> No
     _, _, label_sets = page("triton-2.51.0/metrics.txt")["nv_inference_request_failure"]
     assert {ls["reason"] for ls in label_sets} >= {"BACKEND", "REJECTED"}
     assert triton_fields()["errors"].startswith("sum by (model, namespace, pod)")
+
+
+def ray_names_we_read() -> set[str]:
+    gauges = dict(promql_engines.SERVING)[promql_engines.RAYSERVE]
+    texts = [
+        promql_engines.RAYSERVE.requests(None, "1m"),
+        promql_engines.RAYSERVE.presence("1m"),
+        gauges("", "1m", "1m"),
+        promql_engines.pod_models_query("5m"),
+    ]
+    found = {n for t in texts for n in re.findall(r"\bray_serve_[a-z_]+", t)}
+    return {re.sub(r"_(bucket|sum|count)$", "", n) for n in found}
+
+
+def test_every_ray_serve_name_we_query_is_on_the_real_page_with_application_and_deployment() -> (
+    None
+):
+    real = page("rayserve-2.60.0/metrics.txt")
+    families = {re.sub(r"_(bucket|sum|count)$", "", n): v for n, v in real.items()}
+    names = ray_names_we_read()
+    # Ray creates the error counter's series at a replica's first error: not on this page
+    # (ray/serve/_private/replica.py, "serve_deployment_error_counter")
+    assert "ray_serve_deployment_error_counter_total" in names
+    for metric in sorted(names - {"ray_serve_deployment_error_counter_total"}):
+        assert metric in families, f"{metric} is not exposed by Ray Serve 2.60"
+        kind, _, label_sets = families[metric]
+        assert all({"application", "deployment"} <= set(ls) for ls in label_sets), metric
+        if metric.endswith("_ms"):
+            assert kind == "histogram", metric
+    assert {
+        "ray_serve_deployment_request_counter_total",
+        "ray_serve_deployment_processing_latency_ms",
+    } <= names
