@@ -7,7 +7,9 @@ name ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``, a bitmask of ``nvmlClocksEventReaso
 (``vllm:e2e_request_latency_seconds`` and ``vllm:request_queue_time_seconds`` histograms,
 label ``model_name``) and Triton (``nv_inference_request_duration_us`` /
 ``nv_inference_queue_duration_us`` cumulative microseconds, ``nv_inference_request_success``,
-label ``model``). GPUs are keyed by DCGM's ``Hostname``, ``UUID`` and ``gpu`` labels (and
+and the request-latency summary ``nv_inference_request_summary_us{quantile}`` where Triton runs
+with ``--metrics-config=summary_latencies=true``; label ``model``). GPUs are keyed by DCGM's
+``Hostname``, ``UUID`` and ``gpu`` labels (and
 ``hostname``, as dcgm-exporter's releases after 4.8 name the host, and ``uuid``, as its
 ``--use-old-namespace`` names the UUID: whichever a series has). Where a GPU has no reasons
 bitmask, the throttle alerts read dcgm-exporter's ``DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event}``
@@ -15,7 +17,9 @@ bitmask, the throttle alerts read dcgm-exporter's ``DCGM_EXP_CLOCK_EVENTS_COUNT{
 
 Recording rules: ``exporter:request_latency_seconds:p50_1m|p99_1m {model}`` (vLLM),
 ``exporter:request_latency_seconds:mean_1m {model}`` (Triton: it exports no quantiles by
-default), ``exporter:request_queue_seconds:p99_1m`` (vLLM) / ``:mean_1m`` (Triton),
+default), ``exporter:triton_request_latency_seconds:p99 {model}`` (Triton's summary, over its
+own sliding window: the p99 SLO alert reads it where it exists, the mean elsewhere),
+``exporter:request_queue_seconds:p99_1m`` (vLLM) / ``:mean_1m`` (Triton),
 ``exporter:gpu_utilization:avg_1m``, ``exporter:gpu_dram_active:avg_1m``,
 ``exporter:gpu_pcie_bytes_per_second:avg_1m``, ``exporter:gpu_memory_used:ratio`` and
 ``exporter:slo_seconds {model}``; vLLM's TTFT and TPOT (``vllm:time_to_first_token_seconds``;
@@ -68,6 +72,9 @@ def _triton_mean(counter: str) -> str:
     )
 
 
+TRITON_P99 = "exporter:triton_request_latency_seconds:p99"
+
+
 def _recording(s: RuleSettings) -> list[Record]:
     return [
         Record("exporter:slo_seconds", slo_expr(s)),
@@ -90,6 +97,10 @@ def _recording(s: RuleSettings) -> list[Record]:
         Record(
             "exporter:request_queue_seconds:mean_1m",
             _triton_mean("nv_inference_queue_duration_us"),
+        ),
+        Record(
+            TRITON_P99,  # the highest of a model's versions, as the fleet path reads it
+            'max by (model) (nv_inference_request_summary_us{quantile="0.99"}) / 1e6',
         ),
         Record(
             "exporter:gpu_utilization:avg_1m",
@@ -132,7 +143,21 @@ def _alerts(s: RuleSettings) -> list[Alert]:
         ),
         Alert(
             "ModelLatencySLOBreach",
-            slo_alert_expr("exporter:request_latency_seconds:mean_1m", "exporter:slo_seconds", s),
+            slo_alert_expr(TRITON_P99, "exporter:slo_seconds", s),
+            "critical",
+            "{{ $labels.model }} p99 latency is over its SLO",
+            "p99 latency of {{ $labels.model }} over Triton's summary window is "
+            "{{ $value | humanizeDuration }}, above the model's SLO (Triton metrics).",
+            labels=(("source", "triton"),),
+        ),
+        Alert(
+            "ModelLatencySLOBreach",
+            # Triton without its latency summary: the mean is all there is
+            slo_alert_expr(
+                f"(exporter:request_latency_seconds:mean_1m unless on (model) {TRITON_P99})",
+                "exporter:slo_seconds",
+                s,
+            ),
             "critical",
             "{{ $labels.model }} mean latency is over its p99 SLO",
             slo_desc.format("Mean", "Triton"),
