@@ -1,6 +1,7 @@
 """Ray Serve, SGLang and TGI /metrics pages scraped by a real Prometheus and read through
 ``PrometheusSource`` (issue 27): the requests each page counts, their latency (mean and
-quantiles), phases, TTFT / TPOT and queue, under the model names the engines' spans use.
+quantiles), phases, TTFT / TPOT and queue, under the model names the engines' spans use, on the
+GPU the DCGM exporter's pod labels give their pods (and those pods' GPU rows named with them).
 
 * Ray Serve: the page **recorded** from Ray Serve 2.60.0 (tests/fixtures/engines/
   rayserve-2.60.0/metrics.txt, see its PROVENANCE.md); its model key is joined with the spans
@@ -38,6 +39,16 @@ STEP_S = 2.0
 SGLANG_MODEL = "qwen-tiny"
 TGI_MODEL = "tgi-llama"  # the `model` target label of one TGI scrape; the other's is its job
 TGI_JOB = "test"  # tests/promserver.py's job name
+GPU = "GPU-x"
+PODS = {"sglang": ("serving", "sglang-0"), "ray": ("serving", "ray-0")}
+"""The pods the SGLang and Ray Serve pages are scraped from (target labels), both on GPU-x by
+the DCGM exporter's pod labels; TGI's name no pod."""
+DCGM_PAGE = "".join(
+    f'{name}{{gpu="0",UUID="{GPU}",Hostname="n1",namespace="{ns}",pod="{pod}",container="c"}} {v}\n'
+    for name, values in (("DCGM_FI_DEV_GPU_UTIL", (40, 30)), ("DCGM_FI_DEV_FB_USED", (1000, 2000)))
+    for (ns, pod), v in zip(PODS.values(), values, strict=True)
+)
+"""dcgm-exporter with ``KUBERNETES_VIRTUAL_GPUS=true``: GPU-x shared by the two pods."""
 
 
 # -- SGLang, built with prometheus_client as SGLang renders it ---------------------------------
@@ -145,6 +156,7 @@ class Read:
     serving: dict[str, dict]  # model -> its gauges, the window after (all samples set)
     placed: dict[str, str]  # model -> GPU (model_gpus)
     filtered: list[dict]  # request_windows(model="mm/MatMul")
+    pods: dict[str, str | None]  # process name of a pod's DCGM series -> its model
 
 
 @pytest.fixture(scope="module")
@@ -156,16 +168,20 @@ def read(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Read]:
     }
     state = {k: zeroed(v) for k, v in pages.items()}
     exporters = [TextExporter(lambda k=k: state[k]) for k in ("ray", "sglang", "tgi", "tgi")]
-    labelled = exporters[2].target
+    exporters.append(TextExporter(lambda: DCGM_PAGE))
+    labels = {exporters[2].target: {"model": TGI_MODEL}}
+    for e, engine in zip(exporters, ("ray", "sglang"), strict=False):
+        ns, pod = PODS[engine]
+        labels[e.target] = {"namespace": ns, "pod": pod}
     step_ns = int(STEP_S * 1e9)
     try:
         with start_prometheus(
             tmp_path_factory.mktemp("prom"),
             [e.target for e in exporters],
             scrape_interval_s=SCRAPE_S,
-            labels={labelled: {"model": TGI_MODEL}},
+            labels=labels,
         ) as prom:
-            wait_until(lambda: len(prom.query("up == 1")) == 4, "the first scrapes")
+            wait_until(lambda: len(prom.query("up == 1")) == 5, "the first scrapes")
             since = -(-time.time_ns() // step_ns) * step_ns
             # every request arrives inside one window, after two scrapes of the pages at 0
             wait_until(lambda: time.time_ns() > since + 700_000_000, "the window's start", 10)
@@ -181,6 +197,10 @@ def read(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Read]:
                     {r["model"]: r for r in source.serving_windows(second, STEP_S).to_pylist()},
                     dict(source.model_gpus(first)),
                     source.request_windows(first, STEP_S, model="mm/MatMul").to_pylist(),
+                    {
+                        r["process_name"]: r["model"]
+                        for r in source.process_windows(first, STEP_S).to_pylist()
+                    },
                 )
     finally:
         for e in exporters:
@@ -207,7 +227,9 @@ def ray_span_models() -> set[str]:
 def test_ray_serve_rows_carry_the_spans_model_key_and_the_replicas_latency(read: Read) -> None:
     assert ray_span_models() == {"mm/MatMul"}
     row = read.requests["mm/MatMul"]  # application/deployment, as its spans are named
-    assert read.placed["mm/MatMul"] == "" and row["gpu"] in ("", None)
+    # placed on the GPU whose DCGM series name its pod
+    assert read.placed["mm/MatMul"] == GPU and row["gpu"] == GPU
+    assert read.pods["serving/ray-0 (c)"] == "mm/MatMul"
     counted(row, 8)
     assert row["errors"] == pytest.approx(0.0, abs=1e-9)  # no error counter on the page
     # ray_serve_deployment_processing_latency_ms: 22 ms in 8 requests, ms -> ms
@@ -233,7 +255,8 @@ def test_ray_serve_queue_and_running_gauges(read: Read) -> None:
 
 def test_sglang_requests_latency_quantiles_and_queue(read: Read) -> None:
     row = read.requests[SGLANG_MODEL]
-    assert read.placed[SGLANG_MODEL] == ""
+    assert read.placed[SGLANG_MODEL] == GPU and row["gpu"] == GPU
+    assert read.pods["serving/sglang-0 (c)"] == SGLANG_MODEL
     counted(row, 10)
     assert row["mean_ms"] == pytest.approx(1e3 * sum(E2E_S) / 10)
     assert row["p50_ms"] == pytest.approx(1e3 * (0.2 + 5 / 5 * 0.2))
