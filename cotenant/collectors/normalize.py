@@ -424,9 +424,12 @@ class _ExportContext:
         model = as_str(model) or ""
         host = as_str(resource.get("host.name")) or ""
         pid = as_int(resource, "process.pid", 0, INT64_MAX)
-        if pid is not None:
-            self._resolver.note_model(host, pid, model)
+        if pid is None:  # vLLM's own resource attribute (a string), on every process it runs
+            pid = as_int(resource, "vllm.process_id", 0, INT64_MAX)
         pod = pod_ref_of_resource(resource)
+        if pid is not None:
+            # a pod's pid is in its own PID namespace: no host process tree to lend it to
+            self._resolver.note_model(host, pid, model, family=pod is None)
         if pod is not None:
             self._resolver.note_pod(pod, model)
         if span_gpu is None:

@@ -16,6 +16,11 @@ least ``min_cores``) summed, under the pid of the busiest. Rows go out for the `
 by CPU use and for every model, whatever its use. Rows are host-level, as the simulator
 writes its host processes: no ``gpu`` and no GPU columns, only ``cpu_cores``.
 
+The descendants of each process spans named (its children, theirs, ...: vLLM's ``EngineCore``
+and ``Worker_N`` under its API server) serve its model too (:func:`collectors.process_tree.
+descendants`, from each process's parent pid; :meth:`collectors.gpu_resolve.GpuResolver.
+set_families`), from the next poll on, so an engine's own processes are never its co-tenants.
+
 A process's first read gives no rate (and no row); a pid reused by a new process (another
 start time) starts over. Cost per poll: one directory listing, one read of ``stat`` per
 process and one of ``cmdline`` for each new busy process, linear in the process count, which
@@ -49,6 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.pod_identity import PodIdentity, PodRef
+from cotenant.collectors.process_tree import descendants
 from cotenant.core.errors import CotenantError
 from cotenant.core.periodic import Periodic
 from cotenant.store.schema import arrow_schema
@@ -115,14 +121,14 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
-def _parse_stat_bytes(raw: bytes) -> tuple[bytes, int, int]:
-    """:func:`parse_stat` of the undecoded line (``comm`` as bytes): the poll's hot path.
-    Splits only up to starttime (field 22) of the 52 fields."""
+def _parse_stat_bytes(raw: bytes) -> tuple[bytes, int, int, int]:
+    """:func:`parse_stat` of the undecoded line (``comm`` as bytes), and the parent pid
+    (field 4): the poll's hot path. Splits only up to starttime (field 22) of the 52 fields."""
     open_, close = raw.find(b"("), raw.rfind(b")")
     if open_ < 0 or close < open_:
         raise ValueError("no (comm) in stat")
     rest = raw[close + 2 :].split(None, 20)
-    return raw[open_ + 1 : close], int(rest[11]) + int(rest[12]), int(rest[19])
+    return raw[open_ + 1 : close], int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[1])
 
 
 def _fd_budget() -> int:
@@ -200,6 +206,7 @@ class ProcfsCollector:
         self._prev_t: float | None = None
         self._names: dict[_Key, tuple[str, PodRef | None]] = {}
         self._fds: dict[int, int] = {}  # pid -> open descriptor of its stat
+        self._had_family = False
         self._fd_budget = min(max_pids, _fd_budget())
         self._logged: set[str] = set()
         self._lock = threading.Lock()
@@ -255,6 +262,7 @@ class ProcfsCollector:
         served = self._resolver.served_pids(self._hosts) if rate else {}
         prev, tck, min_cores = self._prev, self._ticks, self.min_cores
         ticks: dict[_Key, int] = {}
+        parents: dict[int, int] = {}
         # one row per program: analysis keys host CPU series by name, so the processes of one
         # program (8 burners, a server's workers) are summed, under the busiest one's pid
         groups: dict[str, _Group] = {}
@@ -262,7 +270,7 @@ class ProcfsCollector:
         self._forget_gone(pids)
         for pid in pids:
             try:
-                comm, used, start = _parse_stat_bytes(self._stat(pid))
+                comm, used, start, parents[pid] = _parse_stat_bytes(self._stat(pid))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between the listing and the read
             except (OSError, ValueError, IndexError) as exc:
@@ -290,6 +298,11 @@ class ProcfsCollector:
                 g.add(pid, c, model)
         self._prev, self._prev_t = ticks, now_t
         self._names = {k: v for k, v in self._names.items() if k in ticks}  # busy ones only
+        roots = self._resolver.family_roots(self._hosts)
+        if roots or self._had_family:  # their descendants serve their model from the next poll
+            family = descendants(parents, roots)
+            self._resolver.set_families(self._hosts, family)
+            self._had_family = bool(family)
         if not rate:
             return len(ticks)
         busy = sorted(

@@ -15,6 +15,7 @@ import pytest
 from conftest import Served, start_serve
 from google.protobuf import json_format
 from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "engines"
 TYPES = {".json": "application/json", ".pb": "application/x-protobuf"}
@@ -126,3 +127,27 @@ def test_a_ray_root_still_waiting_at_shutdown_is_written(tmp_path: Path) -> None
         assert row["pid"] is None and row["latency_ms"] > 0
     finally:
         s.stop()
+
+
+def test_vllm_bodies_land_their_requests_and_a_nameless_model_is_refused_by_name(
+    served: Served,
+) -> None:
+    for path in sorted((FIXTURES / "vllm-0.32.0").glob("v1_traces_*")):
+        resp = post(served, path)
+        assert resp.status_code == 200, (path.name, resp.text)
+        answer = ExportTraceServiceResponse.FromString(resp.content)
+        assert answer.partial_success.rejected_spans == 0, path.name
+    rows = rows_of(served, "tiny", 17)
+    assert len(rows) == 17
+    assert {(r["source"], r["pid"]) for r in rows} == {("vllm", 26412)}
+    assert all(r["ttft_ms"] > 0 and r["output_tokens"] > 0 for r in rows)
+    # vLLM's default resource (no OTEL_SERVICE_NAME): the client is told what is missing
+    rejected = 0
+    for path in sorted((FIXTURES / "vllm-0.32.0" / "default").glob("v1_traces_*")):
+        resp = post(served, path)
+        assert resp.status_code == 200
+        partial = ExportTraceServiceResponse.FromString(resp.content).partial_success
+        rejected += partial.rejected_spans
+        if partial.rejected_spans:
+            assert "names no model" in partial.error_message, partial.error_message
+    assert rejected == 3

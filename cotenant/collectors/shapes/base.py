@@ -178,8 +178,8 @@ class RowContext(Protocol):
         """Check ``span``'s ids and times and resolve who served it: ``model`` and
         ``span_gpu`` are what the span says (None: fall back to the resource's
         ``cotenant.*`` attributes); the GPU goes through the normalizer's ``GpuResolver``,
-        which also learns the model of the resource's ``process.pid`` and Kubernetes pod
-        (``k8s.*``).
+        which also learns the model of the resource's ``process.pid`` (else vLLM's
+        ``vllm.process_id``) and Kubernetes pod (``k8s.*``).
         Raises :class:`Rejected` (``bad_ids``, ``bad_time``, ``missing_model``,
         ``bad_attribute``)."""
         ...

@@ -5,7 +5,9 @@ The model is ``gen_ai.response.model``, else ``gen_ai.request.model``, else ``co
 (span, then resource), else the resource's ``service.name`` (vLLM v1 sets no model attribute)
 unless it is the SDK's ``unknown_service…`` default. ``queue_ms`` is ``time_in_queue``,
 ``compute_ms`` is ``time_in_model_inference`` (else prefill + decode); the rest of the latency is
-``other``.
+``other``. The pid is the resource's ``process.pid``, else ``vllm.process_id`` (vLLM 0.32 sets
+only that, a string: the API server's pid, not the engine's; see
+:mod:`collectors.gpu_resolve` for how its descendants are joined).
 """
 
 from __future__ import annotations
