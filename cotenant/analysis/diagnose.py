@@ -319,7 +319,7 @@ def _diagnose_span(
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]
     sparse = int(np.count_nonzero(before & (v["count"] >= p.min_count))) < len(base) // 2
-    judged = e.rule == evidence.RULE
+    judged = e.rule in evidence.QUANTILE
     if np.isfinite(e.baseline_ms) and not judged:
         frozen = e.baseline_ms
     elif sparse and len(base):  # the p99 of the requests, one or two per window
@@ -329,10 +329,18 @@ def _diagnose_span(
     notes = list(att.notes)
     if judged:
         sec = e.span * w.step_ns / 1e9
-        notes.append(
-            f"judged on the typical request over {sec:.0f} s spans (sparse or subtle "
-            f"slowdown): median {e.baseline_ms:.1f} ms before, threshold {e.threshold_ms:.1f} ms"
-        )
+        if e.rule == evidence.TAIL:
+            notes.append(
+                f"judged on the slow tail over {sec:.0f} s spans (the typical request did not "
+                f"move): {evidence.TAIL_Q:.0%} of the windows' p99s were under "
+                f"{e.baseline_ms:.1f} ms before, threshold {e.threshold_ms:.1f} ms"
+            )
+        else:
+            notes.append(
+                f"judged on the typical request over {sec:.0f} s spans (sparse or subtle "
+                f"slowdown): median {e.baseline_ms:.1f} ms before, threshold "
+                f"{e.threshold_ms:.1f} ms"
+            )
     first = e.opened if e.carried else e.start
     # the clean windows that ended it: what "p99 back to" reports
     after = v["p99_ms"][e.end + 1 : e.end + 1 + p.close_windows] if not e.open else np.empty(0)

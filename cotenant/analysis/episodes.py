@@ -49,7 +49,7 @@ class Carry:
     baseline_ms: float
     threshold_ms: float
     severity: str
-    rule: str = "p99"  # how it was judged: "p99" or evidence.RULE (its samples' median)
+    rule: str = "p99"  # how it was judged: "p99", evidence.RULE or evidence.TAIL
     span: int = 0  # evidence: windows of the span that found it
 
 
@@ -69,7 +69,7 @@ class Episode:
     threshold_ms: float
     open: bool
     carried: bool = False
-    rule: str = "p99"  # "p99" (per-window p99 rules) or evidence.RULE (analysis.evidence)
+    rule: str = "p99"  # "p99" (per-window p99 rules), evidence.RULE or .TAIL (its samples)
     span: int = 0  # evidence: windows of the span that found it; baseline and threshold
     # are then of the samples' median, not of the p99
 
@@ -102,8 +102,12 @@ def track(
     valid = (count >= p.min_count) & np.isfinite(p99)
     v = np.where(valid, p99, np.nan)
     c = None
+    samples: dict[str, np.ndarray] = {}  # evidence rule -> its samples
     if center is not None and p.evidence is not None:
         c = np.where((count > 0) & np.isfinite(center), center, np.nan)
+        samples[evidence.RULE] = c
+        # the tail rule's samples: every window's p99, however few requests it holds
+        samples[evidence.TAIL] = np.where((count > 0) & np.isfinite(p99), p99, np.nan)
     taken = np.zeros(n, dtype=bool)  # in an episode or a transient: no baseline
     breached = np.zeros(n, dtype=bool)  # in a breach: no ordinary contention either
     with np.errstate(invalid="ignore"):
@@ -118,16 +122,24 @@ def track(
         # ... and its rise: the windows of the span before it already over its threshold,
         # while below the bar that opened it (a bursty model's burst until it beat its last one)
         # teach no baseline and are no "before" either: they made the burst its own normal
-        x = c if e.rule == evidence.RULE and c is not None else v
+        x = samples.get(e.rule, v)
         lo = max(0, e.start - (e.span or p.degrade_windows))
         with np.errstate(invalid="ignore"):
             taken[lo : e.start] |= np.nan_to_num(x[lo : e.start] > e.threshold_ms, nan=0) > 0
 
     if carry is not None:
         c0 = max(0, min(n, carry.start))
-        if carry.rule == evidence.RULE and c is not None and p.evidence is not None:
+        if carry.rule in samples:
             ep = evidence.extend(
-                c, c0, carry.threshold_ms, slo_ms, carry.span, p.close_windows, n_eval, over
+                samples[carry.rule],
+                c0,
+                carry.threshold_ms,
+                slo_ms,
+                carry.span,
+                p.close_windows,
+                n_eval,
+                over,
+                at_q=evidence.QUANTILE[carry.rule],
             )
         else:
             ep = _extend(v, valid, slo_ms, p, c0, carry.baseline_ms, carry.threshold_ms, n_eval)
@@ -136,7 +148,7 @@ def track(
         first = Episode(
             c0,
             end,
-            _peak(v if carry.rule != evidence.RULE or c is None else c, c0, end),
+            _peak(samples.get(carry.rule, v), c0, end),
             carry.start,
             sev,
             carry.baseline_ms,
@@ -200,20 +212,28 @@ def track(
                 )
         e: Episode | None = None
         brief: tuple[int, int] | None = None  # an evidence slowdown too short to count
-        if c is not None and p.evidence is not None:
-            ev = evidence.opening(
-                c,
-                np.where(taken, np.nan, c),
-                np.where(breached, np.nan, c),
-                p.evidence,
-                pos,
-                n_eval if p99_ep is None or _brief(p99_ep, p) else min(n_eval, p99_ep.opened),
-                p.seen_windows,
-                p.ordinary_margin,
-                p.ordinary_q,
-            )
-            if ev is not None:
-                e, brief = _evidence_episode(c, v, valid, over, base, ev, slo_ms, p, n_eval)
+        if samples and p.evidence is not None:
+            # the typical request, then the tail: the first to find a slowdown opens it
+            for rule, x in samples.items():
+                ev = evidence.opening(
+                    x,
+                    np.where(taken, np.nan, x),
+                    np.where(breached, np.nan, x),
+                    p.evidence,
+                    pos,
+                    n_eval if p99_ep is None or _brief(p99_ep, p) else min(n_eval, p99_ep.opened),
+                    p.seen_windows,
+                    p.ordinary_margin,
+                    p.ordinary_q,
+                    at_q=evidence.QUANTILE[rule],
+                )
+                if ev is None or (e is not None and e.opened <= ev.at):
+                    continue
+                got, short = _evidence_episode(x, v, valid, over, base, ev, slo_ms, p, n_eval, rule)
+                if got is not None:
+                    e, brief = got, None
+                elif e is None:
+                    brief = short
         if e is None:
             e = p99_ep
         if e is None and brief is not None:
@@ -255,6 +275,7 @@ def _evidence_episode(
     slo_ms: float | None,
     p: SpikeParams,
     n_eval: int,
+    rule: str = evidence.RULE,
 ) -> tuple[Episode | None, tuple[int, int] | None]:
     """The episode an evidence opening starts, or (None, its extent) when it was too short
     to be a degradation (then the p99 rules decide)."""
@@ -270,7 +291,16 @@ def _evidence_episode(
                 tail.to_numpy() > max(p.degrade_ratio * b0, b0 + p.degrade_abs_ms), nan=0
             ).astype(bool)
     end, is_open, crossed = evidence.extend(
-        c, ev.start, ev.threshold, slo_ms, ev.span, p.close_windows, n_eval, over, hold
+        c,
+        ev.start,
+        ev.threshold,
+        slo_ms,
+        ev.span,
+        p.close_windows,
+        n_eval,
+        over,
+        hold,
+        at_q=evidence.QUANTILE[rule],
     )
     if not is_open and end - ev.start + 1 < max(p.min_episode_windows, p.degrade_windows):
         # judged slow, but a degradation must last as long as one: the p99 rules decide (a
@@ -285,7 +315,7 @@ def _evidence_episode(
         ev.baseline,
         ev.threshold,
         is_open,
-        rule=evidence.RULE,
+        rule=rule,
         span=ev.span,
     )
     return episode, None

@@ -35,7 +35,18 @@ import numpy as np
 import pandas as pd
 
 RULE = "median"
-"""How an episode this module opened was judged (:attr:`analysis.episodes.Episode.rule`)."""
+"""How an episode this module opened on the typical request was judged
+(:attr:`analysis.episodes.Episode.rule`)."""
+TAIL = "tail"
+"""... and one opened on the slow tail: the samples are the windows' p99s, judged at
+:data:`TAIL_Q` (a slowdown of the few slowest requests leaves the median where it was)."""
+TAIL_Q = 0.9
+"""The quantile of the per-window p99 samples the tail rule judges: at a few requests per
+window a window's p99 is its slowest request, so a slower tail shows as many more windows over
+the baseline's 90th percentile of them while their median hardly moves (a memory-pressure
+fault at 14 requests per window: 10 % of the windows over it before, 33 % during, the 90th
+percentile 1.35x; the 80th moved 1.11x)."""
+QUANTILE = {RULE: 0.5, TAIL: TAIL_Q}
 
 
 @dataclass(frozen=True)
@@ -63,8 +74,9 @@ class Opening:
     span: int  # windows it is followed over (at most the span that found it)
 
 
-def _median(x: np.ndarray, w: int, minp: int) -> np.ndarray:
-    return np.asarray(pd.Series(x).rolling(w, min_periods=minp).median().to_numpy())
+def _quantile(x: np.ndarray, w: int, minp: int, q: float = 0.5) -> np.ndarray:
+    r = pd.Series(x).rolling(w, min_periods=minp)
+    return np.asarray((r.median() if q == 0.5 else r.quantile(q)).to_numpy())
 
 
 def _count(ok: np.ndarray, w: int) -> np.ndarray:
@@ -72,12 +84,12 @@ def _count(ok: np.ndarray, w: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=65_536)
-def sign_p(k: int, n: int) -> float:
-    """``P(Binomial(n, 1/2) >= k)``: how often ``k`` or more of ``n`` samples would be above
-    the baseline median by chance."""
+def sign_p(k: int, n: int, p0: float = 0.5) -> float:
+    """``P(Binomial(n, p0) >= k)``: how often ``k`` or more of ``n`` samples would be above
+    the baseline's quantile ``1 - p0`` (its median for ``p0`` = 1/2) by chance."""
     if k <= 0:
         return 1.0
-    return sum(math.comb(n, j) for j in range(k, n + 1)) / 2.0**n
+    return float(sum(math.comb(n, j) * p0**j * (1.0 - p0) ** (n - j) for j in range(k, n + 1)))
 
 
 def ordinary(
@@ -105,6 +117,7 @@ def opening(
     seen_windows: int,
     margin: float = 1.0,
     q: float = 1.0,
+    at_q: float = 0.5,
 ) -> Opening | None:
     """The first evidence opening whose span starts at or after ``pos`` and is judged before
     ``n_eval``. ``center``: the samples (NaN = a window without requests); ``normal``: the
@@ -112,19 +125,17 @@ def opening(
     whose spans set the ordinary contention (outside SLO breaches), over the last
     ``seen_windows`` (the baseline: at least ten times ``min_baseline``). Nothing is judged
     in the first ``p.warmup`` windows after the first sample (a service filling up is not
-    slowing down)."""
+    slowing down). ``at_q``: the quantile of the samples judged (:data:`QUANTILE`; the
+    median by default)."""
     n = len(center)
     has = np.flatnonzero(np.isfinite(center))
     if len(has) == 0:
         return None
     pos = max(pos, int(has[0]) + p.warmup)
-    base = (
-        pd.Series(normal)
-        .rolling(max(seen_windows, 10 * p.min_baseline), min_periods=p.min_baseline)
-        .median()
-        .shift(1)
-        .to_numpy()
+    base = np.roll(
+        _quantile(normal, max(seen_windows, 10 * p.min_baseline), p.min_baseline, at_q), 1
     )
+    base[:1] = np.nan
     # the spans this model's rate needs: up to the first that holds twice the samples a
     # decision needs (a longer one would only blur a slowdown the short ones can see)
     rate = float(np.isfinite(normal).mean()) if len(normal) else 0.0
@@ -136,7 +147,7 @@ def opening(
     follow = next((w for w in spans if w * rate >= p.min_samples), spans[-1] if spans else 0)
     best: Opening | None = None
     for span in spans:
-        level = _median(center, span, p.min_samples)
+        level = _quantile(center, span, p.min_samples, at_q)
         b0 = np.full(n, np.nan)  # the baseline before the span
         b0[span - 1 :] = base[: n - span + 1]
         need = np.fmax(p.ratio * b0, b0 + p.abs_ms)
@@ -146,7 +157,7 @@ def opening(
             ).any():
                 continue  # nothing over the bar at all (most passes): the rest is not needed
         if seen_windows > 0:  # 0: no ordinary contention, every slowdown is news
-            past = pd.Series(_median(history, span, p.min_samples))
+            past = pd.Series(_quantile(history, span, p.min_samples, at_q))
             bar = ordinary(past, b0, seen_windows, q, margin, span)
             few = min(seen_windows, p.min_baseline)
             mid = past.rolling(seen_windows, min_periods=few).median()
@@ -165,7 +176,7 @@ def opening(
             seg = center[lo : i + 1]
             ok = np.isfinite(seg)
             k = int(np.count_nonzero(seg[ok] > b0[i]))
-            if sign_p(k, int(ok.sum())) >= p.alpha / len(spans):
+            if sign_p(k, int(ok.sum()), round(1.0 - at_q, 6)) >= p.alpha / len(spans):
                 continue
             # it began where the run of samples above the threshold is longest against the
             # others (+1/3 per sample over, -2/3 per sample under: CUSUM-like)
@@ -192,6 +203,7 @@ def extend(
     n_eval: int,
     over: np.ndarray | None = None,
     hold: np.ndarray | None = None,
+    at_q: float = 0.5,
 ) -> tuple[int, bool, bool]:
     """(last slow window, still open, crossed the SLO) of a slowdown opened at ``start``:
     judged on the median of its own samples, at most ``span`` windows of them. ``over``:
@@ -202,7 +214,7 @@ def extend(
     if len(seg) == 0:
         return start, True, False
     ok = np.isfinite(seg)
-    level = _median(seg, max(1, span), 1)
+    level = _quantile(seg, max(1, span), 1, at_q)
     count = _count(ok, max(1, span))
     breach = np.zeros(len(seg), dtype=bool) if over is None else over[start:n_eval]
     with np.errstate(invalid="ignore"):

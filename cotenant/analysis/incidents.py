@@ -89,7 +89,8 @@ class IncidentBook:
     ``gap_ns``: an open incident no diagnosis continues any more is resolved once its end is
     this far behind the pass. ``cooldown_ns``: a slowdown starting within this time after an
     incident ended continues it. ``publish_windows``: windows of the slowdown attribution
-    needs before the incident is published as ``open``."""
+    needs before the incident is published as ``open``; ``degradation_s``: how long a
+    slowdown within its SLO must have lasted before it is (one over sooner is withdrawn)."""
 
     def __init__(
         self,
@@ -98,9 +99,11 @@ class IncidentBook:
         *,
         cooldown_ns: int = 30_000_000_000,
         publish_windows: int = 5,
+        degradation_s: float = 30.0,
     ) -> None:
         self._store = store
         self._gap_ns = gap_ns
+        self._degradation_ns = int(degradation_s * 1e9)
         self._cooldown_ns = cooldown_ns
         self._publish = publish_windows
         self._lock = threading.Lock()
@@ -207,13 +210,21 @@ class IncidentBook:
             groups[inc.id] = (inc, [*ds, d], was_created)
         events: list[IncidentEvent] = []
         written: list[Incident] = []
+        dismissed: list[Incident] = []
         for inc, ds, created in groups.values():
-            got = self._apply(inc, *self._told(inc, ds), now_ns, created)
+            told = self._told(inc, ds)
+            if inc.state == DIAGNOSING and self._withdrawn(told[0]):
+                # never published, and no news after all: withdrawn
+                inc.state = DISMISSED
+                dismissed.append(inc)
+                if not created:
+                    events.append(IncidentEvent("dismissed", inc, now_ns))
+                continue
+            got = self._apply(inc, *told, now_ns, created)
             events += got
             if got or created or inc.live:
                 inc.updated_ns = now_ns
                 written.append(inc)
-        dismissed: list[Incident] = []
         for inc in current:
             if inc.id in groups or not inc.live:
                 continue
@@ -293,8 +304,17 @@ class IncidentBook:
             d.indicator,
         )
 
+    def _withdrawn(self, d: Diagnosis) -> bool:
+        """An unpublished slowdown that is no news: its own load (:func:`own_load`), or a
+        degradation over before it lasted ``degradation_ns`` (a blip)."""
+        short = d.end_ns - d.start_ns < self._degradation_ns
+        return own_load(d) or (d.severity == DEGRADATION and not d.open and short)
+
     def _ready(self, d: Diagnosis, named: bool) -> bool:
-        """Whether attribution has seen enough of the slowdown to publish its cause."""
+        """Whether attribution has seen enough of the slowdown to publish its cause. A
+        degradation (no SLO crossed) is published once it has lasted ``degradation_ns``."""
+        if d.severity == DEGRADATION and d.end_ns - d.start_ns < self._degradation_ns:
+            return False
         if d.carried or not d.open:
             return True
         # an unknown cause is published only after a minute of trying: most slowdowns
