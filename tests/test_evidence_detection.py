@@ -17,7 +17,7 @@ import pytest
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.diagnose import Diagnosis, diagnose
 from cotenant.analysis.episodes import track
-from cotenant.analysis.evidence import RULE, TAIL, sign_p
+from cotenant.analysis.evidence import RULE, TAIL, exceed_p0, sign_p
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.spikes import SpikeParams
 from cotenant.core.timerange import TimeRange
@@ -85,6 +85,15 @@ def test_the_tail_rule_tests_exceedances_of_a_high_quantile() -> None:
     assert sign_p(10, 30, 0.1) == pytest.approx(
         sum(math.comb(30, j) * 0.1**j * 0.9 ** (30 - j) for j in range(10, 31))
     )
+
+
+def test_a_high_quantile_of_few_samples_is_exceeded_more_often_than_nominal() -> None:
+    # the tail rule's p0: over a 90th percentile of 60 samples (0.1 req/s for 10 minutes) a
+    # normal sample lands more than 1 time in 10; of 6,000 samples, about that
+    assert exceed_p0(0.5, 60) == 0.5
+    assert exceed_p0(0.9, 60) == pytest.approx(0.1 + 2 * math.sqrt(0.09 / 60), abs=1e-3)
+    assert 0.1 < exceed_p0(0.9, 6000) < 0.11
+    assert exceed_p0(0.9, 1) == 0.5
 
 
 def test_a_slower_tail_over_the_slo_with_the_median_flat_is_a_breach() -> None:

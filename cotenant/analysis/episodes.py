@@ -163,9 +163,17 @@ def track(
         pos = end + 1
         if is_open:
             return Track(out, taken.copy())
+    memo: list[np.ndarray] = []  # (taken, base, sigma) of the last baseline computed
+
+    def base_of() -> tuple[np.ndarray, np.ndarray]:
+        """The baseline of the windows outside ``taken`` (unchanged since: not recomputed)."""
+        if not memo or not np.array_equal(memo[0], taken):
+            memo[:] = [taken.copy(), *baseline(np.where(taken, np.nan, v), count, p)]
+        return memo[1], memo[2]
+
     while pos < n_eval:
         learn = np.where(taken, np.nan, v)
-        base, sigma = baseline(learn, count, p)
+        base, sigma = base_of()
         opened = _first_opening(
             v,
             learn,
@@ -256,7 +264,7 @@ def track(
         if e.open:
             break
     # lone spikes outside episodes are no baseline for an attribution either
-    base, sigma = baseline(np.where(taken, np.nan, v), count, p)
+    base, sigma = base_of()
     return Track(out, taken | _spikes(v, count, base, sigma, slo_ms, p))
 
 

@@ -92,6 +92,17 @@ def sign_p(k: int, n: int, p0: float = 0.5) -> float:
     return float(sum(math.comb(n, j) * p0**j * (1.0 - p0) ** (n - j) for j in range(k, n + 1)))
 
 
+def exceed_p0(q: float, m: int) -> float:
+    """How often a normal sample exceeds a ``q`` quantile estimated from ``m`` samples, taken
+    high by two standard errors of that estimate (rounded, for the test's cache): above the
+    median, 1/2 (the sign test); above a high quantile of a few samples, more than ``1 - q``
+    (a 90th percentile of 60 samples may be anyone's 82nd: at 0.1 req/s a fault-free model
+    "slowed" by chance under the nominal 10 %)."""
+    if q == 0.5:
+        return 0.5
+    return round(min(0.5, (1.0 - q) + 2.0 * math.sqrt(q * (1.0 - q) / max(m, 1))), 3)
+
+
 def ordinary(
     levels: pd.Series, b0: np.ndarray, seen_windows: int, q: float, margin: float, lag: int
 ) -> np.ndarray:
@@ -132,10 +143,11 @@ def opening(
     if len(has) == 0:
         return None
     pos = max(pos, int(has[0]) + p.warmup)
-    base = np.roll(
-        _quantile(normal, max(seen_windows, 10 * p.min_baseline), p.min_baseline, at_q), 1
-    )
+    window = max(seen_windows, 10 * p.min_baseline)
+    base = np.roll(_quantile(normal, window, p.min_baseline, at_q), 1)
     base[:1] = np.nan
+    # the normal samples each baseline was estimated from (for the exceedance test's p0)
+    known = np.roll(_count(np.isfinite(normal), window), 1)
     # the spans this model's rate needs: up to the first that holds twice the samples a
     # decision needs (a longer one would only blur a slowdown the short ones can see)
     rate = float(np.isfinite(normal).mean()) if len(normal) else 0.0
@@ -176,7 +188,8 @@ def opening(
             seg = center[lo : i + 1]
             ok = np.isfinite(seg)
             k = int(np.count_nonzero(seg[ok] > b0[i]))
-            if sign_p(k, int(ok.sum()), round(1.0 - at_q, 6)) >= p.alpha / len(spans):
+            p0 = exceed_p0(at_q, int(known[lo]))
+            if sign_p(k, int(ok.sum()), p0) >= p.alpha / len(spans):
                 continue
             # it began where the run of samples above the threshold is longest against the
             # others (+1/3 per sample over, -2/3 per sample under: CUSUM-like)
