@@ -14,6 +14,14 @@ model gets a row of its own (same trace id, its model span's id, times and phase
 ensemble's row sums its steps' queue / transfer / compute, the rest of its latency ``other``
 (a step's span ends after it handed its output on, so consecutive steps overlap a little, and
 parallel ones a lot: a sum over the latency is scaled down to it).
+
+**BLS** (business logic scripting, checked on Triton 2.51): a Python-backend model whose
+``execute`` sends requests of its own (``pb_utils.InferenceRequest(..., trace=request.trace())``)
+has its ``compute`` span *and* one model span per child request under its model span, the
+children inside its compute. Each child gets a row as an ensemble step does; the BLS model's row
+is its own queue / input / output, its own compute less the time its children's model spans
+cover (the script's own work), plus its children's phases: nothing is counted twice. Child
+requests sent without ``trace=`` are not traced at all: their time is the BLS model's compute.
 """
 
 from __future__ import annotations
@@ -100,9 +108,9 @@ class TritonShape:
         self, root: Any, model_span: Child, resource: Attrs, ctx: RowContext
     ) -> list[float]:
         """The phases (ms, not yet fitted) of one model span: from its and its ``compute``
-        child's events, or, for an ensemble, the sum of its composing models' phases (each
-        of which also gets a row of its own through ``ctx.add_row``), its ``other`` left to
-        the caller's fit."""
+        child's events, plus, for an ensemble or a BLS model, its child model spans' phases
+        (each child also gets a row of its own through ``ctx.add_row``; a BLS model's own
+        compute loses the time they cover), its ``other`` left to the caller's fit."""
         trace_id = root.trace_id
         events: dict[str, int] = dict((model_span[4] or {}).get("events") or {})
         steps: list[Child] = []
@@ -111,9 +119,13 @@ class TritonShape:
                 events.update(c[4].get("events") or {})
             elif c[0] == TRITON_MODEL:
                 steps.append(c)
+        phases = _event_phases(events)
         if not steps:
-            return _event_phases(events)
-        total = [0.0] * len(PHASES)
+            return phases
+        window = _compute_window(events)
+        if window is not None:  # a BLS model: its children ran inside its compute
+            covered = _covered_ns(window, [(c[1], c[2]) for c in steps])
+            phases[COMPUTE] = max(0.0, phases[COMPUTE] - covered / 1e6)
         for step in sorted(steps, key=lambda c: c[1]):
             own = self._model_phases(root, step, resource, ctx)
             as_span = _Step(trace_id, step[3], step[1], step[2], root.status)
@@ -140,8 +152,8 @@ class TritonShape:
             )
             for k, ms in enumerate(own):
                 if k != OTHER:
-                    total[k] += ms
-        return total
+                    phases[k] += ms
+        return phases
 
 
 @dataclass(frozen=True)
@@ -173,3 +185,24 @@ def _event_phases(ev: dict[str, int]) -> list[float]:
         else:
             phases[COMPUTE] = max(0, c3 - c0) / 1e6
     return phases
+
+
+def _compute_window(ev: dict[str, int]) -> tuple[int, int] | None:
+    """The interval (ns) :func:`_event_phases` books as ``compute``; None without one."""
+    c1, c2 = ev.get("COMPUTE_INPUT_END"), ev.get("COMPUTE_OUTPUT_START")
+    if c1 is None or c2 is None:
+        c1, c2 = ev.get("COMPUTE_START"), ev.get("COMPUTE_END")
+    return None if c1 is None or c2 is None else (c1, c2)
+
+
+def _covered_ns(window: tuple[int, int], spans: list[tuple[int, int]]) -> int:
+    """How much of ``window`` (ns) the union of ``spans`` covers (children sent in parallel
+    with ``async_exec`` overlap: each instant counts once)."""
+    lo, hi = window
+    covered, reach = 0, lo
+    for s0, s1 in sorted(spans):
+        s0, s1 = max(s0, reach), min(s1, hi)
+        if s1 > s0:
+            covered += s1 - s0
+            reach = s1
+    return covered
