@@ -289,6 +289,7 @@ def triton(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "--load-model=sleeper",
         "--load-model=double",
         "--load-model=pipeline",
+        "--load-model=bls_pipeline",
         f"--http-port={http}",
         f"--grpc-port={grpc}",
         f"--metrics-port={metrics}",

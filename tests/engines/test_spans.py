@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import Served
-from tests.engines.conftest import RayCluster, TritonServer, rows_for
+from tests.engines.conftest import RayCluster, TritonServer, rows_for, wait_for
 
 N = 8
 
@@ -116,3 +116,59 @@ def test_a_triton_ensemble_gives_a_row_per_step_and_one_for_itself(
         assert ensembles[trace]["ts_start_ns"] <= step["ts_start_ns"]
         assert step["ts_end_ns"] <= ensembles[trace]["ts_end_ns"] + 1_000_000
         assert step["compute_ms"] > 0
+
+
+def test_a_triton_bls_model_gives_a_row_per_child_request_and_one_for_itself(
+    triton: TritonServer, served: Served
+) -> None:
+    """``bls_pipeline`` sends ``matmul`` then ``double`` from its ``execute``; the requests
+    with ``trace=request.trace()`` (the default of the app) give a row per child, the last one
+    sends them untraced (``"bls_trace": false``) and gives the BLS model's row alone."""
+    body = {"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": [1.0] * 256}]}
+    traced: dict[str, tuple[int, float]] = {}
+    with httpx.Client(timeout=30) as client:
+
+        def infer(extra: dict, header: str) -> tuple[int, float]:
+            t0_ns, t0 = time.time_ns(), time.perf_counter()
+            r = client.post(
+                f"{triton.url}/v2/models/bls_pipeline/infer",
+                json={**body, **extra},
+                headers={"traceparent": header},
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["name"] == "z"
+            return t0_ns, (time.perf_counter() - t0) * 1e3
+
+        untraced, header = traceparent()
+        alone = infer({"parameters": {"bls_trace": False}}, header)
+        for _ in range(3):
+            trace, header = traceparent()
+            traced[trace] = infer({}, header)
+    bls = rows_for(served, "bls_pipeline", {*traced, untraced})
+    kids = {m: rows_for(served, m, set(traced)) for m in ("matmul", "double")}
+    for trace, sent in traced.items():
+        row = bls[trace]
+        assert_like_client(row, sent, tail_ms=2.0)
+        mm, dbl = kids["matmul"][trace], kids["double"][trace]
+        # one after the other, inside the BLS model's request, each with its own compute
+        assert row["ts_start_ns"] <= mm["ts_start_ns"] <= mm["ts_end_ns"] <= dbl["ts_start_ns"]
+        assert dbl["ts_end_ns"] <= row["ts_end_ns"]
+        assert mm["compute_ms"] > 0 and dbl["compute_ms"] > 0
+        # the children's compute is in the BLS row once, beside its script's own (not other)
+        assert row["compute_ms"] > mm["compute_ms"] + dbl["compute_ms"]
+        assert row["queue_ms"] >= mm["queue_ms"] + dbl["queue_ms"]
+        busy = sum(row[c] for c in ("queue_ms", "h2d_ms", "compute_ms", "d2h_ms"))
+        assert busy <= row["latency_ms"] * (1 + 1e-9)
+    assert_like_client(bls[untraced], alone, tail_ms=2.0)
+    # the untraced request's children sent nothing: its trace has the BLS row alone
+    every = httpx.get(f"{served.api}/api/v1/requests", params={"limit": 10000}, timeout=10)
+    assert [r["model"] for r in every.json()["requests"] if r["trace_id"] == untraced] == [
+        "bls_pipeline"
+    ]
+
+    def settled() -> bool | None:
+        page = httpx.get(f"{served.api}/metrics", timeout=10).text
+        pending = [ln for ln in page.splitlines() if ln.startswith("cotenant_otlp_pending_child")]
+        return True if pending and float(pending[0].split()[-1]) == 0 else None
+
+    wait_for("no child span left pending", settled, 30.0)
