@@ -180,7 +180,7 @@ def test_triton_backend_reloads_a_real_model_config_and_restores_it(
     load_after = _triton_load(triton)
     index = httpx.post(f"{triton.url}/v2/repository/index", json={}, timeout=30).json()
     assert {m["name"]: m["state"] for m in index} == dict.fromkeys(
-        ("double", "matmul", "pipeline", "sleeper"), "READY"
+        ("bls_pipeline", "double", "matmul", "pipeline", "sleeper"), "READY"
     )  # the other models were left alone
 
     _save(
