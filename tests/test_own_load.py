@@ -50,6 +50,21 @@ def test_a_sparse_models_arrival_rate_is_over_time_not_over_its_busy_windows() -
     assert arrival_surge(v, before, during, STEP)
 
 
+def test_time_before_a_models_first_request_is_not_idleness() -> None:
+    # a model new in the windows read (history read before its first request: a short
+    # run, a new deployment) has no idle time to count: 50 req/s throughout is no surge
+    n = 900
+    arrivals = np.zeros(n)
+    arrivals[660:] = 50.0
+    before = np.zeros(n, dtype=bool)
+    before[660:700] = True
+    during = np.zeros(n, dtype=bool)
+    during[700:760] = True
+    v = {"arrival_rps": arrivals, "count": arrivals}
+    assert arrival_rates(v, before, during) == (50.0, 50.0)
+    assert not arrival_surge(v, before, during, STEP)
+
+
 def _diagnosis(severity: str, cause: Cause, start_s: int = 300, **kw: Any) -> Diagnosis:
     return Diagnosis(
         model="code",

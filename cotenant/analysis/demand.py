@@ -75,7 +75,9 @@ def arrival_span(v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarra
         idle &= ~(np.nan_to_num(v["count"]) > 0)
     # ... from the idle stretch that led up to its first window (a bursty model idle for
     # minutes between bursts, whose "before" is a window or two), at most IDLE_LEAD back
-    lo = max(0, int(idx[0]) - IDLE_LEAD)
+    # (not before its first request in the windows: before that it is unknown, not idle)
+    seen = np.flatnonzero(~idle)
+    lo = max(0, int(idx[0]) - IDLE_LEAD, int(seen[0]) if len(seen) else 0)
     busy = np.flatnonzero(~idle[lo : idx[0]])
     lo += int(busy[-1]) + 1 if len(busy) else 0
     span = np.zeros_like(before)
