@@ -139,18 +139,24 @@ def _tgi_query(m: str, r: str) -> str:
     return tgi_model(union(parts))
 
 
-def _tgi_gauges(m: str, gauge_window: str, rate_window: str) -> str:
-    def total(metric: str) -> str:
-        return f"sum by ({TGI_BY}) (avg_over_time({metric}{{{m}}}[{gauge_window}]))"
+def _queue_gauges(
+    by: str, named: Callable[[str], str], waiting: str, running: str
+) -> Callable[[str, str, str], str]:
+    """The serving gauges' query of an engine whose queue and running counts are the gauges
+    ``waiting`` and ``running``, summed by ``by`` and named by ``named``."""
 
-    return tgi_model(
-        union(
-            {
-                "requests_waiting": total("tgi_queue_size"),
-                "requests_running": total("tgi_batch_current_size"),
-            }
+    def query(m: str, gauge_window: str, rate_window: str) -> str:
+        def total(metric: str) -> str:
+            return f"sum by ({by}) (avg_over_time({metric}{{{m}}}[{gauge_window}]))"
+
+        return named(
+            union({"requests_waiting": total(waiting), "requests_running": total(running)})
         )
-    )
+
+    return query
+
+
+_tgi_gauges = _queue_gauges(TGI_BY, tgi_model, "tgi_queue_size", "tgi_batch_current_size")
 
 
 TGI = Family(
@@ -199,18 +205,12 @@ def _rayserve_query(m: str, r: str) -> str:
     return rayserve_model(union(parts))
 
 
-def _rayserve_gauges(m: str, gauge_window: str, rate_window: str) -> str:
-    def total(metric: str) -> str:
-        return f"sum by ({RAYSERVE_BY}) (avg_over_time({metric}{{{m}}}[{gauge_window}]))"
-
-    return rayserve_model(
-        union(
-            {
-                "requests_waiting": total("ray_serve_deployment_queued_queries"),
-                "requests_running": total("ray_serve_replica_processing_queries"),
-            }
-        )
-    )
+_rayserve_gauges = _queue_gauges(
+    RAYSERVE_BY,
+    rayserve_model,
+    "ray_serve_deployment_queued_queries",
+    "ray_serve_replica_processing_queries",
+)
 
 
 RAYSERVE = Family(
