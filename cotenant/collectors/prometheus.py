@@ -46,7 +46,8 @@ the GPU). A pod an agent's series name on the same GPU is taken from the agent (
 series of a (model, GPU), which fleet mode turns into the agent's URL for drill-down.
 
 **REQUEST_WINDOWS**, per model from the first family that has it: cotenant's own
-``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase) — read
+``cotenant_request_duration_seconds{model,gpu,phase}`` (quantiles, mean, every phase;
+``errors`` from the agents' ``cotenant_request_errors_total``, raw windows only) — read
 from the recorded series of ``fleet.rules.yml``'s ``cotenant-fleet-windows`` group where they
 exist for the rate window (:mod:`collectors.promql_recorded`: p50, p99, rates per phase; no
 p95), from the raw buckets for windows before their first evaluation or without them — else

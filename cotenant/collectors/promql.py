@@ -28,6 +28,8 @@ MAX_POINTS = 10_000  # Prometheus refuses more than 11,000 points per series and
 MIB = 1_048_576
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 OWN = "cotenant_request_duration_seconds"
+OWN_ERRORS = "cotenant_request_errors_total"
+"""The agents' count of requests whose root span had an error status."""
 GPU_BY = ("UUID", "uuid", "gpu", "Hostname", "hostname", "instance")
 """Labels identifying a GPU in DCGM series (see :func:`host_of`, :func:`gpu_of`): dcgm-exporter
 names the UUID ``uuid`` under ``--use-old-namespace``, and the host ``hostname`` from its
@@ -333,6 +335,8 @@ def _own_query(m: str, r: str) -> str:
         n: f"histogram_quantile({q}, sum by ({by}, le) (rate({OWN}_bucket{{{total}}}[{r}])))"
         for n, q in QUANTILES
     }
+    # the agents' error counter (one series per (node, model, gpu), 0 until a request fails)
+    quantiles["errors"] = f"sum by ({by}) (rate({OWN_ERRORS}{{{m}}}[{r}]))"
     return f"{per_phase} or {union(quantiles)}"
 
 

@@ -264,10 +264,17 @@ def _triton_env(py: Path) -> tuple[Path, dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def triton(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    with running_triton(served.otlp_http, tmp_path_factory.mktemp("triton")) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_triton(otlp_http: str, tmp: Path) -> Iterator[TritonServer]:
+    """tritonserver on loopback serving tests/engines/apps/triton, every request traced to the
+    OTLP/HTTP endpoint ``otlp_http`` (a ``cotenant serve`` or agent); stopped on exit."""
     py = engine_python("triton")
     pkg, env = _triton_env(py)
     ts = pkg / "tritonserver"
-    tmp = tmp_path_factory.mktemp("triton")
     repo = tmp / "repo"
     shutil.copytree(APPS / "triton", repo)
     backend = tmp / "backends" / "python"
@@ -300,7 +307,7 @@ def triton(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "--trace-config=mode=opentelemetry",
         "--trace-config=rate=1",
         "--trace-config=level=TIMESTAMPS",
-        f"--trace-config=opentelemetry,url={served.otlp_http}",
+        f"--trace-config=opentelemetry,url={otlp_http}",
         "--trace-config=opentelemetry,resource=service.name=triton",
         "--trace-config=opentelemetry,bsp_schedule_delay=200",
     ]
