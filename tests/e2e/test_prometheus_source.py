@@ -265,6 +265,7 @@ class FleetExporter:
         for p in PHASES:
             _histogram(out, "cotenant_request_duration_seconds", {**own, "phase": p}, done,
                        OWN_PHASE_S.get(p, 0.0), [], ts)  # fmt: skip
+        line("cotenant_request_errors_total", {"node": "node-a", **own}, 0.25 * e)
         return "\n".join(out) + "\n"
 
 
@@ -432,6 +433,7 @@ def test_cotenant_own_series_win_and_give_every_phase(fleet: Fleet) -> None:
         assert r["gpu"] == "GPU-aaaa"
         assert r["rate_rps"] == pytest.approx(OWN_RPS, rel=1e-3)
         assert r["mean_ms"] == pytest.approx(8.0, rel=1e-3)
+        assert r["errors"] == pytest.approx(0.25 * STEP_S, rel=1e-3)  # the agent's counter
         assert r["p99_ms"] == pytest.approx(1e3 * bucket_quantile(0.99, OWN_BUCKETS), rel=1e-3)
         for p in PHASES:
             assert r[f"{p}_ms"] == pytest.approx(1e3 * OWN_PHASE_S.get(p, 0.0), abs=1e-6)
