@@ -91,8 +91,11 @@ def test_triton_spans_through_an_agent_and_prometheus_read_back_as_the_client_se
     # one request of each model first, scraped: the agent makes a model's series at its first
     # request, and rate() / increase() count nothing of what a series holds at its first sample
     # (20 matmul requests take less than a scrape interval)
+    first_ms: dict[str, float] = {}
     for model in bodies:
+        t0 = time.perf_counter()
         assert httpx.post(f"{url}/v2/models/{model}/infer", json=bodies[model]).status_code == 200
+        first_ms[model] = (time.perf_counter() - t0) * 1e3
         wait_until(lambda m=model: total_count(prom, m) == 1, f"{model}'s first request scraped")
     # the load goes inside one window, a second after it starts: the counters are flat at both
     # of its edges, so its increase is the client's requests (rate() extrapolates the first
@@ -144,14 +147,18 @@ def test_triton_spans_through_an_agent_and_prometheus_read_back_as_the_client_se
         phases = sum(row[c] or 0 for c in PHASE_COLUMNS)
         assert row["compute_ms"] <= phases <= row["mean_ms"] * 1.01, row
         # histogram_quantile over the agent's buckets (~26 % wide): within a bucket of the
-        # client's own quantiles
-        assert 0 < row["p50_ms"] <= row["p99_ms"] <= ms.max() * 1.27, (model, row, ms.max())
+        # client's own quantiles. The p99 may read the first request's bucket, though it was
+        # scraped before the window: rate() extrapolates a bucket's increase to the range's
+        # start only where the bucket was above 0 there (the first inference of matmul may take
+        # 40 ms, its load 3 ms: p99 42 ms seen once)
+        top = max(ms.max(), first_ms[model])
+        assert 0 < row["p50_ms"] <= row["p99_ms"] <= top * 1.27, (model, row, ms.max(), top)
         assert row["p50_ms"] <= np.percentile(ms, 50) * 1.27, (model, row)
         print(
             f"{model}: client n={n} mean {ms.mean():.2f} ms p50 {np.percentile(ms, 50):.2f} "
             f"max {ms.max():.2f}; fleet count {row['count']:.1f} mean {row['mean_ms']:.2f} ms "
             f"(queue {row['queue_ms']:.3f}, compute {row['compute_ms']:.2f}) p50 "
-            f"{row['p50_ms']:.2f} p99 {row['p99_ms']:.2f}"
+            f"{row['p50_ms']:.2f} p99 {row['p99_ms']:.2f}; first request {first_ms[model]:.1f} ms"
         )
     # the sleeper's compute is its sleep
     assert rows["sleeper"]["compute_ms"] >= SLEEP_S * 1e3 * 0.95, rows["sleeper"]
