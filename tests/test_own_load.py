@@ -15,7 +15,8 @@ import numpy as np
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.demand import arrival_rates, arrival_surge
 from cotenant.analysis.diagnose import Diagnosis
-from cotenant.analysis.incidents import IncidentBook, own_load
+from cotenant.analysis.incidents import IncidentBook
+from cotenant.analysis.ordinary import own_load
 from cotenant.evaluation.live import START_NS, Seen, replay
 from cotenant.simulator.scenario import (
     GPU_TYPES,

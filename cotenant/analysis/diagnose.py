@@ -20,6 +20,7 @@ from cotenant.analysis.attribution import Cause, attribute
 from cotenant.analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
 from cotenant.analysis.indicators import indicator_series, indicator_view
 from cotenant.analysis.mix import mix_excess
+from cotenant.analysis.recurring import recurring_burst
 from cotenant.analysis.replicas import annotate_replicas
 from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import GpuWindows, gpu_windows, gpus_of
@@ -290,6 +291,28 @@ def diagnose_windows(
     return out
 
 
+def _mark_recurring(
+    causes: list[Cause], w: GpuWindows, model: str, e: Episode, notes: list[str]
+) -> None:
+    """Adds ``recurring`` to the evidence of each cause naming a co-tenant model that was in a
+    burst like the ones it had already had lately (:mod:`analysis.recurring`): ordinary
+    contention, which the incident book does not raise within the SLO."""
+    for c in causes:
+        other = w.models.get(c.culprit)
+        if c.culprit == model or other is None or "arrival_rps" not in other:
+            continue
+        seen = recurring_burst(other["arrival_rps"], e.start, e.end, w.step_ns / 1e9)
+        if seen is None:
+            continue
+        c.evidence = {**c.evidence, "recurring": seen}
+        if c is next((x for x in causes if x.kind != "unknown"), None):
+            notes.append(
+                f"{c.culprit}'s burst ({seen['peak_rps']:g} req/s) is like "
+                f"{seen['earlier_bursts']} it had in the last {seen['memory_s'] // 60} min: "
+                "its ordinary contention"
+            )
+
+
 def _diagnose_span(
     source: MetricSource,
     w: GpuWindows,
@@ -316,6 +339,8 @@ def _diagnose_span(
         host_cpu=cpu,
         mix=mix_excess(w.tokens.get(model), indicator, before, during),
     )
+    notes = list(att.notes)
+    _mark_recurring(att.causes, w, model, e, notes)
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]
     sparse = int(np.count_nonzero(before & (v["count"] >= p.min_count))) < len(base) // 2
@@ -326,7 +351,6 @@ def _diagnose_span(
         frozen = float(np.percentile(base, 99))
     else:  # an on-demand diagnosis of a quiet range, or a median judged: the windows before
         frozen = float(np.median(base)) if len(base) else float("nan")
-    notes = list(att.notes)
     if judged:
         sec = e.span * w.step_ns / 1e9
         if e.rule == evidence.TAIL:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from cotenant.analysis.diagnose import Diagnosis
-from cotenant.analysis.episodes import BREACH, DEGRADATION
+from cotenant.analysis.episodes import BREACH
 
 
 def lead(ds: list[Diagnosis], current: str | None) -> str:
@@ -73,24 +73,4 @@ def merged(ds: list[Diagnosis]) -> Diagnosis:
         peak_p99_ms=max(peaks) if peaks else src.peak_p99_ms,
         after_p99_ms=newest.after_p99_ms,
         during_windows=max(d.during_windows for d in ds),
-    )
-
-
-OWN_LOAD_SHARE = 0.5
-"""A degradation whose own arrivals explain at least this share of its excess is its load."""
-
-
-def own_load(d: Diagnosis) -> bool:
-    """A degradation (no SLO crossed) whose first named cause is the model's own arrival
-    surge, explaining at least :data:`OWN_LOAD_SHARE` of its excess: a bursty tenant slowed
-    by its own bursts. Not an incident (a breach always is): a tool that paged on every burst
-    of a bursty trace's own traffic was silenced (issue 25, the Azure code trace)."""
-    if d.severity != DEGRADATION:
-        return False
-    top = next((c for c in d.causes if c.kind != "unknown"), None)
-    return (
-        top is not None
-        and top.kind == "load"
-        and top.culprit == d.model
-        and top.share >= OWN_LOAD_SHARE
     )

@@ -23,8 +23,10 @@ pass's diagnoses of one (model, GPU) into its incidents and says what changed, a
   the time of the pass that saw it);
 * a diagnosis of an episode that began before the windows the loop read (``carried``) keeps
   the incident's causes: its "before" windows are no longer in the horizon;
-* a degradation the model's own arrival surge explains opens no incident
-  (:func:`analysis.incident_merge.own_load`): a bursty tenant is not paged for its own bursts.
+* a degradation that is ordinary contention opens no incident
+  (:func:`analysis.ordinary.ordinary`): one the model's own arrival surge explains (a
+  bursty tenant is not paged for its own bursts), or a co-tenant's burst like the ones it has
+  lately had (:mod:`analysis.recurring`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 from cotenant.analysis import incident_merge
 from cotenant.analysis.diagnose import Diagnosis
 from cotenant.analysis.episodes import BREACH, DEGRADATION
-from cotenant.analysis.incident_merge import indicator_entry, own_load
+from cotenant.analysis.incident_merge import indicator_entry
 from cotenant.analysis.incident_record import (
     DIAGNOSING,
     DISMISSED,
@@ -48,7 +50,9 @@ from cotenant.analysis.incident_record import (
     from_stored,
     to_stored,
 )
+from cotenant.analysis.ordinary import contention_row, ordinary
 from cotenant.core.slos import E2E
+from cotenant.store.contention_rows import Contention, find_contention, upsert_contention
 from cotenant.store.db import Store
 from cotenant.store.incident_rows import (
     delete_incidents,
@@ -189,7 +193,14 @@ class IncidentBook:
         """:meth:`update` for the diagnoses and incidents of one (model, GPU)."""
         groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
         extent = {i.id: (i.start_ns, i.end_ns) for i in current}
-        for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
+        mine = sorted((d for d in diags if d.incident), key=lambda d: d.start_ns)
+        known = (
+            find_contention(self._store, model, gpu, mine[0].start_ns - self._cooldown_ns)
+            if mine
+            else []
+        )
+        seen: dict[str, Contention] = {}
+        for d in mine:
             inc = self._match(current, extent, d)
             created = inc is None
             stale = late is not None and late[1] <= d.detected_ns < late[0]
@@ -197,9 +208,13 @@ class IncidentBook:
                 # found long after it began, not news then: a baseline that moved since
                 # (history scrolled out of the horizon) does not make it an incident now
                 continue
-            if inc is None and own_load(d):
-                # slower within its SLO because its own requests surged: its load, not a
-                # co-tenant's (an incident a co-tenant opened still continues through it)
+            row = self._ordinary(d, known, now_ns) if inc is None else None
+            if row is not None:
+                # slower within its SLO because of its own traffic, or a neighbour's burst
+                # like the ones it has lately had: ordinary contention, recorded, not news
+                # (an incident opened for something else still continues through it)
+                seen[row.id] = row
+                known = [row, *(k for k in known if k.id != row.id)]
                 continue
             if inc is None:
                 inc = self._new(d, model, gpu, now_ns)
@@ -213,6 +228,9 @@ class IncidentBook:
         dismissed: list[Incident] = []
         for inc, ds, created in groups.values():
             told = self._told(inc, ds)
+            row = self._ordinary(told[0], known, now_ns)
+            if row is not None and inc.state == DIAGNOSING:
+                seen[row.id] = row
             if inc.state == DIAGNOSING and self._withdrawn(told[0]):
                 # never published, and no news after all: withdrawn
                 inc.state = DISMISSED
@@ -238,6 +256,7 @@ class IncidentBook:
                 written.append(inc)
         self._write(written)
         self._delete(dismissed)
+        upsert_contention(self._store, list(seen.values()))
         return events
 
     def _told(self, inc: Incident, ds: list[Diagnosis]) -> tuple[Diagnosis, str, dict[str, Any]]:
@@ -304,11 +323,14 @@ class IncidentBook:
             d.indicator,
         )
 
+    def _ordinary(self, d: Diagnosis, known: list[Contention], now_ns: int) -> Contention | None:
+        return contention_row(d, known, now_ns, self._cooldown_ns)
+
     def _withdrawn(self, d: Diagnosis) -> bool:
-        """An unpublished slowdown that is no news: its own load (:func:`own_load`), or a
+        """An unpublished slowdown that is no news: ordinary contention (:func:`ordinary`), or a
         degradation over before it lasted ``degradation_ns`` (a blip)."""
         short = d.end_ns - d.start_ns < self._degradation_ns
-        return own_load(d) or (d.severity == DEGRADATION and not d.open and short)
+        return bool(ordinary(d)) or (d.severity == DEGRADATION and not d.open and short)
 
     def _ready(self, d: Diagnosis, named: bool) -> bool:
         """Whether attribution has seen enough of the slowdown to publish its cause. A

@@ -15,11 +15,11 @@ from cotenant.store.settings import StoreSettings
 log = logging.getLogger(__name__)
 
 
-_ADDITIVE_UPGRADES = frozenset({"2", "3", "4", "5", "6"})
+_ADDITIVE_UPGRADES = frozenset({"2", "3", "4", "5", "6", "7"})
 """Older schema versions this one only adds tables and columns to (2 -> 3: ``alerts``; 3 -> 4:
 ``incidents.severity``; 4 -> 5: ``requests.replica``, ``incidents.replica``; 5 -> 6:
 ``incidents.indicator``, ``request_rollup_1m.ttft_p99_ms`` and ``tpot_p99_ms``; 6 -> 7:
-``model_loads`` and ``load_rollup_1m``); opened for
+``model_loads`` and ``load_rollup_1m``; 7 -> 8: ``contention``); opened for
 writing, such a file is upgraded in place."""
 
 _ADDED_COLUMNS = (

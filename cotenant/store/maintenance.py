@@ -116,6 +116,7 @@ _RETENTION: dict[str, tuple[str, str]] = {
     "process_rollup_1m": ("minute_ns", "rollup"),
     "load_rollup_1m": ("minute_ns", "rollup"),
     "incidents": ("coalesce(end_ns, updated_ns)", "incident"),
+    "contention": ("end_ns", "incident"),
     "actions": ("updated_ns", "incident"),
     "audit": ("ts_ns", "incident"),
     "alerts": ("received_ns", "incident"),

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from cotenant.core.phases import PHASE_COLUMNS
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 REQUESTS: list[tuple[str, str]] = [
@@ -110,6 +110,23 @@ INCIDENTS: list[tuple[str, str]] = [
     ("replica", "VARCHAR"),  # the slow replica, when the model has named replicas (schema 5)
     ("indicator", "VARCHAR"),  # e2e | ttft | tpot: the series that breached (schema 6)
 ]
+
+CONTENTION: list[tuple[str, str]] = [
+    ("id", "VARCHAR PRIMARY KEY"),
+    ("model", "VARCHAR"),
+    ("gpu", "VARCHAR"),
+    ("indicator", "VARCHAR"),
+    ("start_ns", "BIGINT"),
+    ("end_ns", "BIGINT"),
+    ("updated_ns", "BIGINT"),
+    ("reason", "VARCHAR"),  # own_load | recurring (analysis.incident_merge.ordinary)
+    ("top_cause", "VARCHAR"),
+    ("top_culprit", "VARCHAR"),
+    ("causes_json", "VARCHAR"),  # every cause: kind, culprit, share, evidence
+]
+"""Ordinary contention (schema 8): slowdowns within the SLO that opened no incident because
+the model's own traffic or a co-tenant's recurring bursts explain them. The weekly report
+counts them beside the incidents."""
 
 ACTIONS: list[tuple[str, str]] = [
     ("id", "VARCHAR PRIMARY KEY"),
@@ -250,6 +267,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     "process_samples": PROCESS_SAMPLES,
     "model_loads": MODEL_LOADS,
     "incidents": INCIDENTS,
+    "contention": CONTENTION,
     "actions": ACTIONS,
     "audit": AUDIT,
     "alerts": ALERTS,

@@ -19,6 +19,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.timeout(240)
 
+DEMO = ("--speed", "100", "--store")
 ENDED = "the scenario has ended; the dashboard and API keep serving what was recorded at"
 
 
@@ -64,7 +65,8 @@ def test_the_demo_keeps_serving_after_the_scenario_until_ctrl_c(tmp_path: Path) 
     store = tmp_path / "demo.duckdb"
     errf = (tmp_path / "demo.err").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cotenant", "demo", "--speed", "100", "--store", str(store)],
+        # -X faulthandler: a demo that does not stop is made to say where it hangs (SIGABRT)
+        [sys.executable, "-X", "faulthandler", "-m", "cotenant", "demo", *DEMO, str(store)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -97,7 +99,17 @@ def test_the_demo_keeps_serving_after_the_scenario_until_ctrl_c(tmp_path: Path) 
         assert proc.poll() is None
 
         proc.send_signal(signal.SIGINT)
-        rc = proc.wait(60)
+        try:
+            rc = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # every thread's stack to demo.err
+            proc.wait(30)
+            errf.flush()
+            raise AssertionError(
+                "the demo did not stop within 60 s of Ctrl-C; where it was:\n"
+                + "".join(seen)[-1500:]
+                + (tmp_path / "demo.err").read_text()[-12000:]
+            ) from None
         while (line := q.get(timeout=10)) is not None:
             seen.append(line)
         assert rc == 0, "".join(seen)[-2000:] + (tmp_path / "demo.err").read_text()[-2000:]
