@@ -29,6 +29,7 @@ from cotenant.simulator.scenario import (
     Scenario,
 )
 from cotenant.simulator.scenario_load import TRACES_DIR
+from cotenant.store.contention_rows import find_contention
 from cotenant.store.db import Store
 
 S = 1_000_000_000
@@ -161,11 +162,19 @@ def _published(events: list[Seen], model: str) -> list[Seen]:
 
 
 def test_live_the_azure_code_traces_own_bursts_are_no_incidents() -> None:
-    # its first two bursts (190-340 s and 560-670 s: 8 requests/s, queues of 20-30 s)
-    events, _, store, *_ = replay(_two_llms(720.0), with_truth=False)
-    store.close()
-    assert _published(events, "code") == []
-    # chat is slowed 2x by the first of them, before any was seen: news once, not twice
-    chat = _published(events, "chat")
-    assert len(chat) <= 1, chat
-    assert all(e.cause == "bandwidth:code" for e in chat)
+    # its bursts (190-340 s, 560-670 s, 850-970 s, 1080-1230 s, 1330-1500 s: 8 requests/s,
+    # queues of 20-30 s) are its own load
+    events, _, store, *_ = replay(_two_llms(1400.0), with_truth=False)
+    try:
+        assert _published(events, "code") == []
+        # chat is slowed 2x by the first of them, before any was seen: news once. Later
+        # bursts slow it as much or a little more (TTFT p99 1.7 s at 1110 s, 1.5-2 s from
+        # 1340 s), like the ones code had had: ordinary contention (tests/test_ordinary_contention)
+        chat = _published(events, "chat")
+        assert len(chat) <= 1, chat
+        assert all(e.cause == "bandwidth:code" for e in chat)
+        rows = find_contention(store, "chat", "gpu0", 0)
+        assert rows and all(r.top_culprit == "code" for r in rows if r.reason == "recurring")
+        assert any(r.start_ns > START_NS + 1000 * S for r in rows), rows
+    finally:
+        store.close()

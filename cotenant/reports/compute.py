@@ -28,6 +28,7 @@ from cotenant.reports.summary import (
     IncidentRow,
     MatrixCell,
     ModelWeek,
+    OrdinaryCell,
     Thresholds,
     Totals,
     WeekOverWeek,
@@ -113,6 +114,16 @@ class ReportBuilder:
             load_waits=waits,
             load_kinds=kinds,
             load_replicas=replicas,
+            ordinary=[
+                OrdinaryCell(
+                    str(r["victim"]),
+                    str(r["culprit"]),
+                    float(r["minutes"]),
+                    int(r["slowdowns"]),
+                    [str(x) for x in r["reasons"]],
+                )
+                for r in q.ordinary_matrix(lo, hi)
+            ],
         )
         return _with(s, recommend(s))
 

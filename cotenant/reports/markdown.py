@@ -5,6 +5,7 @@ from __future__ import annotations
 from cotenant.reports.recommend import nothing_to_recommend
 from cotenant.reports.summary import WeekSummary
 from cotenant.reports.text import (
+    ORDINARY_NOTE,
     SECTIONS,
     delta,
     headline,
@@ -12,6 +13,8 @@ from cotenant.reports.text import (
     loads_note,
     ms,
     num,
+    ordinary_culprit,
+    ordinary_why,
     pct,
     when,
 )
@@ -68,6 +71,19 @@ def render_markdown(s: WeekSummary) -> str:
                 f"| {k.culprit} | {k.culprit_type} | {num(k.victim_minutes, 1)} "
                 f"| {', '.join(k.victims)} | {', '.join(k.kinds)} |"
             )
+        out.append("")
+    if s.ordinary:
+        out += [
+            ORDINARY_NOTE,
+            "",
+            "| victim | slowed by | minutes | slowdowns | why |",
+            "|---|---|---:|---:|---|",
+        ]
+        out += [
+            f"| {o.victim} | {ordinary_culprit(o)} | {num(o.minutes, 1)} | {o.slowdowns} "
+            f"| {ordinary_why(o)} |"
+            for o in s.ordinary
+        ]
         out.append("")
     out += [f"## {title['causes']}", ""]
     if not s.causes:

@@ -64,6 +64,18 @@ class MatrixCell:
 
 
 @dataclass(frozen=True)
+class OrdinaryCell:
+    """Ordinary contention of ``victim`` by ``culprit``: minutes within the SLO that opened no
+    incident (the culprit's recurring bursts, or, where culprit = victim, its own traffic)."""
+
+    victim: str
+    culprit: str
+    minutes: float
+    slowdowns: int
+    reasons: list[str]  # own_load | recurring
+
+
+@dataclass(frozen=True)
 class CulpritImpact:
     culprit: str
     culprit_type: str  # model | process | gpu | lock | host
@@ -223,6 +235,8 @@ class WeekSummary:
     load_waits: list[LoadWait] = field(default_factory=list)
     load_kinds: list[LoadKindWeek] = field(default_factory=list)
     load_replicas: list[LoadReplicaWeek] = field(default_factory=list)
+    # who slowed whom within the SLO without an incident (issue 25: ordinary contention)
+    ordinary: list[OrdinaryCell] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -265,4 +279,5 @@ class WeekSummary:
             load_waits=many(LoadWait, "load_waits"),
             load_kinds=many(LoadKindWeek, "load_kinds"),
             load_replicas=many(LoadReplicaWeek, "load_replicas"),
+            ordinary=many(OrdinaryCell, "ordinary"),
         )

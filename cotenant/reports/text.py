@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from cotenant.reports.summary import WeekOverWeek, WeekSummary
+from cotenant.reports.summary import OrdinaryCell, WeekOverWeek, WeekSummary
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -16,6 +16,20 @@ SECTIONS = (
     ("recommendations", "Recommendations"),
 )
 """Section anchors and titles, in order, of every format."""
+
+ORDINARY_NOTE = (
+    "Ordinary contention (slower within the SLO, no incident opened: the culprit's bursts "
+    "recur, or the model's own traffic explains it):"
+)
+
+
+def ordinary_culprit(o: OrdinaryCell) -> str:
+    return "its own traffic" if o.culprit == o.victim else o.culprit
+
+
+def ordinary_why(o: OrdinaryCell) -> str:
+    words = {"own_load": "own traffic", "recurring": "recurring bursts"}
+    return ", ".join(words.get(r, r) for r in o.reasons)
 
 
 def when(ns: int) -> str:

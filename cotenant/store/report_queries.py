@@ -33,6 +33,14 @@ _CAUSES = f"""
          unnest(from_json(json_extract(i.detail_json, '$.causes'), '{_CAUSE_TYPE}')) AS t(c)"""
 """One row per cause of each such incident: its share of the incident's minutes."""
 
+_ORDINARY = f"""
+    SELECT o.id, o.model AS victim, o.reason, c.kind, c.culprit,
+           (least(o.end_ns, $hi) - greatest(o.start_ns, $lo)) / 6e10 * c.share AS minutes
+    FROM contention o,
+         unnest(from_json(o.causes_json, '{_CAUSE_TYPE}')) AS t(c)
+    WHERE o.start_ns < $hi AND o.end_ns > $lo AND c.kind <> 'unknown'"""
+"""One row per named cause of each ordinary-contention slowdown overlapping the range."""
+
 
 def _dicts(
     cur: duckdb.DuckDBPyConnection, sql: str, params: Mapping[str, Any]
@@ -85,6 +93,18 @@ class ReportQueries:
         return self._rows(
             f"""SELECT victim, culprit, sum(minutes) AS minutes FROM ({_CAUSES})
                 WHERE kind <> 'unknown' GROUP BY ALL ORDER BY 3 DESC, 1, 2""",
+            {"lo": lo, "hi": hi},
+        )
+
+    def ordinary_matrix(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Victim x culprit minutes of ordinary contention (slowdowns within the SLO that
+        opened no incident: ``store.contention_rows``), largest first. Keys: ``victim``,
+        ``culprit``, ``minutes``, ``slowdowns`` (how many), ``reasons`` (distinct, sorted:
+        ``own_load``, ``recurring``)."""
+        return self._rows(
+            f"""SELECT victim, culprit, sum(minutes) AS minutes,
+                       count(DISTINCT id) AS slowdowns, list_sort(list(DISTINCT reason)) AS reasons
+                FROM ({_ORDINARY}) GROUP BY ALL ORDER BY 3 DESC, 1, 2""",
             {"lo": lo, "hi": hi},
         )
 
