@@ -292,11 +292,14 @@ def diagnose_windows(
 
 
 def _mark_recurring(
-    causes: list[Cause], w: GpuWindows, model: str, e: Episode, notes: list[str]
+    causes: list[Cause], w: GpuWindows, model: str, e: Episode, notes: list[str], p: SpikeParams
 ) -> None:
     """Adds ``recurring`` to the evidence of each cause naming a co-tenant model that was in a
     burst like the ones it had already had lately (:mod:`analysis.recurring`): ordinary
-    contention, which the incident book does not raise within the SLO."""
+    contention, which the incident book does not raise within the SLO. None with
+    ``seen_windows`` 0 (every degradation is news)."""
+    if p.seen_windows <= 0:
+        return
     for c in causes:
         other = w.models.get(c.culprit)
         if c.culprit == model or other is None or "arrival_rps" not in other:
@@ -340,7 +343,7 @@ def _diagnose_span(
         mix=mix_excess(w.tokens.get(model), indicator, before, during),
     )
     notes = list(att.notes)
-    _mark_recurring(att.causes, w, model, e, notes)
+    _mark_recurring(att.causes, w, model, e, notes, p)
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]
     sparse = int(np.count_nonzero(before & (v["count"] >= p.min_count))) < len(base) // 2

@@ -66,8 +66,9 @@ class AnalysisSettings:
     ordinary_s: float = key(
         600.0,
         "a degradation no worse than a slowdown of the model in this much recent history is its "
-        "ordinary contention (a co-tenant's recurring bursts), not an incident; SLO breaches "
-        "always are (0 = every degradation is news)",
+        "ordinary contention (a co-tenant's recurring bursts), not an incident, and so is one "
+        "a co-tenant's burst like two it had in the last 30 min explains; both are recorded for "
+        "the weekly report; SLO breaches always are incidents (0 = every degradation is news)",
         min=0.0,
     )
 
