@@ -423,8 +423,15 @@ def main() -> int:
     ap.add_argument("--control-seeds", type=int, default=2, help="seeds per trace control")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--json", type=Path, help="write every run and the figures here")
+    ap.add_argument(
+        "--controls-only",
+        action="store_true",
+        help="only the fault-free controls (false incidents; the cells' table stays empty)",
+    )
     args = ap.parse_args()
     todo = cases(args.seeds, args.seeds_200, args.control_seeds)
+    if args.controls_only:
+        todo = [c for c in todo if c.kind == "control"]
     t0 = time.perf_counter()
     results: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
