@@ -385,7 +385,7 @@ def _f(x: float | None, fmt: str) -> str:
 
 def render(summary: dict[str, Any]) -> str:
     lines = []
-    for v in VICTIMS:
+    for v in VICTIMS if any(t["runs"] for t in summary["table"].values()) else ():
         title = "within-SLO victim (SLO 10x its kernel time)" if v == VICTIMS[0] else "no SLO"
         lines.append(f"\n{v}: {title} — P(detect) / median delay s [measured p99 ratio]")
         lines.append("| rate req/s | " + " | ".join(f"{x:g}x" for x in SLOWDOWNS) + " |")
