@@ -123,14 +123,27 @@ def test_episodes_are_breaches_over_the_slo_and_degradations_within_it() -> None
     rng = np.random.default_rng(1)
     p99 = rng.normal(30, 1, 300)
     cnt = np.full(300, 40.0)
-    p99[100:135] = 90  # 3x slower for 35 s, within the SLO: a degradation
-    p99[200:230] = 160  # over the SLO: a breach
-    p99[215] = 30  # one quiet window inside does not split it
+    p99[130:165] = 90  # 3x slower for 35 s, within the SLO: a degradation
+    p99[220:250] = 160  # over the SLO: a breach
+    p99[235] = 30  # one quiet window inside does not split it
     p = SpikeParams()
-    assert _eps(p99, cnt, 100.0, p) == [(100, 134, "degradation"), (200, 229, "breach")]
+    assert _eps(p99, cnt, 100.0, p) == [(130, 164, "degradation"), (220, 249, "breach")]
     # without an SLO both are degradations; without degradations only the breach is left
     assert [e[2] for e in _eps(p99, cnt, None, p)] == ["degradation", "degradation"]
-    assert _eps(p99, cnt, 100.0, SpikeParams(degrade_windows=0)) == [(200, 229, "breach")]
+    assert _eps(p99, cnt, 100.0, SpikeParams(degrade_windows=0)) == [(220, 249, "breach")]
+
+
+def test_no_degradation_begins_in_the_warm_up_a_breach_does() -> None:
+    # the Azure chat/code control: chat slowed 3x within its SLO 72 s after its first
+    # request, by code's first burst, was an incident; a tool that has watched a model for a
+    # minute has seen none of its ordinary contention (the evidence rule's warm-up)
+    rng = np.random.default_rng(1)
+    p99 = rng.normal(30, 1, 300)
+    cnt = np.full(300, 40.0)
+    p99[70:110] = 90
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
+    p99[70:110] = 160
+    assert _eps(p99, cnt, 100.0, SpikeParams()) == [(70, 109, "breach")]
 
 
 def test_a_short_burst_within_the_slo_is_not_a_degradation() -> None:
@@ -163,8 +176,10 @@ def test_a_degradation_starts_where_the_slowdown_did_not_at_a_noisy_window_befor
     cnt = np.full(250, 40.0)
     p99[[108, 112, 114]] = [9.3, 8.8, 8.4]
     p99[120:180] = rng.uniform(20, 50, 60)
+    # a minute of the model's requests before those windows: out of the warm-up
+    p99, cnt = np.concatenate((rng.normal(5.2, 0.4, 60), p99)), np.full(310, 40.0)
     [ep] = track(p99, cnt, None, SpikeParams()).episodes
-    assert ep.start == 120 and ep.opened <= 140 and ep.severity == "degradation"
+    assert ep.start == 180 and ep.opened <= 200 and ep.severity == "degradation"
 
 
 def test_a_carried_episode_keeps_its_frozen_baseline() -> None:

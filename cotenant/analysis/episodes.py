@@ -388,6 +388,12 @@ def _first_opening(
         # before the stretch (a breach has the SLO to anchor it and needs min_history only)
         known = pd.Series(np.isfinite(learn)).rolling(p.history, min_periods=1).sum()
         enough = (known.shift(d).to_numpy() >= p.history // 2) & np.isfinite(b0)
+        if p.evidence is not None:
+            # ... and none begins in the evidence rule's warm-up after the model's first
+            # request: a tool that has just started has seen none of its ordinary contention
+            served = np.flatnonzero(np.nan_to_num(count) > 0)
+            if len(served):
+                enough[: int(served[0]) + p.evidence.warmup + d - 1] = False
         with np.errstate(invalid="ignore"):
             over = np.nan_to_num(level[pos:n_eval] > need[pos:n_eval]).any()
         if over and not p.seasonal and p.seen_windows > 0:  # (nothing over: no need to look)
