@@ -778,6 +778,12 @@ def test_expire_deletes_raw_rows_but_keeps_rollups(store: Store) -> None:
         "INSERT INTO alerts (fingerprint, received_ns) VALUES ('old', ?), ('new', ?)",
         [NOW - 91 * DAY, NOW - DAY],
     )
+    fetch(
+        store,
+        "INSERT INTO contention (id, model, start_ns, end_ns) VALUES ('old', 'a', ?, ?), "
+        "('new', 'a', ?, ?)",
+        [NOW - 92 * DAY, NOW - 91 * DAY, NOW - 2 * DAY, NOW - DAY],
+    )
     m = Maintenance(
         store,
         raw_retention_h=1,
@@ -798,6 +804,8 @@ def test_expire_deletes_raw_rows_but_keeps_rollups(store: Store) -> None:
     assert sorted(r[0] for r in fetch(store, "SELECT id FROM incidents")) == ["open"]
     assert deleted["alerts"] == 1
     assert [r[0] for r in fetch(store, "SELECT fingerprint FROM alerts")] == ["new"]
+    assert deleted["contention"] == 1  # ordinary contention is kept as long as incidents
+    assert [r[0] for r in fetch(store, "SELECT id FROM contention")] == ["new"]
     assert count(store, "requests") == 60
     assert fetch(store, "SELECT min(ts_end_ns) FROM requests")[0][0] >= NOW - HOUR
     assert actual_request_rollups(store) == rollups  # history outlives raw rows

@@ -228,10 +228,10 @@ class IncidentBook:
         dismissed: list[Incident] = []
         for inc, ds, created in groups.values():
             told = self._told(inc, ds)
-            row = self._ordinary(told[0], known, now_ns)
-            if row is not None and inc.state == DIAGNOSING:
-                seen[row.id] = row
             if inc.state == DIAGNOSING and self._withdrawn(told[0]):
+                row = self._ordinary(told[0], known, now_ns)
+                if row is not None:  # ordinary contention after all: recorded as such
+                    seen[row.id] = row
                 # never published, and no news after all: withdrawn
                 inc.state = DISMISSED
                 dismissed.append(inc)
