@@ -1161,3 +1161,18 @@ def test_request_windows_count_arrivals_where_nothing_completed(tmp_path: Path) 
     assert sum(r["count"] for r in rows.values()) == 3
     arrived = rows[NOW]  # the first request arrived here and completed a window later
     assert arrived["arrival_rps"] == 1 and arrived["count"] == 0 and arrived["p99_ms"] is None
+
+
+def test_a_schema_7_store_gains_the_contention_table(tmp_path: Path) -> None:
+    from cotenant.store.contention_rows import Contention, find_contention, upsert_contention
+
+    path = tmp_path / "v7.duckdb"
+    with Store(path) as s:
+        fetch(s, "DROP TABLE contention")
+    _set_version(path, "7")
+    with Store(path) as s:
+        assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
+        row = Contention("ctn-1", "chat", "g0", "ttft", NOW, NOW + 60 * SEC, NOW, "recurring")
+        upsert_contention(s, [row, row])  # written twice: one row
+        assert find_contention(s, "chat", "g0", NOW) == [row]
+        assert find_contention(s, "chat", "g0", NOW + 61 * SEC) == []
