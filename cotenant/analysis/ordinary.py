@@ -41,10 +41,9 @@ RECURRING_SHARE = 1 / 3
 def recurring(d: Diagnosis) -> bool:
     """A degradation whose every named cause is a co-tenant model's burst like the ones it
     had lately (:mod:`analysis.recurring`) or the model's own traffic (its load, its request
-    mix), together explaining at
-    least :data:`RECURRING_SHARE` of its excess (the rest unexplained): a bursty neighbour's
-    ordinary contention, not an incident (issue 25: the Azure code trace's bursts paged for
-    its chat neighbour time after time)."""
+    mix), together explaining at least :data:`RECURRING_SHARE` of its excess (the rest
+    unexplained): a bursty neighbour's ordinary contention, not an incident (issue 25: the
+    Azure code trace's bursts paged for its chat neighbour time after time)."""
     if d.severity != DEGRADATION:
         return False
     named = [c for c in d.causes if c.kind != "unknown"]
