@@ -300,6 +300,7 @@ def _mark_recurring(
     ``seen_windows`` 0 (every degradation is news)."""
     if p.seen_windows <= 0:
         return
+    top = next((x for x in causes if x.kind != "unknown"), None)
     for c in causes:
         other = w.models.get(c.culprit)
         if c.culprit == model or other is None or "arrival_rps" not in other:
@@ -308,7 +309,7 @@ def _mark_recurring(
         if seen is None:
             continue
         c.evidence = {**c.evidence, "recurring": seen}
-        if c is next((x for x in causes if x.kind != "unknown"), None):
+        if c is top:
             notes.append(
                 f"{c.culprit}'s burst ({seen['peak_rps']:g} req/s) is like "
                 f"{seen['earlier_bursts']} it had in the last {seen['memory_s'] // 60} min: "

@@ -194,9 +194,10 @@ class IncidentBook:
         groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
         extent = {i.id: (i.start_ns, i.end_ns) for i in current}
         mine = sorted((d for d in diags if d.incident), key=lambda d: d.start_ns)
+        # the ordinary contention recorded near them (only a degradation can be ordinary)
         known = (
             find_contention(self._store, model, gpu, mine[0].start_ns - self._cooldown_ns)
-            if mine
+            if any(d.severity == DEGRADATION for d in mine)
             else []
         )
         seen: dict[str, Contention] = {}
@@ -208,7 +209,7 @@ class IncidentBook:
                 # found long after it began, not news then: a baseline that moved since
                 # (history scrolled out of the horizon) does not make it an incident now
                 continue
-            row = self._ordinary(d, known, now_ns) if inc is None else None
+            row = None if inc is not None else contention_row(d, known, now_ns, self._cooldown_ns)
             if row is not None:
                 # slower within its SLO because of its own traffic, or a neighbour's burst
                 # like the ones it has lately had: ordinary contention, recorded, not news
@@ -229,7 +230,7 @@ class IncidentBook:
         for inc, ds, created in groups.values():
             told = self._told(inc, ds)
             if inc.state == DIAGNOSING and self._withdrawn(told[0]):
-                row = self._ordinary(told[0], known, now_ns)
+                row = contention_row(told[0], known, now_ns, self._cooldown_ns)
                 if row is not None:  # ordinary contention after all: recorded as such
                     seen[row.id] = row
                 # never published, and no news after all: withdrawn
@@ -322,9 +323,6 @@ class IncidentBook:
             d.replica,
             d.indicator,
         )
-
-    def _ordinary(self, d: Diagnosis, known: list[Contention], now_ns: int) -> Contention | None:
-        return contention_row(d, known, now_ns, self._cooldown_ns)
 
     def _withdrawn(self, d: Diagnosis) -> bool:
         """An unpublished slowdown that is no news: ordinary contention (:func:`ordinary`), or a

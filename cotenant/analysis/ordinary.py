@@ -25,7 +25,7 @@ def own_load(d: Diagnosis) -> bool:
     of a bursty trace's own traffic was silenced (issue 25, the Azure code trace)."""
     if d.severity != DEGRADATION:
         return False
-    top = next((c for c in d.causes if c.kind != "unknown"), None)
+    top = d.top
     return (
         top is not None
         and top.kind == "load"

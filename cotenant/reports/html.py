@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from cotenant.reports.recommend import nothing_to_recommend
 from cotenant.reports.summary import WeekSummary
 from cotenant.reports.text import (
+    ORDINARY_HEAD,
     ORDINARY_NOTE,
     SECTIONS,
     delta,
@@ -17,8 +18,7 @@ from cotenant.reports.text import (
     loads_note,
     ms,
     num,
-    ordinary_culprit,
-    ordinary_why,
+    ordinary_cells,
     pct,
     when,
 )
@@ -191,18 +191,9 @@ def render_html(s: WeekSummary) -> str:
     else:
         body = '<p class="note">No co-tenant, process or GPU caused an incident this week.</p>'
     if s.ordinary:
-        rows = [
-            [
-                escape(o.victim),
-                escape(ordinary_culprit(o)),
-                num(o.minutes, 1),
-                str(o.slowdowns),
-                ordinary_why(o),
-            ]
-            for o in s.ordinary
-        ]
+        rows = [[escape(x) for x in ordinary_cells(o)] for o in s.ordinary]
         body += f"<h3>Ordinary contention</h3><p>{escape(ORDINARY_NOTE)}</p>" + _table(
-            ["victim", "slowed by", "minutes", "slowdowns", "why"], rows, {2, 3}
+            ORDINARY_HEAD, rows, {2, 3}
         )
     parts.append(f'<section id="who-hurt-whom"><h2>{title["who-hurt-whom"]}</h2>{body}</section>')
     if s.causes:

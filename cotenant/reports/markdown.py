@@ -5,6 +5,7 @@ from __future__ import annotations
 from cotenant.reports.recommend import nothing_to_recommend
 from cotenant.reports.summary import WeekSummary
 from cotenant.reports.text import (
+    ORDINARY_HEAD,
     ORDINARY_NOTE,
     SECTIONS,
     delta,
@@ -13,8 +14,7 @@ from cotenant.reports.text import (
     loads_note,
     ms,
     num,
-    ordinary_culprit,
-    ordinary_why,
+    ordinary_cells,
     pct,
     when,
 )
@@ -76,14 +76,10 @@ def render_markdown(s: WeekSummary) -> str:
         out += [
             ORDINARY_NOTE,
             "",
-            "| victim | slowed by | minutes | slowdowns | why |",
+            "| " + " | ".join(ORDINARY_HEAD) + " |",
             "|---|---|---:|---:|---|",
         ]
-        out += [
-            f"| {o.victim} | {ordinary_culprit(o)} | {num(o.minutes, 1)} | {o.slowdowns} "
-            f"| {ordinary_why(o)} |"
-            for o in s.ordinary
-        ]
+        out += ["| " + " | ".join(ordinary_cells(o)) + " |" for o in s.ordinary]
         out.append("")
     out += [f"## {title['causes']}", ""]
     if not s.causes:

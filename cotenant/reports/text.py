@@ -23,13 +23,15 @@ ORDINARY_NOTE = (
 )
 
 
-def ordinary_culprit(o: OrdinaryCell) -> str:
-    return "its own traffic" if o.culprit == o.victim else o.culprit
+ORDINARY_HEAD = ["victim", "slowed by", "minutes", "slowdowns", "why"]
+_WHY = {"own_load": "own traffic", "recurring": "recurring bursts"}
 
 
-def ordinary_why(o: OrdinaryCell) -> str:
-    words = {"own_load": "own traffic", "recurring": "recurring bursts"}
-    return ", ".join(words.get(r, r) for r in o.reasons)
+def ordinary_cells(o: OrdinaryCell) -> list[str]:
+    """One ordinary-contention row's cells (unescaped), under :data:`ORDINARY_HEAD`."""
+    culprit = "its own traffic" if o.culprit == o.victim else o.culprit
+    why = ", ".join(_WHY.get(r, r) for r in o.reasons)
+    return [o.victim, culprit, num(o.minutes, 1), str(o.slowdowns), why]
 
 
 def when(ns: int) -> str:

@@ -1,7 +1,7 @@
 """The ``contention`` table: ordinary contention, typed reads and upserts (schema 8).
 
 One row per slowdown within the SLO that the incident book kept out of the incidents because
-it was ordinary (:func:`analysis.incident_merge.ordinary`): the model's own traffic, or a
+it was ordinary (:func:`analysis.ordinary.ordinary`): the model's own traffic, or a
 co-tenant's burst like the ones it has lately had. Rewritten in place (``INSERT OR REPLACE``
 on ``id``) while the slowdown lasts, so the weekly report can count who slows whom even when
 nobody was paged.
@@ -67,18 +67,14 @@ def upsert_contention(store: Store, rows: Sequence[Contention]) -> None:
         )
 
 
-def find_contention(
-    store: Store, model: str, gpu: str, since_ns: int, until_ns: int | None = None
-) -> list[Contention]:
-    """The rows of (``model``, ``gpu``) ending at or after ``since_ns`` (and starting before
-    ``until_ns``), oldest first."""
-    sql = f"SELECT {_COLS} FROM contention WHERE model = ? AND gpu = ? AND end_ns >= ?"
-    params: list[Any] = [model, gpu, since_ns]
-    if until_ns is not None:
-        sql += " AND start_ns < ?"
-        params.append(until_ns)
+def find_contention(store: Store, model: str, gpu: str, since_ns: int) -> list[Contention]:
+    """The rows of (``model``, ``gpu``) ending at or after ``since_ns``, oldest first."""
+    sql = (
+        f"SELECT {_COLS} FROM contention WHERE model = ? AND gpu = ? AND end_ns >= ? "
+        "ORDER BY start_ns"
+    )
     with store.cursor() as cur:
-        got = cur.execute(sql + " ORDER BY start_ns", params).fetchall()
+        got = cur.execute(sql, [model, gpu, since_ns]).fetchall()
     return [
         Contention(
             id=r[0],
