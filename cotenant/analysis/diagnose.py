@@ -59,6 +59,9 @@ class Diagnosis:
     # analysis.evidence: how an episode judged on its typical request was (rule, span,
     # the median baseline; threshold_ms is then the median's); None for the p99 rules
     judged_on: dict[str, Any] | None = None
+    # found only with the ordinary-contention bar off (the live loop's sweep): no higher than
+    # the model's slowdowns of the recent history, its ordinary contention
+    seen: bool = False
 
     @property
     def id(self) -> str:

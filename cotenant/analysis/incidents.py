@@ -202,6 +202,15 @@ class IncidentBook:
         )
         seen: dict[str, Contention] = {}
         for d in mine:
+            if d.seen:
+                # found by the live loop's sweep, no higher than the model's recent
+                # slowdowns: ordinary contention, unless an incident holds it
+                row = contention_row(d, known, now_ns, self._cooldown_ns)
+                held = any(i.start_ns <= d.end_ns and i.end_ns >= d.start_ns for i in current)
+                if row is not None and not held:
+                    seen[row.id] = row
+                    known = [row, *(k for k in known if k.id != row.id)]
+                continue
             inc = self._match(current, extent, d)
             created = inc is None
             stale = late is not None and late[1] <= d.detected_ns < late[0]

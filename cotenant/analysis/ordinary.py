@@ -1,11 +1,13 @@
 """Ordinary contention: slowdowns within the SLO that are no news (issue 25, item 2).
 
 A degradation (no SLO crossed) is ordinary when the model's own traffic explains it (its
-arrival surge: :func:`own_load`), or when every cause named is a co-tenant's burst like the
+arrival surge: :func:`own_load`), when every cause named is a co-tenant's burst like the
 ones it has lately had (:mod:`analysis.recurring`), with the model's own traffic
-(:func:`recurring`). The incident book opens no incident for it and records it in the
-``contention`` table (:func:`contention_row`), which the weekly report counts beside the
-incidents. A breach always is an incident.
+(:func:`recurring`), or when it is no higher than the model's own slowdowns of the recent
+history (the detector's ordinary-contention bar: ``seen``, found by the live loop's sweep).
+The incident book opens no incident for it and records it in the ``contention`` table
+(:func:`contention_row`), which the weekly report counts beside the incidents. A breach
+always is an incident.
 """
 
 from __future__ import annotations
@@ -57,12 +59,14 @@ def recurring(d: Diagnosis) -> bool:
 
 
 def ordinary(d: Diagnosis) -> str | None:
-    """Why a slowdown is ordinary contention rather than an incident — ``own_load`` or
-    ``recurring`` — or None when it is news."""
+    """Why a slowdown is ordinary contention rather than an incident — ``own_load``,
+    ``recurring`` or ``seen`` (:attr:`Diagnosis.seen`) — or None when it is news."""
     if own_load(d):
         return "own_load"
     if recurring(d):
         return "recurring"
+    if d.seen and d.severity == DEGRADATION:
+        return "seen"
     return None
 
 
@@ -80,7 +84,10 @@ def contention_row(
         for k in known
         if k.start_ns <= d.end_ns + cooldown_ns and k.end_ns >= d.start_ns - cooldown_ns
     ]
-    why = ordinary(d) or (near[0].reason if near and d.top is None else None)
+    # (a slowdown the detector found over the bar is news, even where the sweep had
+    # recorded its start as no higher than the model's recent ones)
+    sticky = bool(near) and d.top is None and near[0].reason != "seen" and not d.seen
+    why = ordinary(d) or (near[0].reason if sticky else None)
     if why is None:
         return None
     top = d.top

@@ -11,10 +11,11 @@ runs. The events it publishes are scored against the simulator's truth, per faul
   later in the same fault), the first published top cause and the final one (AC@1), and the
   time from the fault's start to the first event naming the true cause;
 * **within-SLO victims** (slowed by the fault but never over an SLO, or without one, as much
-  as a degradation must be — 1.3x and 2 ms over its p99 without the fault; the truth names
-  victims from 1.2x and 1 ms, and those are counted apart as ``below the bar``, as are models
-  too sparse to have a per-second p99, under 3 requests a second): found
-  (an incident overlaps the fault) and attributed (its top cause is the truth);
+  as issue 25's goal asks to find: 1.2x and 1 ms over its p99 without the fault, for at least
+  60 s, at 0.5 requests a second or more; slighter, shorter or sparser victims are counted
+  apart as ``below the bar``): found (an incident overlaps the fault), attributed (its top
+  cause is the truth), and recorded (found, or kept in the store's ``contention`` table as
+  the model's ordinary contention over the fault: a recurring fault's later rounds);
 * **false incidents** per simulated hour: incidents overlapping no fault (plus settle time),
   overall and on the fault-free controls;
 * the loop's cost: CPU seconds per pass.
@@ -33,20 +34,22 @@ import numpy as np
 from cotenant.analysis.incident_record import IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
-from cotenant.analysis.settings import AnalysisSettings
 from cotenant.analysis.windows import gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.simulator import output
 from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import load_scenario
+from cotenant.store.contention_rows import find_contention
 from cotenant.store.db import Store
 from cotenant.store.source import StoreSource
 
 START_NS = 1_767_225_600_000_000_000
-DEGRADATION_RATIO = AnalysisSettings.degradation_ratio
-DEGRADATION_MARGIN_MS = AnalysisSettings.degradation_margin_ms
-MIN_RATE_RPS = 3.0  # SpikeParams.min_count requests in a 1-s window
+# the within-SLO victims issue 25's goal asks to find (the truth names victims from 1.2x, 1 ms)
+GOAL_RATIO = 1.2
+GOAL_MARGIN_MS = 1.0
+GOAL_RATE_RPS = 0.5
+GOAL_S = 60.0
 SETTLE_S = output.SETTLE_S
 
 
@@ -90,6 +93,8 @@ class VictimScore:
     first_ok: bool
     final_ok: bool
     time_to_cause_s: float | None
+    fault_s: float = 0.0  # how long the fault lasted
+    ordinary: bool = False  # kept as the model's ordinary contention over the fault
 
     @property
     def truth(self) -> str:
@@ -162,7 +167,10 @@ def run_scenario(s: Scenario, progress: Callable[[str], None] = lambda _: None) 
         spans.append((lo, hi))
         for m in f["victims"]:
             w = windows[gpu_of[m]]
-            victims.append(_score_victim(s.name, f, m, lo, hi, slo.get(m), w, final, by_inc))
+            v = _score_victim(s.name, f, m, lo, hi, slo.get(m), w, final, by_inc)
+            kept = find_contention(store, m, gpu_of[m], lo)
+            v.ordinary = any(c.start_ns < hi for c in kept)
+            victims.append(v)
     false = sum(
         1
         for inc in final.values()
@@ -238,6 +246,7 @@ def _score_victim(
         first_cause == truth,
         final_cause == truth,
         time_to,
+        float(f["end_s"] - f["start_s"]),
     )
 
 
@@ -250,11 +259,12 @@ def _slowdown(f: dict[str, Any], model: str) -> tuple[float, float]:
 
 
 def _degraded(v: VictimScore) -> bool:
-    """Slowed as much as a degradation must be, and dense enough to have a p99 per second."""
+    """Slowed as much, as long and at as high a request rate as issue 25's goal asks to find."""
     return (
-        v.slowdown >= DEGRADATION_RATIO
-        and v.excess_ms >= DEGRADATION_MARGIN_MS
-        and v.rate_rps >= MIN_RATE_RPS
+        v.slowdown >= GOAL_RATIO
+        and v.excess_ms >= GOAL_MARGIN_MS
+        and v.rate_rps >= GOAL_RATE_RPS
+        and v.fault_s >= GOAL_S
     )
 
 
@@ -285,6 +295,7 @@ def summarize(results: Sequence[LiveResult]) -> dict[str, Any]:
         "within_slo_victims": len(within),
         "within_found": frac([v.incidents > 0 for v in within]),
         "within_attributed": frac([v.final_ok for v in within]),
+        "within_recorded": frac([v.incidents > 0 or v.ordinary for v in within]),
         "below_the_bar": len(below),
         "below_found": frac([v.incidents > 0 for v in below]),
         "false_per_hour": sum(r.false_incidents for r in results) / hours if hours else 0.0,
@@ -303,6 +314,14 @@ def _f(x: float | None, fmt: str = ".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def _kind(v: VictimScore) -> str:
+    if v.slo_victim:
+        return "slo"
+    if not _degraded(v):
+        return "below"
+    return "within" if v.incidents or not v.ordinary else "ordin."
+
+
 def render(results: Sequence[LiveResult], summary: dict[str, Any]) -> str:
     """The per-victim table and the summary, as ``cotenant bench --live`` prints them."""
     lines = [
@@ -313,7 +332,7 @@ def render(results: Sequence[LiveResult], summary: dict[str, Any]) -> str:
         for v in r.victims:
             lines.append(
                 f"{r.name[:48]:48s} {v.victim[:10]:10s} {v.truth[:24]:24s} "
-                f"{'slo' if v.slo_victim else 'within':6s} {v.incidents:3d} "
+                f"{_kind(v):6s} {v.incidents:3d} "
                 f"{_f(v.coverage):>4s} {v.premature:4d} {(v.first_cause or 'none')[:24]:24s} "
                 f"{(v.final_cause or 'none')[:24]:24s} {_f(v.time_to_cause_s, '.0f'):>5s} s"
             )
@@ -330,9 +349,10 @@ def render(results: Sequence[LiveResult], summary: dict[str, Any]) -> str:
         f"final AC@1 {_f(s['final_ac1'])}, median time to the right cause "
         f"{_f(s['median_time_to_cause_s'], '.0f')} s",
         f"within-SLO victims {s['within_slo_victims']}: found {_f(s['within_found'])}, "
-        f"attributed {_f(s['within_attributed'])}; slowed less than "
-        f"{DEGRADATION_RATIO:g}x / {DEGRADATION_MARGIN_MS:g} ms or too sparse "
-        f"{s['below_the_bar']} (found {_f(s['below_found'])})",
+        f"attributed {_f(s['within_attributed'])}, found or kept as ordinary contention "
+        f"{_f(s['within_recorded'])}; below the bar ({GOAL_RATIO:g}x, {GOAL_MARGIN_MS:g} ms, "
+        f"{GOAL_S:g} s, {GOAL_RATE_RPS:g} req/s) {s['below_the_bar']} "
+        f"(found {_f(s['below_found'])})",
         f"false incidents per simulated hour: {_f(s['false_per_hour'])} overall, "
         f"{_f(s['false_per_hour_controls'])} on fault-free controls",
         f"live loop: {_f(s['cpu_ms_per_pass'], '.0f')} ms of CPU per pass",

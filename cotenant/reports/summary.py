@@ -72,7 +72,7 @@ class OrdinaryCell:
     culprit: str
     minutes: float
     slowdowns: int
-    reasons: list[str]  # own_load | recurring
+    reasons: list[str]  # own_load | recurring | seen
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ SECTIONS = (
 
 ORDINARY_NOTE = (
     "Ordinary contention (slower within the SLO, no incident opened: the culprit's bursts "
-    "recur, or the model's own traffic explains it):"
+    "recur, the model was as slow in the last minutes, or its own traffic explains it):"
 )
 
 
 ORDINARY_HEAD = ["victim", "slowed by", "minutes", "slowdowns", "why"]
-_WHY = {"own_load": "own traffic", "recurring": "recurring bursts"}
+_WHY = {"own_load": "own traffic", "recurring": "recurring bursts", "seen": "as slow lately"}
 
 
 def ordinary_cells(o: OrdinaryCell) -> list[str]:

@@ -29,7 +29,7 @@ class Contention:
     start_ns: int
     end_ns: int
     updated_ns: int
-    reason: str  # own_load | recurring
+    reason: str  # own_load | recurring | seen
     top_cause: str | None = None
     top_culprit: str | None = None
     causes: list[dict[str, Any]] = field(default_factory=list)

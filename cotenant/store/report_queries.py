@@ -100,7 +100,7 @@ class ReportQueries:
         """Victim x culprit minutes of ordinary contention (slowdowns within the SLO that
         opened no incident: ``store.contention_rows``), largest first. Keys: ``victim``,
         ``culprit``, ``minutes``, ``slowdowns`` (how many), ``reasons`` (distinct, sorted:
-        ``own_load``, ``recurring``)."""
+        ``own_load``, ``recurring``, ``seen``)."""
         return self._rows(
             f"""SELECT victim, culprit, sum(minutes) AS minutes,
                        count(DISTINCT id) AS slowdowns, list_sort(list(DISTINCT reason)) AS reasons
