@@ -161,9 +161,7 @@ def test_a_slowdown_no_higher_than_the_models_recent_ones_is_recorded_not_news(
         assert (row.reason, row.top_culprit) == ("seen", "imagegen")
         # the detector itself finding it later (over the bar: it grew) is news, cause or not
         grown = _diag("degradation", [Cause("unknown", "—", 1.0, 0.0, {})], length_s=120)
-        assert [e.kind for e in book.update([grown], "chat", "gpu0", 0, grown.end_ns)] == [
-            "opened"
-        ]
+        assert [e.kind for e in book.update([grown], "chat", "gpu0", 0, grown.end_ns)] == ["opened"]
         # ... and a sweep's finding inside an incident is that incident's, not contention
         inside = _diag("degradation", [fresh], start_s=1050, length_s=30)
         inside.seen = True

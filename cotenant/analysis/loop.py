@@ -210,13 +210,14 @@ class AnalysisLoop:
         slos: dict[str, float | None],
         found: list[Diagnosis],
     ) -> list[Diagnosis]:
-        """The degradations of ``model`` ending at or after window ``first``, and apart from
-        the slowdowns ``found``, that the detector finds with its ordinary-contention bar off (:attr:`Diagnosis.seen`): no
-        higher than slowdowns the model had in the recent history, so its ordinary contention,
-        which the incident book records for the weekly report and opens nothing for (issue 25:
-        a voice model slowed by three image campaigns in a row was not recorded from the
-        second). A breach found so is left to the detector (an SLO crossing it missed is
-        not turned into an incident a minute late)."""
+        """The degradations of ``model`` ending at or after window ``first``, apart from the
+        slowdowns ``found``, that the detector finds with its ordinary-contention bar off
+        (:attr:`Diagnosis.seen`): no higher than slowdowns the model had in the recent
+        history, so its ordinary contention, which the incident book records for the weekly
+        report and opens nothing for (issue 25: a voice model's neighbour slowed by three
+        image campaigns in a row was not recorded from the second). A breach found so is
+        left to the detector (an SLO crossing it missed is not made an incident a minute
+        late)."""
         assert self._bare is not None
         try:
             diags = diagnose_windows(
