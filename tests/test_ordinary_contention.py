@@ -159,6 +159,8 @@ def test_a_slowdown_no_higher_than_the_models_recent_ones_is_recorded_not_news(
         assert book.update([d], "chat", "gpu0", 0, d.end_ns + 5 * S) == []
         [row] = find_contention(store, "chat", "gpu0", 0)
         assert (row.reason, row.top_culprit) == ("seen", "imagegen")
+        week = ReportBuilder(store, slos=Slos.of_maps({"chat": 1000.0})).build(week_of(d.end_ns))
+        assert "| chat | imagegen | 1.0 | 1 | as slow lately |" in render_markdown(week)
         # the detector itself finding it later (over the bar: it grew) is news, cause or not
         grown = _diag("degradation", [Cause("unknown", "—", 1.0, 0.0, {})], length_s=120)
         assert [e.kind for e in book.update([grown], "chat", "gpu0", 0, grown.end_ns)] == ["opened"]
