@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 
 from cotenant.analysis import evidence
-from cotenant.analysis.attribution import Cause, attribute
+from cotenant.analysis.attribution import Attribution, Cause, attribute
 from cotenant.analysis.episodes import BREACH, DEGRADATION, Carry, Episode, track
 from cotenant.analysis.indicators import indicator_series, indicator_view
 from cotenant.analysis.mix import mix_excess
-from cotenant.analysis.recurring import recurring_burst
+from cotenant.analysis.recurring_causes import beyond_recurring, mark_recurring
 from cotenant.analysis.replicas import annotate_replicas
 from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import GpuWindows, gpu_windows, gpus_of
@@ -294,32 +294,6 @@ def diagnose_windows(
     return out
 
 
-def _mark_recurring(
-    causes: list[Cause], w: GpuWindows, model: str, e: Episode, notes: list[str], p: SpikeParams
-) -> None:
-    """Adds ``recurring`` to the evidence of each cause naming a co-tenant model that was in a
-    burst like the ones it had already had lately (:mod:`analysis.recurring`): ordinary
-    contention, which the incident book does not raise within the SLO. None with
-    ``seen_windows`` 0 (every degradation is news)."""
-    if p.seen_windows <= 0:
-        return
-    top = next((x for x in causes if x.kind != "unknown"), None)
-    for c in causes:
-        other = w.models.get(c.culprit)
-        if c.culprit == model or other is None or "arrival_rps" not in other:
-            continue
-        seen = recurring_burst(other["arrival_rps"], e.start, e.end, w.step_ns / 1e9)
-        if seen is None:
-            continue
-        c.evidence = {**c.evidence, "recurring": seen}
-        if c is top:
-            notes.append(
-                f"{c.culprit}'s burst ({seen['peak_rps']:g} req/s) is like "
-                f"{seen['earlier_bursts']} it had in the last {seen['memory_s'] // 60} min: "
-                "its ordinary contention"
-            )
-
-
 def _diagnose_span(
     source: MetricSource,
     w: GpuWindows,
@@ -337,17 +311,21 @@ def _diagnose_span(
     during = np.zeros(w.n, dtype=bool)
     during[e.start : e.end + 1] = True
     before = _before_mask(w.n, e.start, abnormal, v["count"], p.min_count)
-    att = attribute(
-        view,
-        model,
-        before,
-        during,
-        locks=_locks(source, model, w, e),
-        host_cpu=cpu,
-        mix=mix_excess(w.tokens.get(model), indicator, before, during),
-    )
+    locks = _locks(source, model, w, e)
+
+    def against(past: np.ndarray) -> Attribution:
+        mix = mix_excess(w.tokens.get(model), indicator, past, during)
+        return attribute(view, model, past, during, locks=locks, host_cpu=cpu, mix=mix)
+
+    att = against(before)
     notes = list(att.notes)
-    _mark_recurring(att.causes, w, model, e, notes, p)
+    causes = att.causes
+    if p.seen_windows > 0:  # 0: no ordinary contention, every degradation is news
+        mark_recurring(causes, w, model, e.start, e.end, notes)
+        if e.severity == DEGRADATION:
+            causes = beyond_recurring(
+                causes, w, model, v["p99_ms"], v["count"], before, during, against, notes
+            )
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]
     sparse = int(np.count_nonzero(before & (v["count"] >= p.min_count))) < len(base) // 2
@@ -387,7 +365,7 @@ def _diagnose_span(
         baseline_p99_ms=frozen,
         slo_ms=slo_ms,
         phases_ms=att.phases_ms,
-        causes=att.causes,
+        causes=causes,
         notes=notes,
         severity=e.severity,
         threshold_ms=e.threshold_ms,

@@ -56,6 +56,15 @@ def recurring_burst(
     burst during windows ``[start, end]`` like :data:`MIN_SEEN` or more it had in the
     :data:`MEMORY_S` before that burst began; None when it was not bursting, or not like
     that before."""
+    got = earlier_bursts(arrivals, start, end, step_s)
+    return None if got is None else got[0]
+
+
+def earlier_bursts(
+    arrivals: np.ndarray, start: int, end: int, step_s: float
+) -> tuple[dict[str, Any], list[tuple[int, int]]] | None:
+    """:func:`recurring_burst`'s evidence, and the windows ``[lo, hi)`` of each earlier
+    burst like it."""
     n = len(arrivals)
     memory = round(MEMORY_S / step_s)
     if n == 0 or start >= n:
@@ -74,13 +83,21 @@ def recurring_burst(
     past = r[max(0, began - memory) : began]
     above = np.concatenate(([False], past >= half, [False]))
     edges = np.flatnonzero(np.diff(above.astype(np.int8)))
-    peaks = [float(past[a:b].max()) for a, b in zip(edges[::2], edges[1::2], strict=True)]
-    seen = [x for x in peaks if x >= AS_HIGH * peak]
+    off = max(0, began - memory)
+    # a trailing mean over k windows crosses half height k/2 - 1 windows after a burst
+    # began, and falls back under it k/2 windows after it ended
+    lag = round(SMOOTH_S / step_s) // 2
+    seen = [
+        (max(0, off + int(a) - lag + 1), max(0, off + int(b) - lag))
+        for a, b in zip(edges[::2], edges[1::2], strict=True)
+        if float(past[a:b].max()) >= AS_HIGH * peak
+    ]
     if len(seen) < MIN_SEEN:
         return None
-    return {
+    evidence = {
         "peak_rps": round(peak, 3),
         "typical_rps": round(typical, 3),
         "earlier_bursts": len(seen),
         "memory_s": round(min(memory, began) * step_s),
     }
+    return evidence, seen
