@@ -43,7 +43,8 @@ class AnalysisSettings:
         60.0,
         "how often the continuous loop re-reads its whole range, not just the last reread_s "
         "(rows landing later than reread_s are seen within this time; in fleet mode, where "
-        "Prometheus holds each sample from its scrape on, 600 saves most of the loop's reads)",
+        "Prometheus holds each sample from its scrape on, 600 saves most of the loop's reads), "
+        "and sweeps it for the ordinary contention the detector kept out (recorded, not raised)",
         min=1.0,
     )
     cooldown_s: float = key(
