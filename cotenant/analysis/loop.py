@@ -164,21 +164,10 @@ class AnalysisLoop:
                     for ind in (TTFT, TPOT)
                     if (c := self._carry(mine, since, ind)) is not None
                 }
-                try:
-                    diags = diagnose_windows(
-                        self._source,
-                        w,
-                        model,
-                        first,
-                        slo_ms=self._slos.of(model),
-                        params=self._params,
-                        lag_windows=int(self._reread_s / self._step_s),
-                        carry=self._carry(mine, since, E2E),
-                        slos=slos,
-                        carries=carries,
-                    )
-                except CotenantError as exc:
-                    log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
+                diags = self._diagnose(
+                    w, model, first, self._params, slos, self._carry(mine, since, E2E), carries
+                )
+                if diags is None:
                     continue
                 if sweep:
                     diags += self._sweep(w, model, swept, slos, diags)
@@ -202,6 +191,35 @@ class AnalysisLoop:
         self.passes += 1
         return events
 
+    def _diagnose(
+        self,
+        w: GpuWindows,
+        model: str,
+        first: int,
+        params: SpikeParams,
+        slos: dict[str, float | None],
+        carry: Carry | None = None,
+        carries: dict[str, Carry] | None = None,
+    ) -> list[Diagnosis] | None:
+        """The diagnoses of ``model`` on ``w``'s GPU ending at or after window ``first``;
+        None when it cannot be diagnosed (logged)."""
+        try:
+            return diagnose_windows(
+                self._source,
+                w,
+                model,
+                first,
+                slo_ms=self._slos.of(model),
+                params=params,
+                lag_windows=int(self._reread_s / self._step_s),
+                carry=carry,
+                slos=slos,
+                carries=carries,
+            )
+        except CotenantError as exc:
+            log.debug("no diagnosis for %s on %s: %s", model, w.gpu, exc)
+            return None
+
     def _sweep(
         self,
         w: GpuWindows,
@@ -219,20 +237,7 @@ class AnalysisLoop:
         left to the detector (an SLO crossing it missed is not made an incident a minute
         late)."""
         assert self._bare is not None
-        try:
-            diags = diagnose_windows(
-                self._source,
-                w,
-                model,
-                first,
-                slo_ms=self._slos.of(model),
-                params=self._bare,
-                lag_windows=int(self._reread_s / self._step_s),
-                slos=slos,
-            )
-        except CotenantError as exc:
-            log.debug("no sweep for %s: %s", model, exc)
-            return []
+        diags = self._diagnose(w, model, first, self._bare, slos) or []
         out = [
             d
             for d in diags
