@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from diagnoses import diagnosis
 
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.diagnose import Diagnosis, diagnose
@@ -211,22 +212,18 @@ def test_live_one_fault_is_one_incident_per_victim() -> None:
 
 
 def _diagnosis(indicator: str, start_s: int, end_s: int, severity: str, **kw: Any) -> Diagnosis:
-    return Diagnosis(
-        model="chat",
-        gpu="gpu0",
-        start_ns=START_NS + start_s * S,
-        end_ns=START_NS + end_s * S,
-        open=kw.get("open", True),
-        detected_ns=START_NS + (start_s + 30) * S,
-        peak_p99_ms=kw.get("peak", 900.0),
-        baseline_p99_ms=kw.get("base", 500.0),
-        slo_ms=kw.get("slo"),
-        phases_ms={"compute_ms": 10.0},
-        causes=[Cause("cotenant", "train-job", 0.8, 0.9, {})],
-        severity=severity,
-        threshold_ms=kw.get("base", 500.0) * 1.3,
-        during_windows=end_s - start_s,
+    return diagnosis(
+        "chat",
+        severity,
+        [Cause("cotenant", "train-job", 0.8, 0.9, {})],
+        start_s,
+        end_s,
         indicator=indicator,
+        slo=kw.get("slo"),
+        peak=kw.get("peak", 900.0),
+        base=kw.get("base", 500.0),
+        open=kw.get("open", True),
+        phases={"compute_ms": 10.0},
     )
 
 

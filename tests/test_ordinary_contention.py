@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from diagnoses import diagnosis
 
 from cotenant.analysis.attribution import Attribution, Cause
 from cotenant.analysis.diagnose import Diagnosis
@@ -59,22 +60,18 @@ def test_a_burst_like_two_earlier_ones_is_recurring_a_second_or_a_bigger_one_is_
 
 
 def _diag(severity: str, causes: list[Cause], start_s: int = 1000, **kw: Any) -> Diagnosis:
-    return Diagnosis(
-        model="chat",
-        gpu="gpu0",
-        start_ns=START_NS + start_s * S,
-        end_ns=START_NS + (start_s + kw.get("length_s", 60)) * S,
-        open=True,
-        detected_ns=START_NS + (start_s + 30) * S,
-        peak_p99_ms=1500.0,
-        baseline_p99_ms=400.0,
-        slo_ms=kw.get("slo"),
-        phases_ms={"queue_ms": 900.0},
-        causes=causes,
-        severity=severity,
-        threshold_ms=460.0,
-        during_windows=60,
+    return diagnosis(
+        "chat",
+        severity,
+        causes,
+        start_s,
+        start_s + kw.get("length_s", 60),
         indicator="ttft",
+        slo=kw.get("slo"),
+        peak=1500.0,
+        base=400.0,
+        threshold=460.0,
+        phases={"queue_ms": 900.0},
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from diagnoses import diagnosis
 
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.demand import arrival_rates, arrival_surge
@@ -68,21 +69,16 @@ def test_time_before_a_models_first_request_is_not_idleness() -> None:
 
 
 def _diagnosis(severity: str, cause: Cause, start_s: int = 300, **kw: Any) -> Diagnosis:
-    return Diagnosis(
-        model="code",
-        gpu="gpu0",
-        start_ns=START_NS + start_s * S,
-        end_ns=START_NS + (start_s + 60) * S,
-        open=True,
-        detected_ns=START_NS + (start_s + 30) * S,
-        peak_p99_ms=9000.0,
-        baseline_p99_ms=500.0,
-        slo_ms=kw.get("slo"),
-        phases_ms={"queue_ms": 8000.0},
-        causes=[cause],
-        severity=severity,
-        threshold_ms=650.0,
-        during_windows=60,
+    return diagnosis(
+        "code",
+        severity,
+        [cause],
+        start_s,
+        start_s + 60,
+        slo=kw.get("slo"),
+        peak=9000.0,
+        threshold=650.0,
+        phases={"queue_ms": 8000.0},
     )
 
 
