@@ -19,7 +19,7 @@ nothing yet); a third of the same height is not.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,14 +57,17 @@ def recurring_burst(
     :data:`MEMORY_S` before that burst began; None when it was not bursting, or not like
     that before."""
     got = earlier_bursts(arrivals, start, end, step_s)
-    return None if got is None else got[0]
+    return None if got is None else got.evidence
 
 
-def earlier_bursts(
-    arrivals: np.ndarray, start: int, end: int, step_s: float
-) -> tuple[dict[str, Any], list[tuple[int, int]]] | None:
-    """:func:`recurring_burst`'s evidence, and the windows ``[lo, hi)`` of each earlier
-    burst like it."""
+class Bursts(NamedTuple):
+    evidence: dict[str, Any]  # recurring_burst's
+    earlier: list[tuple[int, int]]  # the windows [lo, hi) of each earlier burst like it
+    current: tuple[int, int]  # ... and of the current one
+
+
+def earlier_bursts(arrivals: np.ndarray, start: int, end: int, step_s: float) -> Bursts | None:
+    """:func:`recurring_burst`, with the windows of the bursts it compared."""
     n = len(arrivals)
     memory = round(MEMORY_S / step_s)
     if n == 0 or start >= n:
@@ -100,4 +103,9 @@ def earlier_bursts(
         "earlier_bursts": len(seen),
         "memory_s": round(min(memory, began) * step_s),
     }
-    return evidence, seen
+    # the current burst: the run over half height holding its peak
+    top = start + int(np.argmax(r[start : end + 1]))
+    low = np.flatnonzero(r < half)
+    lo = int(low[low < top][-1]) + 1 if (low < top).any() else 0
+    hi = int(low[low > top][0]) if (low > top).any() else n
+    return Bursts(evidence, seen, (max(0, lo - lag + 1), max(0, hi - lag)))

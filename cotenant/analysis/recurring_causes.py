@@ -68,23 +68,29 @@ def beyond_recurring(
     co-tenant hurt more than its earlier ones put first: ``again`` attributes the slowdown
     against the victim's windows during those bursts, and the causes it names that are
     neither the recurring co-tenants nor the victim itself take the excess over what the
-    earlier bursts made (the victim's median ``p99`` during them against ``before``), the
-    rest staying with ``causes``. Unchanged when nothing recurs, when this burst hurt no more
+    earlier bursts made (the victim's median ``p99`` during them against ``before``, and
+    during this burst's windows of the slowdown), the rest staying with ``causes``. Unchanged when nothing recurs, when this burst hurt no more
     than the earlier ones, or when nothing else is named."""
     rec = [c for c in causes if "recurring" in c.evidence]
     if not rec:
         return causes
     start, end = int(np.flatnonzero(during)[0]), int(np.flatnonzero(during)[-1])
-    past = np.zeros(w.n, dtype=bool)
+    served = np.nan_to_num(count) > 0
+    past = np.zeros(w.n, dtype=bool)  # the earlier bursts
+    cur = np.zeros(w.n, dtype=bool)  # ... and this one, as far as the slowdown holds it
     for c in rec:
         got = earlier_bursts(w.models[c.culprit]["arrival_rps"], start, end, w.step_ns / 1e9)
-        for lo, hi in got[1] if got is not None else []:
+        if got is None:
+            continue
+        for lo, hi in got.earlier:
             past[lo:hi] = True
-    past &= (np.nan_to_num(count) > 0) & ~during
-    if np.count_nonzero(past) < MIN_PAST:
+        cur[got.current[0] : got.current[1]] = True
+    past &= served & ~during
+    cur &= served & during
+    if np.count_nonzero(past) < MIN_PAST or not cur.any():
         return causes
     with np.errstate(all="ignore"):
-        base, now, usual = (float(np.nanmedian(p99[m])) for m in (before, during, past))
+        base, now, usual = (float(np.nanmedian(p99[m])) for m in (before, cur, past))
     if not all(np.isfinite((base, now, usual))) or now <= max(base, usual):
         return causes
     rest = min(1.0, max(0.0, (usual - base) / (now - base)))  # what the bursts usually make
