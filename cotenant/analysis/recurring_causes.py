@@ -69,8 +69,9 @@ def beyond_recurring(
     against the victim's windows during those bursts, and the causes it names that are
     neither the recurring co-tenants nor the victim itself take the excess over what the
     earlier bursts made (the victim's median ``p99`` during them against ``before``, and
-    during this burst's windows of the slowdown), the rest staying with ``causes``. Unchanged when nothing recurs, when this burst hurt no more
-    than the earlier ones, or when nothing else is named."""
+    during this burst's windows of the slowdown), the rest staying with ``causes``.
+    Unchanged when nothing recurs, when this burst hurt no more than the earlier ones, or
+    when nothing else is named."""
     rec = [c for c in causes if "recurring" in c.evidence]
     if not rec:
         return causes
