@@ -19,7 +19,7 @@ from cotenant.analysis.attribution import Attribution, Cause
 from cotenant.analysis.diagnose import Diagnosis
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.ordinary import ordinary, recurring
-from cotenant.analysis.recurring import recurring_burst
+from cotenant.analysis.recurring import earlier_bursts
 from cotenant.analysis.recurring_causes import beyond_recurring, mark_recurring
 from cotenant.analysis.windows import GpuWindows
 from cotenant.core.slos import Slos
@@ -45,18 +45,22 @@ def _bursts(n: int, at: list[int], height: list[float], base: float = 0.5) -> np
 
 def test_a_burst_like_two_earlier_ones_is_recurring_a_second_or_a_bigger_one_is_not() -> None:
     a = _bursts(1500, [200, 600, 1000], [8.0, 7.0, 8.0])
-    got = recurring_burst(a, 1030, 1090, 1.0)
-    assert got is not None and got["earlier_bursts"] == 2
+    got = earlier_bursts(a, 1030, 1090, 1.0)
+    assert got is not None and got.evidence["earlier_bursts"] == 2
+    # the windows of the two earlier bursts and of this one (the smoothing's lag taken out:
+    # exact for a burst as high as this one, within a few windows for the lower one)
+    assert got.earlier[0] == (200, 320) and got.current == (1000, 1120)
+    assert abs(got.earlier[1][0] - 600) <= 5 and abs(got.earlier[1][1] - 720) <= 5
     # the second: one earlier burst is not yet a pattern
-    assert recurring_burst(a, 630, 690, 1.0) is None
+    assert earlier_bursts(a, 630, 690, 1.0) is None
     # twice as high as anything seen: news
     b = _bursts(1500, [200, 600, 1000], [4.0, 4.0, 9.0])
-    assert recurring_burst(b, 1030, 1090, 1.0) is None
+    assert earlier_bursts(b, 1030, 1090, 1.0) is None
     # a co-tenant whose rate did not rise is not bursting (something else slowed the victim)
-    assert recurring_burst(np.full(1500, 3.0), 1030, 1090, 1.0) is None
+    assert earlier_bursts(np.full(1500, 3.0), 1030, 1090, 1.0) is None
     # earlier bursts older than the memory (30 min) are forgotten
     c = _bursts(4000, [200, 600, 3000], [8.0, 8.0, 8.0])
-    assert recurring_burst(c, 3030, 3090, 1.0) is None
+    assert earlier_bursts(c, 3030, 3090, 1.0) is None
 
 
 def _diag(severity: str, causes: list[Cause], start_s: int = 1000, **kw: Any) -> Diagnosis:
@@ -225,8 +229,8 @@ def test_what_made_a_recurring_burst_hurt_more_than_before_is_named_first() -> N
     before = np.zeros(n, dtype=bool)
     before[1240:1300] = True
     causes = [Cause("bandwidth", "code", 0.8, 0.9, {}), Cause("unknown", "—", 0.2, 0.0, {})]
-    mark_recurring(causes, w, "chat", 1300, 1419, [])
-    assert "recurring" in causes[0].evidence
+    bursts = mark_recurring(causes, w, "chat", 1300, 1419, [])
+    assert "recurring" in causes[0].evidence and list(bursts) == ["code"]
     asked: list[np.ndarray] = []
 
     def again(past: np.ndarray) -> Attribution:
@@ -234,7 +238,7 @@ def test_what_made_a_recurring_burst_hurt_more_than_before_is_named_first() -> N
         return Attribution({}, [Cause("cotenant", "train-job", 0.9, 0.8, {}), *causes[:1]])
 
     notes: list[str] = []
-    got = beyond_recurring(causes, w, "chat", p99, np.ones(n), before, during, again, notes)
+    got = beyond_recurring(causes, bursts, "chat", p99, np.ones(n), before, during, again, notes)
     # compared with the windows of the three earlier bursts, not with those just before
     assert np.array_equal(np.flatnonzero(asked[0]), np.flatnonzero(p99 == 12.0))
     assert [(c.kind, c.culprit) for c in got] == [
@@ -250,7 +254,7 @@ def test_what_made_a_recurring_burst_hurt_more_than_before_is_named_first() -> N
     assert ordinary(d) is None  # news, naming the training job
     # hurting no more than the earlier bursts did, it stays ordinary contention
     p99[1300:1420] = 12.0
-    same = beyond_recurring(causes, w, "chat", p99, np.ones(n), before, during, again, [])
+    same = beyond_recurring(causes, bursts, "chat", p99, np.ones(n), before, during, again, [])
     assert same is causes and ordinary(_diag("degradation", same)) == "recurring"
 
 

@@ -321,10 +321,10 @@ def _diagnose_span(
     notes = list(att.notes)
     causes = att.causes
     if p.seen_windows > 0:  # 0: no ordinary contention, every degradation is news
-        mark_recurring(causes, w, model, e.start, e.end, notes)
+        bursts = mark_recurring(causes, w, model, e.start, e.end, notes)
         if e.severity == DEGRADATION:
             causes = beyond_recurring(
-                causes, w, model, v["p99_ms"], v["count"], before, during, against, notes
+                causes, bursts, model, v["p99_ms"], v["count"], before, during, against, notes
             )
     base = v["p99_ms"][before]
     base = base[np.isfinite(base)]

@@ -174,7 +174,7 @@ class AnalysisLoop:
                 if not diags and (model, gpu) not in live:
                     continue  # healthy, nothing live to resolve or dismiss: nothing changes
                 found.append((diags, model, gpu))
-        incidents = [d for diags, _, _ in found for d in diags if d.incident]
+        incidents = [d for diags, _, _ in found for d in diags if d.incident and not d.seen]
         if incidents:  # replicas and their siblings: only read when something is slow
             annotate_replicas(incidents, read, self._source.replicas(full))
         for diags, model, gpu in found:

@@ -49,25 +49,17 @@ def smoothed(arrivals: np.ndarray, windows: int) -> np.ndarray:
     return np.asarray((c[idx] - c[lo]) / (idx - lo))
 
 
-def recurring_burst(
-    arrivals: np.ndarray, start: int, end: int, step_s: float
-) -> dict[str, Any] | None:
-    """Evidence that the co-tenant whose per-window arrival rates are ``arrivals`` was in a
-    burst during windows ``[start, end]`` like :data:`MIN_SEEN` or more it had in the
-    :data:`MEMORY_S` before that burst began; None when it was not bursting, or not like
-    that before."""
-    got = earlier_bursts(arrivals, start, end, step_s)
-    return None if got is None else got.evidence
-
-
 class Bursts(NamedTuple):
-    evidence: dict[str, Any]  # recurring_burst's
+    evidence: dict[str, Any]  # peak_rps, typical_rps, earlier_bursts, memory_s
     earlier: list[tuple[int, int]]  # the windows [lo, hi) of each earlier burst like it
     current: tuple[int, int]  # ... and of the current one
 
 
 def earlier_bursts(arrivals: np.ndarray, start: int, end: int, step_s: float) -> Bursts | None:
-    """:func:`recurring_burst`, with the windows of the bursts it compared."""
+    """The bursts of the co-tenant whose per-window arrival rates are ``arrivals`` when it
+    was in a burst during windows ``[start, end]`` like :data:`MIN_SEEN` or more it had in
+    the :data:`MEMORY_S` before that burst began (the evidence, and the windows of each);
+    None when it was not bursting, or not like that before."""
     n = len(arrivals)
     memory = round(MEMORY_S / step_s)
     if n == 0 or start >= n:

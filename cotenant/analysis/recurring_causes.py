@@ -15,13 +15,13 @@ slowdown is news.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import numpy as np
 
 from cotenant.analysis.attribution import Attribution, Cause
-from cotenant.analysis.recurring import earlier_bursts, recurring_burst
+from cotenant.analysis.recurring import Bursts, earlier_bursts
 from cotenant.analysis.windows import GpuWindows
 
 MIN_PAST = 10
@@ -33,17 +33,21 @@ Attribute = Callable[[np.ndarray], Attribution]
 
 def mark_recurring(
     causes: list[Cause], w: GpuWindows, model: str, start: int, end: int, notes: list[str]
-) -> None:
+) -> dict[str, Bursts]:
     """Adds ``recurring`` to the evidence of each cause naming a co-tenant model that was in
-    a burst during windows ``[start, end]`` like the ones it had already had lately."""
+    a burst during windows ``[start, end]`` like the ones it had already had lately; returns
+    those co-tenants' bursts (for :func:`beyond_recurring`)."""
     top = next((x for x in causes if x.kind != "unknown"), None)
+    out: dict[str, Bursts] = {}
     for c in causes:
         other = w.models.get(c.culprit)
         if c.culprit == model or other is None or "arrival_rps" not in other:
             continue
-        seen = recurring_burst(other["arrival_rps"], start, end, w.step_ns / 1e9)
-        if seen is None:
+        got = earlier_bursts(other["arrival_rps"], start, end, w.step_ns / 1e9)
+        if got is None:
             continue
+        out[c.culprit] = got
+        seen = got.evidence
         c.evidence = {**c.evidence, "recurring": seen}
         if c is top:
             notes.append(
@@ -51,11 +55,12 @@ def mark_recurring(
                 f"{seen['earlier_bursts']} it had in the last {seen['memory_s'] // 60} min: "
                 "its ordinary contention"
             )
+    return out
 
 
 def beyond_recurring(
     causes: list[Cause],
-    w: GpuWindows,
+    bursts: Mapping[str, Bursts],
     model: str,
     p99: np.ndarray,
     count: np.ndarray,
@@ -64,25 +69,20 @@ def beyond_recurring(
     again: Attribute,
     notes: list[str],
 ) -> list[Cause]:
-    """``causes`` (:func:`mark_recurring` applied), with what made this burst of a recurring
-    co-tenant hurt more than its earlier ones put first: ``again`` attributes the slowdown
-    against the victim's windows during those bursts, and the causes it names that are
-    neither the recurring co-tenants nor the victim itself take the excess over what the
-    earlier bursts made (the victim's median ``p99`` during them against ``before``, and
-    during this burst's windows of the slowdown), the rest staying with ``causes``.
-    Unchanged when nothing recurs, when this burst hurt no more than the earlier ones, or
-    when nothing else is named."""
-    rec = [c for c in causes if "recurring" in c.evidence]
-    if not rec:
+    """``causes`` (:func:`mark_recurring` applied, which gave ``bursts``), with what made
+    this burst of a recurring co-tenant hurt more than its earlier ones put first: ``again``
+    attributes the slowdown against the victim's windows during those bursts, and the
+    causes it names that are neither the recurring co-tenants nor the victim itself take the
+    excess over what the earlier bursts made (the victim's median ``p99`` during them
+    against ``before``, and during this burst's windows of the slowdown), the rest staying
+    with ``causes``. Unchanged when nothing recurs, when this burst hurt no more than the
+    earlier ones, or when nothing else is named."""
+    if not bursts:
         return causes
-    start, end = int(np.flatnonzero(during)[0]), int(np.flatnonzero(during)[-1])
     served = np.nan_to_num(count) > 0
-    past = np.zeros(w.n, dtype=bool)  # the earlier bursts
-    cur = np.zeros(w.n, dtype=bool)  # ... and this one, as far as the slowdown holds it
-    for c in rec:
-        got = earlier_bursts(w.models[c.culprit]["arrival_rps"], start, end, w.step_ns / 1e9)
-        if got is None:
-            continue
+    past = np.zeros(len(p99), dtype=bool)  # the earlier bursts
+    cur = np.zeros(len(p99), dtype=bool)  # ... and this one, as far as the slowdown holds it
+    for got in bursts.values():
         for lo, hi in got.earlier:
             past[lo:hi] = True
         cur[got.current[0] : got.current[1]] = True
@@ -95,7 +95,7 @@ def beyond_recurring(
     if not all(np.isfinite((base, now, usual))) or now <= max(base, usual):
         return causes
     rest = min(1.0, max(0.0, (usual - base) / (now - base)))  # what the bursts usually make
-    skip = {c.culprit for c in rec} | {model}
+    skip = {*bursts, model}
     new = [c for c in again(past).causes if c.kind != "unknown" and c.culprit not in skip]
     if not new:
         return causes
