@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from cotenant.analysis.diagnose import Diagnosis, diagnose_windows, history_range
 from cotenant.analysis.episodes import DEGRADATION, Carry
+from cotenant.analysis.fellows import FELLOW_OF, Named, fellow, fellow_of, named_causes
 from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.pass_reads import PassReads
@@ -83,6 +84,13 @@ class AnalysisLoop:
             replace(self._params, ordinary_margin=0.0) if self._params.seen_windows > 0 else None
         )
         self._swept_ns: int | None = None  # the last sweep's time
+        # the detector asking less evidence of a fellow victim of an open incident's cause
+        ev = self._params.evidence
+        self._shared = (
+            replace(self._params, evidence=replace(ev, ratio=ev.shared_ratio))
+            if ev is not None and ev.shared_ratio < ev.ratio
+            else None
+        )
         self._caches: dict[str, WindowCache] = {}
         self._clock = clock_ns
         self._on_incident = on_incident
@@ -138,9 +146,11 @@ class AnalysisLoop:
         # the live incidents once per pass, newest per (model, GPU) (not per model: at
         # fleet scale, thousands of models each asking the book was most of a pass)
         live: dict[tuple[str, str], Incident] = {}
-        for inc in sorted(self._book.live(), key=lambda i: i.start_ns):
+        book = sorted(self._book.live(), key=lambda i: i.start_ns)
+        for inc in book:
             if inc.live:
                 live[(inc.model, inc.gpu)] = inc
+        named = named_causes(book)  # per GPU, its open incidents' first causes
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -169,6 +179,9 @@ class AnalysisLoop:
                 )
                 if diags is None:
                     continue
+                others = [n for n in named.get(gpu, []) if n.victim != model]
+                if self._shared is not None and (others or fellow(mine)):
+                    diags += self._fellows(w, model, first, slos, diags, others, mine)
                 if sweep:
                     diags += self._sweep(w, model, swept, slos, diags)
                 if not diags and (model, gpu) not in live:
@@ -247,6 +260,38 @@ class AnalysisLoop:
         ]
         for d in out:
             d.seen = True
+        return out
+
+    def _fellows(
+        self,
+        w: GpuWindows,
+        model: str,
+        first: int,
+        slos: dict[str, float | None],
+        found: list[Diagnosis],
+        named: list[Named],
+        mine: Incident | None,
+    ) -> list[Diagnosis]:
+        """The degradations of ``model`` ending at or after window ``first``, apart from the
+        slowdowns ``found``, that the detector finds asking :attr:`EvidenceParams.shared_ratio`
+        of the typical request rather than its ``ratio`` and that :func:`fellow_of` says are
+        a fellow victim of an open incident on the GPU (``named``)."""
+        assert self._shared is not None
+        assert self._shared.evidence is not None and self._params.evidence is not None
+        low, usual = self._shared.evidence.ratio, self._params.evidence.ratio
+        out = []
+        for d in self._diagnose(w, model, first, self._shared, slos) or []:
+            if any(f.start_ns <= d.end_ns and f.end_ns >= d.start_ns for f in found):
+                continue
+            by = fellow_of(d, named, mine)
+            if by is None or d.judged_on is None:
+                continue
+            d.judged_on = {**d.judged_on, FELLOW_OF: by}
+            d.notes.append(
+                f"Found at {low:g}x its typical latency rather than {usual:g}x: {by}, on the "
+                "same GPU, has an open incident with the same first cause."
+            )
+            out.append(d)
         return out
 
     def _carry(self, inc: Incident | None, since_ns: int, indicator: str) -> Carry | None:

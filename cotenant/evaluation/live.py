@@ -34,6 +34,7 @@ import numpy as np
 from cotenant.analysis.incident_record import IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
+from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
@@ -118,10 +119,16 @@ def _cause(c: dict[str, Any] | None) -> str | None:
 
 
 def replay(
-    s: Scenario, *, interval_s: float = 5.0, horizon_s: float = 600.0, with_truth: bool = True
+    s: Scenario,
+    *,
+    interval_s: float = 5.0,
+    horizon_s: float = 600.0,
+    with_truth: bool = True,
+    params: SpikeParams | None = None,
 ) -> tuple[list[Seen], list[dict[str, Any]], Store, float, int]:
     """Run the live loop over a simulation of ``s``: (events as published, the faults' truth
-    (empty without ``with_truth``), the store, CPU seconds of the loop, passes)."""
+    (empty without ``with_truth``), the store, CPU seconds of the loop, passes). ``params``:
+    the detector's (its defaults when None)."""
     sim = output.run(s, start_ns=START_NS)
     truth = output.truth(s, sim, start_ns=START_NS) if with_truth else []
     store = load_outputs(sim)
@@ -136,6 +143,7 @@ def replay(
         horizon_s=horizon_s,
         clock_ns=lambda: now[0],
         on_incident=lambda e: events.append(_seen(e)),
+        params=params,
     )
     step = int(interval_s * 1e9)
     end = START_NS + int(s.duration_s * 1e9)
