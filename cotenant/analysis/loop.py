@@ -179,7 +179,8 @@ class AnalysisLoop:
                 )
                 if diags is None:
                     continue
-                others = [n for n in named.get(gpu, []) if n.victim != model]
+                # a model with a live incident of its own is told already
+                others = [n for n in named.get(gpu, []) if n.victim != model and mine is None]
                 if self._shared is not None and (others or fellow(mine)):
                     diags += self._fellows(w, model, first, slos, diags, others, mine)
                 if sweep:
