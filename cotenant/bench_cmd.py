@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cotenant.core.errors import UsageError
+from cotenant.evaluation.goal import GOAL_MARGIN_MS, GOAL_RATE_RPS, GOAL_RATIO, GOAL_S
 
 BASELINES = ("nsigma", "baro")
 
@@ -155,6 +156,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"incidents during faults give a share to a model that is no fault's culprit "
         f"({summary['bystander_first']} rank it first)"
     )
+    print(
+        f"within-SLO victims {summary['within_slo_victims']} (slowed {GOAL_RATIO:g}x, "
+        f"{GOAL_MARGIN_MS:g} ms, {GOAL_S:g} s, {GOAL_RATE_RPS:g} req/s or more): found "
+        f"{_fmt(summary['within_found'])}, attributed {_fmt(summary['within_attributed'])}"
+    )
     print(f"analysis time {summary['analysis_s']:.1f} s; whole bench {time.monotonic() - t0:.0f} s")
     if args.json:
         out = {
@@ -168,6 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "bystander_named": r.bystander_named,
                     "analysis_s": r.analysis_s,
                     "faults": [f.__dict__ for f in r.faults],
+                    "within": [v.__dict__ for v in r.within],
                 }
                 for r in results
             ],

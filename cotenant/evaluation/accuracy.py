@@ -11,6 +11,9 @@ incidents for every model, and score:
 * false incidents per simulated hour — incidents that overlap no fault;
 * bystanders named — incidents overlapping a fault that give a share to a model that is no
   fault's culprit (other than the victim's own ``load``): a fellow victim taken for a cause;
+* within-SLO victims (:mod:`evaluation.goal`: slowed as much as issue 25's goal asks to find,
+  never over an SLO): found (an incident of it overlaps the fault) and attributed (one names
+  the fault's cause first);
 * analysis time.
 
 The baselines rank the same candidate series (:mod:`analysis.candidates`) for the same
@@ -30,8 +33,9 @@ import numpy as np
 from cotenant.analysis.baselines.base import Ranker
 from cotenant.analysis.candidates import Candidate, candidate_series
 from cotenant.analysis.diagnose import Diagnosis, diagnose
-from cotenant.analysis.windows import gpu_windows
+from cotenant.analysis.windows import GpuWindows, gpu_windows
 from cotenant.core.timerange import TimeRange
+from cotenant.evaluation.goal import slowed
 from cotenant.simulator import output
 from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import load_scenario
@@ -64,6 +68,17 @@ class ScenarioResult:
     fault_incidents: int = 0  # incidents overlapping a fault (and its settle time)
     bystander_named: int = 0  # ...of which give a bystander model a share
     bystander_first: int = 0  # ...of which rank a bystander model first
+    within: list[Within] = field(default_factory=list)  # within-SLO victims at the goal's bar
+
+
+@dataclass(frozen=True)
+class Within:
+    """A within-SLO victim of one fault (:mod:`evaluation.goal`), as the batch found it."""
+
+    fault: str  # kind:culprit
+    victim: str
+    found: bool  # an incident of it overlaps the fault
+    attributed: bool  # ... naming the fault's cause first
 
 
 def _matches(kind: str, culprit: str, truth: dict[str, Any]) -> bool:
@@ -144,6 +159,7 @@ def run_scenario(
             ranks[r.name] = _best(got)
         delay = min((max(0.0, (d.detected_ns - lo) / 1e9) for d in mine), default=None)
         faults.append(FaultScore(s.name, f["kind"], f["culprit"], f["victims"], ranks, delay))
+    within = _within(s, truth, diags, source, rng, windows, start_ns)
     windows_f = [
         (start_ns + int(f["start_s"] * 1e9), start_ns + int(f["end_s"] * 1e9) + SETTLE_NS)
         for f in truth
@@ -167,7 +183,38 @@ def run_scenario(
         len(in_faults),
         sum(1 for n in named if n),
         sum(1 for n in named if n and n[0] == 0),
+        within,
     )
+
+
+def _within(
+    s: Scenario,
+    truth: list[dict[str, Any]],
+    diags: list[Diagnosis],
+    source: StoreSource,
+    rng: TimeRange,
+    windows: dict[str, GpuWindows],
+    start_ns: int,
+) -> list[Within]:
+    """The within-SLO victims at the goal's bar and what the diagnoses made of them
+    (``windows``: the GPUs' windows read so far, added to)."""
+    slo = {m.name: m.slo_p99_ms for m in s.models}
+    gpu_of = {m.name: m.gpu for m in s.models}
+    out = []
+    for f in truth:
+        lo = start_ns + int(f["start_s"] * 1e9)
+        hi = start_ns + int(f["end_s"] * 1e9) + SETTLE_NS
+        for m in f["victims"]:
+            g = gpu_of[m]
+            if g not in windows:
+                windows[g] = gpu_windows(source, g, rng, 1.0)
+            got = slowed(f, m, windows[g], lo, hi, slo.get(m))
+            if got.slo_victim or not got.at_goal:
+                continue
+            mine = [d for d in diags if d.model == m and _overlaps(d, lo, hi)]
+            first = any(_our_rank(d, f) == 1 for d in mine)
+            out.append(Within(f"{f['kind']}:{f['culprit']}", m, bool(mine), first))
+    return out
 
 
 def _bystanders(d: Diagnosis, s: Scenario, truth: list[dict[str, Any]]) -> list[int]:
@@ -232,6 +279,10 @@ def summarize(results: list[ScenarioResult], methods: Sequence[str]) -> dict[str
     out["fault_incidents"] = sum(r.fault_incidents for r in results)
     out["bystander_named"] = sum(r.bystander_named for r in results)
     out["bystander_first"] = sum(r.bystander_first for r in results)
+    within = [v for r in results for v in r.within]
+    out["within_slo_victims"] = len(within)
+    out["within_found"] = sum(v.found for v in within) / len(within) if within else None
+    out["within_attributed"] = sum(v.attributed for v in within) / len(within) if within else None
     return out
 
 

@@ -38,6 +38,14 @@ from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
+from cotenant.evaluation.goal import (
+    GOAL_MARGIN_MS,
+    GOAL_RATE_RPS,
+    GOAL_RATIO,
+    GOAL_S,
+    at_goal,
+    slowed,
+)
 from cotenant.simulator import output
 from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import load_scenario
@@ -46,11 +54,6 @@ from cotenant.store.db import Store
 from cotenant.store.source import StoreSource
 
 START_NS = 1_767_225_600_000_000_000
-# the within-SLO victims issue 25's goal asks to find (the truth names victims from 1.2x, 1 ms)
-GOAL_RATIO = 1.2
-GOAL_MARGIN_MS = 1.0
-GOAL_RATE_RPS = 0.5
-GOAL_S = 60.0
 SETTLE_S = output.SETTLE_S
 
 
@@ -210,13 +213,8 @@ def _score_victim(
     by_inc: dict[str, list[Seen]],
 ) -> VictimScore:
     truth = f"{f['kind']}:{f['culprit']}"
-    v = w.models.get(model, {})
-    ts = w.ts_ns
-    in_fault = (ts >= lo) & (ts < hi)
-    breach = np.zeros(w.n, dtype=bool)
-    if slo_ms is not None and v:
-        with np.errstate(invalid="ignore"):
-            breach = in_fault & (v["count"] >= 3) & (v["p99_ms"] > slo_ms)
+    got = slowed(f, model, w, lo, hi, slo_ms)
+    ts, breach = w.ts_ns, got.breach
     mine = sorted(
         (i for i in final.values() if i.model == model and i.start_ns < hi and i.end_ns > lo),
         key=lambda i: i.start_ns,
@@ -244,8 +242,9 @@ def _score_victim(
         f["culprit"],
         model,
         n_breach > 0,
-        *_slowdown(f, model),
-        float(np.nanmean(v["count"][in_fault])) if v and in_fault.any() else 0.0,
+        got.slowdown,
+        got.excess_ms,
+        got.rate_rps,
         len(mine),
         coverage,
         premature,
@@ -254,26 +253,12 @@ def _score_victim(
         first_cause == truth,
         final_cause == truth,
         time_to,
-        float(f["end_s"] - f["start_s"]),
+        got.fault_s,
     )
-
-
-def _slowdown(f: dict[str, Any], model: str) -> tuple[float, float]:
-    got = f.get("p99", {}).get(model, {})
-    with_, without = got.get("p99_ms"), got.get("p99_without_ms")
-    if not with_ or not without:
-        return float("inf"), float("inf")
-    return float(with_ / without), float(with_ - without)
 
 
 def _degraded(v: VictimScore) -> bool:
-    """Slowed as much, as long and at as high a request rate as issue 25's goal asks to find."""
-    return (
-        v.slowdown >= GOAL_RATIO
-        and v.excess_ms >= GOAL_MARGIN_MS
-        and v.rate_rps >= GOAL_RATE_RPS
-        and v.fault_s >= GOAL_S
-    )
+    return at_goal(v.slowdown, v.excess_ms, v.rate_rps, v.fault_s)
 
 
 def summarize(results: Sequence[LiveResult]) -> dict[str, Any]:
