@@ -9,19 +9,25 @@ asking 1.10x found it and one more false incident per hour there."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from diagnoses import diagnosis
 
+from cotenant.analysis.analyzer import Analyzer
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.diagnose import Diagnosis
 from cotenant.analysis.evidence import EvidenceParams
-from cotenant.analysis.fellows import FELLOW_OF, Named, fellow_of, named_causes
+from cotenant.analysis.fellows import FELLOW_OF, Named, fellow_of, named_incidents
 from cotenant.analysis.incident_record import Incident
+from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.spikes import SpikeParams
-from cotenant.evaluation.live import START_NS, replay
+from cotenant.evaluation.live import START_NS, Seen, replay
 from cotenant.simulator.scenario_load import load_scenario
+from cotenant.store.db import Store
+from cotenant.store.source import StoreSource
 
 S = 1_000_000_000
 SCENARIOS = Path(__file__).resolve().parents[1] / "cotenant" / "simulator" / "scenarios"
@@ -57,22 +63,30 @@ def _incident(model: str, kind: str, culprit: str, **judged: str) -> Incident:
     )
 
 
-def test_a_slowdown_is_a_fellow_victim_only_of_an_open_incident_with_its_first_cause() -> None:
-    hog = named_causes([_incident("tts", "cpu", "etl-burner")])["gpu0"]
-    assert hog == [Named("tts", "cpu", "etl-burner")]
+def test_a_slowdown_is_a_fellow_victim_only_of_an_incident_with_its_first_cause() -> None:
+    now = START_NS + 330 * S
+    hog = named_incidents([_incident("tts", "cpu", "etl-burner")], now)
+    assert hog == [Named("tts", "gpu0", "cpu", "etl-burner", START_NS + 240 * S, now)]
     same = _judged("imagegen", [_cause("cpu", "etl-burner")])
-    assert fellow_of(same, hog, None) == "tts"
+    assert fellow_of(same, hog) == "tts"
     # another cause, or none named, is not corroborated
-    other = _judged("imagegen", [_cause("burst", "asr")])
-    assert fellow_of(other, hog, None) is None
-    assert fellow_of(_judged("imagegen", []), hog, None) is None
+    assert fellow_of(_judged("imagegen", [_cause("burst", "asr")]), hog) is None
+    assert fellow_of(_judged("imagegen", []), hog) is None
+    # nor is a slowdown on another GPU, or before or after that incident
+    elsewhere = [replace(hog[0], gpu="gpu1")]
+    assert fellow_of(same, elsewhere) is None
+    later = _judged("imagegen", [_cause("cpu", "etl-burner")], start_s=400, end_s=460)
+    assert fellow_of(later, hog) is None
     # a model is not its own fellow victim, nor the fellow of an incident blaming it
-    assert fellow_of(_judged("tts", [_cause("cpu", "etl-burner")]), hog, None) is None
-    blamed = [Named("tts", "burst", "imagegen")]
-    assert fellow_of(_judged("imagegen", [_cause("burst", "imagegen")]), blamed, None) is None
-    # an incident still diagnosing names nothing yet
+    assert fellow_of(_judged("tts", [_cause("cpu", "etl-burner")]), hog) is None
+    blamed = [replace(hog[0], kind="burst", culprit="imagegen")]
+    assert fellow_of(_judged("imagegen", [_cause("burst", "imagegen")]), blamed) is None
+    # an incident still diagnosing names nothing yet; the live loop asks open ones only
     diagnosing = replace(_incident("tts", "cpu", "etl-burner"), state="diagnosing")
-    assert named_causes([diagnosing]) == {}
+    assert named_incidents([diagnosing], now) == []
+    resolved = replace(_incident("tts", "cpu", "etl-burner"), state="resolved")
+    assert named_incidents([resolved], now) == []
+    assert len(named_incidents([resolved])) == 1  # ... an on-demand diagnosis, any
 
 
 def test_a_fellow_victim_stays_one_while_its_cause_moves_on() -> None:
@@ -84,7 +98,16 @@ def test_a_fellow_victim_stays_one_while_its_cause_moves_on() -> None:
     assert fellow_of(after, [], mine) is None
 
 
-def test_an_image_model_slowed_beside_a_voice_model_by_a_cpu_hog_is_found() -> None:
+@pytest.fixture(scope="module")
+def hog() -> Iterator[tuple[list[Seen], Store]]:
+    events, _, store, _, _ = replay(load_scenario(CPU_HOG), with_truth=False)
+    yield events, store
+    store.close()
+
+
+def test_an_image_model_slowed_beside_a_voice_model_by_a_cpu_hog_is_found(
+    hog: tuple[list[Seen], Store],
+) -> None:
     """The reproduction: without the lower ratio for fellow victims, the image model has no
     incident; with it, one, naming the CPU hog from its opening to its end, within the
     fault, with a note that says why it asked less."""
@@ -94,21 +117,37 @@ def test_an_image_model_slowed_beside_a_voice_model_by_a_cpu_hog_is_found() -> N
     store.close()
     assert not [e for e in before if e.model == "imagegen" and e.kind == "opened"]
 
-    events, _, store, _, _ = replay(s, with_truth=False)
-    try:
-        found = (
-            store.cursor()
-            .execute("select detail_json from incidents where model = 'imagegen'")
-            .fetchall()
-        )
-    finally:
-        store.close()
+    events, store = hog
+    found = (
+        store.cursor()
+        .execute("select detail_json from incidents where model = 'imagegen'")
+        .fetchall()
+    )
     image = [e for e in events if e.model == "imagegen" and e.kind not in ("diagnosing",)]
     assert [e.kind for e in image] == ["opened", "resolved"]
     assert {e.cause for e in image} == {"cpu:etl-burner"}
     assert 240 <= (image[0].start_ns - START_NS) / S <= 300  # the hog ran 240-360 s
     assert (image[-1].end_ns - START_NS) / S <= 400
-    assert len(found) == 1 and "tts, on the same GPU, has an open incident" in found[0][0]
+    assert len(found) == 1 and "tts, on the same GPU, had an incident" in found[0][0]
     # the voice model's own incident is as it was
     tts = [e for e in events if e.model == "tts" and e.kind == "opened"]
     assert [e.cause for e in tts] == ["cpu:etl-burner"]
+
+
+def test_an_on_demand_diagnosis_asks_less_only_beside_a_stored_incident(
+    hog: tuple[list[Seen], Store],
+) -> None:
+    """``cotenant diagnose`` (the API's, the alert receiver's) over the fault finds the image
+    model's slowdown, as the live loop did, because the voice model's incident naming the
+    hog is stored over the range; with no such incident it asks the usual evidence and
+    finds none (the range as a whole is diagnosed instead)."""
+    _, store = hog
+    lo, hi = START_NS + 200 * S, START_NS + 420 * S
+    analyzer = Analyzer(StoreSource(store), IncidentBook(store), slos=load_scenario(CPU_HOG).slos())
+    got = analyzer.diagnose("imagegen", lo, hi)["diagnoses"]
+    assert [(d["incident"], d["causes"][0]["kind"], d["judged_on"][FELLOW_OF]) for d in got] == [
+        (True, "cpu", "tts")
+    ]
+    store.cursor().execute("DELETE FROM incidents")
+    alone = analyzer.diagnose("imagegen", lo, hi)["diagnoses"]
+    assert [d["incident"] for d in alone] == [False]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.diagnose import Diagnosis, diagnose
 from cotenant.analysis.episodes import SEVERITIES
+from cotenant.analysis.fellows import fellows, named_incidents, shared_params
 from cotenant.analysis.incident_record import STATES
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.settings import AnalysisSettings
@@ -79,6 +80,8 @@ class Analyzer:
             on_demand=True,
             slos=self.slos.token_slos(model),
         )
+        if not any(d.incident for d in diags):
+            diags = self._fellows(model, rng) or diags
         return {
             "model": model,
             "start_ns": start_ns,
@@ -87,6 +90,26 @@ class Analyzer:
             "limits": [] if self.source.has_spans else list(NO_SPAN_LIMITS),
             "diagnoses": [d.to_dict() for d in diags],
         }
+
+    def _fellows(self, model: str, rng: TimeRange) -> list[Diagnosis]:
+        """``model``'s slowdowns in ``rng`` found asking less evidence, as fellow victims of
+        another model's incident stored over the range (:mod:`analysis.fellows`)."""
+        shared = shared_params(self.params)
+        assert rng.since_ns is not None and rng.until_ns is not None
+        found = self.book.find(since_ns=rng.since_ns, until_ns=rng.until_ns)
+        named = named_incidents(i for i in found if i.model != model)
+        if shared is None or not named:
+            return []
+        candidates = diagnose(
+            self.source,
+            model,
+            rng,
+            slo_ms=self.slos.of(model),
+            step_s=self.step_s,
+            params=shared,
+            slos=self.slos.token_slos(model),
+        )
+        return fellows(candidates, [], named, self.params)
 
     def incidents(
         self,

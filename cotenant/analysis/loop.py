@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from cotenant.analysis.diagnose import Diagnosis, diagnose_windows, history_range
 from cotenant.analysis.episodes import DEGRADATION, Carry
-from cotenant.analysis.fellows import FELLOW_OF, Named, fellow, fellow_of, named_causes
+from cotenant.analysis.fellows import Named, fellow, fellows, named_incidents, shared_params
 from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.pass_reads import PassReads
@@ -85,12 +85,7 @@ class AnalysisLoop:
         )
         self._swept_ns: int | None = None  # the last sweep's time
         # the detector asking less evidence of a fellow victim of an open incident's cause
-        ev = self._params.evidence
-        self._shared = (
-            replace(self._params, evidence=replace(ev, ratio=ev.shared_ratio))
-            if ev is not None and ev.shared_ratio < ev.ratio
-            else None
-        )
+        self._shared = shared_params(self._params)
         self._caches: dict[str, WindowCache] = {}
         self._clock = clock_ns
         self._on_incident = on_incident
@@ -150,7 +145,9 @@ class AnalysisLoop:
         for inc in book:
             if inc.live:
                 live[(inc.model, inc.gpu)] = inc
-        named = named_causes(book)  # per GPU, its open incidents' first causes
+        named: dict[str, list[Named]] = {}  # per GPU, its open incidents' first causes
+        for n in named_incidents(book, now):
+            named.setdefault(n.gpu, []).append(n)
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -274,26 +271,12 @@ class AnalysisLoop:
         mine: Incident | None,
     ) -> list[Diagnosis]:
         """The degradations of ``model`` ending at or after window ``first``, apart from the
-        slowdowns ``found``, that the detector finds asking :attr:`EvidenceParams.shared_ratio`
-        of the typical request rather than its ``ratio`` and that :func:`fellow_of` says are
-        a fellow victim of an open incident on the GPU (``named``)."""
+        slowdowns ``found``, that the detector finds asking a fellow victim's evidence and
+        that are fellow victims of another model's open incident (``named``) on the GPU
+        (:mod:`analysis.fellows`)."""
         assert self._shared is not None
-        assert self._shared.evidence is not None and self._params.evidence is not None
-        low, usual = self._shared.evidence.ratio, self._params.evidence.ratio
-        out = []
-        for d in self._diagnose(w, model, first, self._shared, slos) or []:
-            if any(f.start_ns <= d.end_ns and f.end_ns >= d.start_ns for f in found):
-                continue
-            by = fellow_of(d, named, mine)
-            if by is None or d.judged_on is None:
-                continue
-            d.judged_on = {**d.judged_on, FELLOW_OF: by}
-            d.notes.append(
-                f"Found at {low:g}x its typical latency rather than {usual:g}x: {by}, on the "
-                "same GPU, has an open incident with the same first cause."
-            )
-            out.append(d)
-        return out
+        candidates = self._diagnose(w, model, first, self._shared, slos) or []
+        return fellows(candidates, found, named, self._params, mine)
 
     def _carry(self, inc: Incident | None, since_ns: int, indicator: str) -> Carry | None:
         """A live incident's episode on ``indicator`` when it began before the windows read

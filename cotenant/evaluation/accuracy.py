@@ -33,6 +33,8 @@ import numpy as np
 from cotenant.analysis.baselines.base import Ranker
 from cotenant.analysis.candidates import Candidate, candidate_series
 from cotenant.analysis.diagnose import Diagnosis, diagnose
+from cotenant.analysis.fellows import fellows, named_diagnoses, shared_params
+from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import GpuWindows, gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.goal import slowed
@@ -123,6 +125,25 @@ def _overlaps(d: Diagnosis, lo: int, hi: int) -> bool:
     return d.start_ns < hi and d.end_ns > lo
 
 
+def diagnose_models(source: StoreSource, s: Scenario, rng: TimeRange) -> list[Diagnosis]:
+    """Every model's incidents over ``rng``, and the fellow victims of those incidents among
+    the models they leave out, as an on-demand diagnosis finds them against the incidents
+    stored (:mod:`analysis.fellows`; here, the other models' diagnoses stand for those)."""
+    p = SpikeParams()
+    shared = shared_params(p)
+    own = {m.name: diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms) for m in s.models}
+    named = named_diagnoses(d for ds in own.values() for d in ds)
+    out: list[Diagnosis] = []
+    for m in s.models:
+        mine = own[m.name]
+        others = [n for n in named if n.victim != m.name and n.gpu == m.gpu]
+        if shared is not None and others:
+            got = diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms, params=shared)
+            mine = mine + fellows(got, mine, others, p)
+        out += mine
+    return out
+
+
 def run_scenario(
     s: Scenario, rankers: Sequence[Ranker] = (), progress: Callable[[str], None] = lambda _: None
 ) -> ScenarioResult:
@@ -133,9 +154,7 @@ def run_scenario(
     source = StoreSource(store)
     rng = TimeRange(start_ns, start_ns + int(s.duration_s * 1e9))
     t0 = time.perf_counter()
-    diags: list[Diagnosis] = []
-    for m in s.models:
-        diags.extend(diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms))
+    diags = diagnose_models(source, s, rng)
     analysis_s = time.perf_counter() - t0
     windows = {}
     faults = []
