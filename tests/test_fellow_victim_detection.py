@@ -20,7 +20,7 @@ from cotenant.analysis.analyzer import Analyzer
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.diagnose import Diagnosis
 from cotenant.analysis.evidence import EvidenceParams
-from cotenant.analysis.fellows import FELLOW_OF, Named, fellow_of, named_incidents
+from cotenant.analysis.fellows import FELLOW_OF, FirstCause, fellow_of, incident_causes
 from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.spikes import SpikeParams
@@ -65,8 +65,8 @@ def _incident(model: str, kind: str, culprit: str, **judged: str) -> Incident:
 
 def test_a_slowdown_is_a_fellow_victim_only_of_an_incident_with_its_first_cause() -> None:
     now = START_NS + 330 * S
-    hog = named_incidents([_incident("tts", "cpu", "etl-burner")], now)
-    assert hog == [Named("tts", "gpu0", "cpu", "etl-burner", START_NS + 240 * S, now)]
+    hog = incident_causes([_incident("tts", "cpu", "etl-burner")], now)
+    assert hog == [FirstCause("tts", "gpu0", "cpu", "etl-burner", START_NS + 240 * S, now)]
     same = _judged("imagegen", [_cause("cpu", "etl-burner")])
     assert fellow_of(same, hog) == "tts"
     # another cause, or none named, is not corroborated
@@ -83,10 +83,22 @@ def test_a_slowdown_is_a_fellow_victim_only_of_an_incident_with_its_first_cause(
     assert fellow_of(_judged("imagegen", [_cause("burst", "imagegen")]), blamed) is None
     # an incident still diagnosing names nothing yet; the live loop asks open ones only
     diagnosing = replace(_incident("tts", "cpu", "etl-burner"), state="diagnosing")
-    assert named_incidents([diagnosing], now) == []
+    assert incident_causes([diagnosing], now) == []
     resolved = replace(_incident("tts", "cpu", "etl-burner"), state="resolved")
-    assert named_incidents([resolved], now) == []
-    assert len(named_incidents([resolved])) == 1  # ... an on-demand diagnosis, any
+    assert incident_causes([resolved], now) == []
+    assert len(incident_causes([resolved])) == 1  # ... an on-demand diagnosis, any
+    # an open incident whose slowdown is over (its cool-down) lasts no longer than it did
+    cooling = _incident("tts", "cpu", "etl-burner")
+    cooling.detail["open"] = False
+    assert incident_causes([cooling], now)[0].end_ns == cooling.end_ns
+
+
+def test_a_fellow_victim_corroborates_nobody() -> None:
+    """Only an incident found on the usual evidence lowers the bar: an image model found as
+    the voice model's fellow victim does not make a third model's smaller slowdown one."""
+    fellow = _incident("imagegen", "cpu", "etl-burner", **{FELLOW_OF: "tts"})
+    assert incident_causes([fellow], START_NS + 330 * S) == []
+    assert incident_causes([fellow]) == []
 
 
 def test_a_fellow_victim_stays_one_while_its_cause_moves_on() -> None:
@@ -143,11 +155,35 @@ def test_an_on_demand_diagnosis_asks_less_only_beside_a_stored_incident(
     finds none (the range as a whole is diagnosed instead)."""
     _, store = hog
     lo, hi = START_NS + 200 * S, START_NS + 420 * S
-    analyzer = Analyzer(StoreSource(store), IncidentBook(store), slos=load_scenario(CPU_HOG).slos())
+    slos = load_scenario(CPU_HOG).slos()
+    analyzer = Analyzer(StoreSource(store), IncidentBook(store), slos=slos)
     got = analyzer.diagnose("imagegen", lo, hi)["diagnoses"]
     assert [(d["incident"], d["causes"][0]["kind"], d["judged_on"][FELLOW_OF]) for d in got] == [
         (True, "cpu", "tts")
     ]
-    store.cursor().execute("DELETE FROM incidents")
-    alone = analyzer.diagnose("imagegen", lo, hi)["diagnoses"]
-    assert [d["incident"] for d in alone] == [False]
+    empty = Store(":memory:")
+    try:
+        alone = Analyzer(StoreSource(store), IncidentBook(empty), slos=slos)
+        assert [d["incident"] for d in alone.diagnose("imagegen", lo, hi)["diagnoses"]] == [False]
+    finally:
+        empty.close()
+
+
+def test_a_fellow_victim_corroborated_late_is_still_news(tmp_path: Path) -> None:
+    """The live book opens no incident for a slowdown its detector fired on long before (a
+    baseline that moved since); a fellow victim is news once corroborated, however long after
+    the lower bar could first see it (the other model's incident may be a degradation that
+    took a minute to open)."""
+    store = Store(tmp_path / "book.duckdb")
+    try:
+        book = IncidentBook(store)
+        late = 60 * S
+        now = START_NS + 400 * S
+        plain = _judged("imagegen", [_cause("cpu", "etl-burner")], start_s=250, end_s=390)
+        assert book.update([plain], "imagegen", "gpu0", START_NS, now, late_ns=late) == []
+        fellow = _judged("imagegen", [_cause("cpu", "etl-burner")], start_s=250, end_s=390)
+        fellow.judged_on = {**(fellow.judged_on or {}), FELLOW_OF: "tts"}
+        events = book.update([fellow], "imagegen", "gpu0", START_NS, now, late_ns=late)
+        assert [e.kind for e in events] == ["opened"]
+    finally:
+        store.close()

@@ -7,7 +7,7 @@ from typing import Any
 
 from cotenant.analysis.diagnose import Diagnosis, diagnose
 from cotenant.analysis.episodes import SEVERITIES
-from cotenant.analysis.fellows import fellows, named_incidents, shared_params
+from cotenant.analysis.fellows import fellow_victims, incident_causes, shared_params
 from cotenant.analysis.incident_record import STATES
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.settings import AnalysisSettings
@@ -68,7 +68,8 @@ class Analyzer:
                 f"range of {length:.0f} s is longer than the {self.max_range_s:.0f} s "
                 "allowed (analysis.max_range_h): diagnose a shorter range"
             )
-        if not any(model in ms for ms in gpus_of(self.source, rng, self.step_s).values()):
+        gpus = [g for g, ms in gpus_of(self.source, rng, self.step_s).items() if model in ms]
+        if not gpus:
             raise NotFoundError(f"model {model!r} served no requests between start and end")
         diags = diagnose(
             self.source,
@@ -80,8 +81,9 @@ class Analyzer:
             on_demand=True,
             slos=self.slos.token_slos(model),
         )
-        if not any(d.incident for d in diags):
-            diags = self._fellows(model, rng) or diags
+        fellows = self._fellow_victims(model, start_ns, end_ns, gpus, diags)
+        if fellows:  # ... in place of the range as a whole, beside its incidents
+            diags = [d for d in diags if d.incident] + fellows
         return {
             "model": model,
             "start_ns": start_ns,
@@ -91,25 +93,28 @@ class Analyzer:
             "diagnoses": [d.to_dict() for d in diags],
         }
 
-    def _fellows(self, model: str, rng: TimeRange) -> list[Diagnosis]:
-        """``model``'s slowdowns in ``rng`` found asking less evidence, as fellow victims of
-        another model's incident stored over the range (:mod:`analysis.fellows`)."""
+    def _fellow_victims(
+        self, model: str, start_ns: int, end_ns: int, gpus: list[str], found: list[Diagnosis]
+    ) -> list[Diagnosis]:
+        """``model``'s slowdowns in ``[start, end)`` apart from those ``found``, found asking
+        less evidence, as fellow victims of another model's incident stored over the range
+        on one of its ``gpus`` (:mod:`analysis.fellows`). What the store holds decides: under
+        ``cotenant serve``, the live loop's incidents."""
         shared = shared_params(self.params)
-        assert rng.since_ns is not None and rng.until_ns is not None
-        found = self.book.find(since_ns=rng.since_ns, until_ns=rng.until_ns)
-        named = named_incidents(i for i in found if i.model != model)
-        if shared is None or not named:
+        stored = self.book.find(since_ns=start_ns, until_ns=end_ns)
+        causes = [c for c in incident_causes(stored) if c.victim != model and c.gpu in gpus]
+        if shared is None or not causes:
             return []
         candidates = diagnose(
             self.source,
             model,
-            rng,
+            TimeRange(start_ns, end_ns),
             slo_ms=self.slos.of(model),
             step_s=self.step_s,
             params=shared,
             slos=self.slos.token_slos(model),
         )
-        return fellows(candidates, [], named, self.params)
+        return fellow_victims(candidates, found, causes, self.params)
 
     def incidents(
         self,

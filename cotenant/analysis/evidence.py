@@ -56,9 +56,9 @@ class EvidenceParams:
     min_baseline: int = 20  # normal samples the baseline needs
     ratio: float = 1.15  # the span's median at least this many times the baseline ...
     abs_ms: float = 0.5  # ... and this much over it
-    # the ratio instead, in the live loop, when another model on the GPU has an open incident
-    # whose first cause the slowdown's names too: a fellow victim of a cause already found
-    # needs less evidence (issue 25: a CPU hog slowed a bystander 1.12x at its median)
+    # the ratio instead when another model on the GPU has an incident at the time whose first
+    # cause the slowdown's names too: a fellow victim of a cause already found needs less
+    # evidence (analysis.fellows; issue 25: a CPU hog slowed a bystander 1.12x at its median)
     shared_ratio: float = 1.08
     alpha: float = 1e-3  # false-alarm rate of one decision (all spans together)
     warmup: int = 120  # windows after a model's first request before it is judged

@@ -7,7 +7,8 @@ a second time with the evidence rule's ratio at
 finds is kept when this module says it is a fellow victim (issue 25: an image model slowed
 1.12x at its median by the CPU hog that broke the voice model's SLO went unfound). The live
 loop asks its open incidents, an on-demand diagnosis the incidents stored over its range, the
-batch bench the other models' diagnoses.
+batch bench the other models' diagnoses. Only an incident found on the usual evidence
+corroborates: a fellow victim does not lower the bar for a third model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from cotenant.analysis.diagnose import Diagnosis
 from cotenant.analysis.episodes import DEGRADATION
-from cotenant.analysis.incident_record import OPEN, Incident
+from cotenant.analysis.incident_record import OPEN, RESOLVED, Incident
 from cotenant.analysis.spikes import SpikeParams
 
 FELLOW_OF = "fellow_of"
@@ -25,7 +26,7 @@ FELLOW_OF = "fellow_of"
 
 
 @dataclass(frozen=True)
-class Named:
+class FirstCause:
     """An incident's first cause: its victim, GPU, the cause's kind and culprit, its span."""
 
     victim: str
@@ -44,31 +45,37 @@ def shared_params(p: SpikeParams) -> SpikeParams | None:
     return replace(p, evidence=replace(ev, ratio=ev.shared_ratio))
 
 
-def named_incidents(incidents: Iterable[Incident], now_ns: int | None = None) -> list[Named]:
-    """The first causes of ``incidents`` that have been attributed (open or resolved); with
-    ``now_ns``, only the open ones, taken to last until then (the live loop)."""
+def incident_causes(incidents: Iterable[Incident], now_ns: int | None = None) -> list[FirstCause]:
+    """The first causes of ``incidents`` attributed on the usual evidence (open or resolved;
+    not fellow victims). With ``now_ns`` (the live loop), only the open ones, taken to last
+    until then while their slowdown is (not through the cool-down after it)."""
     out = []
     for inc in incidents:
         top = inc.top
-        if top is None or (now_ns is not None and inc.state != OPEN):
+        wanted = (OPEN,) if now_ns is not None else (OPEN, RESOLVED)
+        if top is None or inc.state not in wanted or corroborator(inc) is not None:
             continue
-        end = inc.end_ns if now_ns is None else max(inc.end_ns, now_ns)
+        end = inc.end_ns
+        if now_ns is not None and inc.detail.get("open", True):
+            end = max(end, now_ns)
         out.append(
-            Named(inc.model, inc.gpu, str(top["kind"]), str(top["culprit"]), inc.start_ns, end)
+            FirstCause(inc.model, inc.gpu, str(top["kind"]), str(top["culprit"]), inc.start_ns, end)
         )
     return out
 
 
-def named_diagnoses(diags: Iterable[Diagnosis]) -> list[Named]:
+def diagnosis_causes(diags: Iterable[Diagnosis]) -> list[FirstCause]:
     """The first causes of incident diagnoses (the batch path's stand-in for incidents)."""
     return [
-        Named(d.model, d.gpu, top.kind, top.culprit, d.start_ns, d.end_ns)
+        FirstCause(d.model, d.gpu, top.kind, top.culprit, d.start_ns, d.end_ns)
         for d in diags
         if d.incident and (top := d.top) is not None
     ]
 
 
-def fellow_of(d: Diagnosis, named: Iterable[Named], mine: Incident | None = None) -> str | None:
+def fellow_of(
+    d: Diagnosis, causes: Iterable[FirstCause], mine: Incident | None = None
+) -> str | None:
     """The model whose incident makes ``d`` (a slowdown found at the lower ratio) a fellow
     victim; None when none does. That incident is another model's on ``d``'s GPU, overlaps
     ``d``, and its first cause is ``d``'s (kind and culprit), not ``d``'s model itself (its
@@ -79,46 +86,50 @@ def fellow_of(d: Diagnosis, named: Iterable[Named], mine: Incident | None = None
         return None  # the p99 rules and breaches ask the same of both detectors
     top = d.top
     if top is not None and top.culprit != d.model:
-        for n in named:
+        for c in causes:
             if (
-                n.victim != d.model
-                and n.gpu == d.gpu
-                and (n.kind, n.culprit) == (top.kind, top.culprit)
-                and n.start_ns <= d.end_ns
-                and n.end_ns >= d.start_ns
+                c.victim != d.model
+                and c.gpu == d.gpu
+                and (c.kind, c.culprit) == (top.kind, top.culprit)
+                and c.start_ns <= d.end_ns
+                and c.end_ns >= d.start_ns
             ):
-                return n.victim
-    own = fellow(mine)
+                return c.victim
+    own = corroborator(mine)
     if own and mine is not None and d.start_ns <= mine.end_ns and d.end_ns >= mine.start_ns:
         return own
     return None
 
 
-def fellow(inc: Incident | None) -> str | None:
+def corroborator(inc: Incident | None) -> str | None:
     """Whose incident made ``inc`` a fellow victim; None when none did."""
     judged = (inc.detail.get("judged_on") if inc is not None else None) or {}
     own = judged.get(FELLOW_OF)
     return str(own) if own else None
 
 
-def fellows(
+def is_fellow(d: Diagnosis) -> bool:
+    return bool((d.judged_on or {}).get(FELLOW_OF))
+
+
+def fellow_victims(
     candidates: Iterable[Diagnosis],
     found: Iterable[Diagnosis],
-    named: list[Named],
+    causes: list[FirstCause],
     p: SpikeParams,
     mine: Incident | None = None,
 ) -> list[Diagnosis]:
     """The ``candidates`` (a model's slowdowns found with :func:`shared_params` of ``p``) that
-    overlap none of the slowdowns ``found`` at ``p`` and are fellow victims of ``named``,
+    overlap none of the slowdowns ``found`` at ``p`` and are fellow victims of ``causes``,
     each marked so (:data:`FELLOW_OF`) with a note that says why less was asked."""
-    spans = [(f.start_ns, f.end_ns) for f in found]
+    spans = [(f.start_ns, f.end_ns) for f in found if f.incident]
     usual = p.evidence.ratio if p.evidence is not None else float("nan")
     low = p.evidence.shared_ratio if p.evidence is not None else float("nan")
     out = []
     for d in candidates:
         if any(lo <= d.end_ns and hi >= d.start_ns for lo, hi in spans):
             continue
-        by = fellow_of(d, named, mine)
+        by = fellow_of(d, causes, mine)
         if by is None or d.judged_on is None:
             continue
         d.judged_on = {**d.judged_on, FELLOW_OF: by}

@@ -38,6 +38,7 @@ from typing import Any
 from cotenant.analysis import incident_merge
 from cotenant.analysis.diagnose import Diagnosis
 from cotenant.analysis.episodes import BREACH, DEGRADATION
+from cotenant.analysis.fellows import is_fellow
 from cotenant.analysis.incident_merge import indicator_entry
 from cotenant.analysis.incident_record import (
     DIAGNOSING,
@@ -214,7 +215,9 @@ class IncidentBook:
             inc = self._match(current, extent, d)
             created = inc is None
             stale = late is not None and late[1] <= d.detected_ns < late[0]
-            if inc is None and stale and not d.carried:
+            # (a fellow victim is news once another's incident corroborates it, however long
+            # after its own detector could first see it)
+            if inc is None and stale and not d.carried and not is_fellow(d):
                 # found long after it began, not news then: a baseline that moved since
                 # (history scrolled out of the horizon) does not make it an incident now
                 continue

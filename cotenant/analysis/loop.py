@@ -20,7 +20,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from cotenant.analysis.diagnose import Diagnosis, diagnose_windows, history_range
 from cotenant.analysis.episodes import DEGRADATION, Carry
-from cotenant.analysis.fellows import Named, fellow, fellows, named_incidents, shared_params
+from cotenant.analysis.fellows import (
+    FirstCause,
+    corroborator,
+    fellow_victims,
+    incident_causes,
+    shared_params,
+)
 from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.pass_reads import PassReads
@@ -141,13 +147,13 @@ class AnalysisLoop:
         # the live incidents once per pass, newest per (model, GPU) (not per model: at
         # fleet scale, thousands of models each asking the book was most of a pass)
         live: dict[tuple[str, str], Incident] = {}
-        book = sorted(self._book.live(), key=lambda i: i.start_ns)
-        for inc in book:
+        unresolved = sorted(self._book.live(), key=lambda i: i.start_ns)
+        for inc in unresolved:
             if inc.live:
                 live[(inc.model, inc.gpu)] = inc
-        named: dict[str, list[Named]] = {}  # per GPU, its open incidents' first causes
-        for n in named_incidents(book, now):
-            named.setdefault(n.gpu, []).append(n)
+        causes: dict[str, list[FirstCause]] = {}  # per GPU, its open incidents' first causes
+        for cause in incident_causes(unresolved, now):
+            causes.setdefault(cause.gpu, []).append(cause)
         for gpu, models in gpus_of(self._source, rng, self._step_s).items():
             # one read of the GPU's windows serves every model on it
             cache = self._caches.get(gpu)
@@ -176,10 +182,13 @@ class AnalysisLoop:
                 )
                 if diags is None:
                     continue
-                # a model with a live incident of its own is told already
-                others = [n for n in named.get(gpu, []) if n.victim != model and mine is None]
-                if self._shared is not None and (others or fellow(mine)):
-                    diags += self._fellows(w, model, first, slos, diags, others, mine)
+                # a fellow victim of another model's incident; a model with a live incident
+                # of its own is told already, unless that one was found so too
+                others = [x for x in causes.get(gpu, []) if x.victim != model]
+                if self._shared is not None and (
+                    (others and mine is None) or corroborator(mine) is not None
+                ):
+                    diags += self._fellow_victims(w, model, first, slos, diags, others, mine)
                 if sweep:
                     diags += self._sweep(w, model, swept, slos, diags)
                 if not diags and (model, gpu) not in live:
@@ -260,23 +269,23 @@ class AnalysisLoop:
             d.seen = True
         return out
 
-    def _fellows(
+    def _fellow_victims(
         self,
         w: GpuWindows,
         model: str,
         first: int,
         slos: dict[str, float | None],
         found: list[Diagnosis],
-        named: list[Named],
+        causes: list[FirstCause],
         mine: Incident | None,
     ) -> list[Diagnosis]:
         """The degradations of ``model`` ending at or after window ``first``, apart from the
         slowdowns ``found``, that the detector finds asking a fellow victim's evidence and
-        that are fellow victims of another model's open incident (``named``) on the GPU
-        (:mod:`analysis.fellows`)."""
+        that are fellow victims of another model's open incident on the GPU (``causes``) or
+        continue ``mine`` (:mod:`analysis.fellows`)."""
         assert self._shared is not None
         candidates = self._diagnose(w, model, first, self._shared, slos) or []
-        return fellows(candidates, found, named, self._params, mine)
+        return fellow_victims(candidates, found, causes, self._params, mine)
 
     def _carry(self, inc: Incident | None, since_ns: int, indicator: str) -> Carry | None:
         """A live incident's episode on ``indicator`` when it began before the windows read

@@ -33,7 +33,7 @@ import numpy as np
 from cotenant.analysis.baselines.base import Ranker
 from cotenant.analysis.candidates import Candidate, candidate_series
 from cotenant.analysis.diagnose import Diagnosis, diagnose
-from cotenant.analysis.fellows import fellows, named_diagnoses, shared_params
+from cotenant.analysis.fellows import diagnosis_causes, fellow_victims, shared_params
 from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import GpuWindows, gpu_windows
 from cotenant.core.timerange import TimeRange
@@ -132,14 +132,14 @@ def diagnose_models(source: StoreSource, s: Scenario, rng: TimeRange) -> list[Di
     p = SpikeParams()
     shared = shared_params(p)
     own = {m.name: diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms) for m in s.models}
-    named = named_diagnoses(d for ds in own.values() for d in ds)
+    causes = diagnosis_causes(d for ds in own.values() for d in ds)
     out: list[Diagnosis] = []
     for m in s.models:
         mine = own[m.name]
-        others = [n for n in named if n.victim != m.name and n.gpu == m.gpu]
+        others = [c for c in causes if c.victim != m.name and c.gpu == m.gpu]
         if shared is not None and others:
             got = diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms, params=shared)
-            mine = mine + fellows(got, mine, others, p)
+            mine = mine + fellow_victims(got, mine, others, p)
         out += mine
     return out
 
