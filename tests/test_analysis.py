@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from analysis_frames import FAULT, N, _refresh, masks, slow_compute, windows
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,12 +22,14 @@ from cotenant.analysis.episodes import Carry, track
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
 from cotenant.analysis.spikes import SpikeParams, spike_mask
+from cotenant.analysis.windows import GpuWindows
 from cotenant.core.errors import SourceError
 from cotenant.core.slos import Slos
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.simulator.output import run
 from cotenant.simulator.scenario_load import find_scenario, load_scenario
+from cotenant.store.bulk_load import append_tables
 from cotenant.store.db import Store
 from cotenant.store.source import StoreSource
 
@@ -367,10 +371,13 @@ class _Spans(_Counting):
         return self._inner.request_windows(rng, *args, **kw)
 
 
-@pytest.mark.parametrize(("full_read_s", "full_reads"), [(60.0, 2), (600.0, 1)])
-def test_the_loop_reads_its_whole_range_every_full_read_s(
-    demo_store: Store, full_read_s: float, full_reads: int
+@pytest.mark.parametrize("full_read_s", [60.0, 600.0])
+def test_the_loop_reads_its_whole_range_once_while_no_request_lands_late(
+    demo_store: Store, full_read_s: float
 ) -> None:
+    """Every full_read_s the loop looks for rows that landed late; none did in a store that
+    does not change, so the requests are read in full only on the first pass."""
+    full_reads = 1
     src = _Spans(StoreSource(demo_store))
     clock = [300 * 10**9]
     loop = AnalysisLoop(
@@ -520,6 +527,45 @@ def test_cli_diagnose_reads_a_store_file(tmp_path: Path) -> None:
         timeout=120,
     )
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def _same_windows(got: GpuWindows, want: GpuWindows) -> None:
+    assert got.n == want.n and set(got.models) == set(want.models)
+    for m in want.models:
+        for f, arr in want.models[m].items():
+            np.testing.assert_allclose(got.models[m][f], arr, equal_nan=True, err_msg=f)
+
+
+def test_a_request_that_lands_late_is_read_within_full_read_s(demo_store: Store) -> None:
+    """A request row landing long after its time (a backfill, a spool replayed after a
+    restart) is in the loop's windows by the next full_read_s, and only then is the range
+    read in full; until one lands, it never is after the first read."""
+    from cotenant.analysis.windows import WindowCache, gpu_windows
+
+    store = Store(":memory:")
+    with demo_store.cursor() as cur:
+        rows = cur.sql("SELECT * FROM requests WHERE ts_end_ns < 400e9").to_arrow_table()
+    append_tables(store, {"requests": rows})
+    src = StoreSource(store)
+    cache = WindowCache(src, "gpu0", 1.0, overlap_s=10.0, refresh_s=60.0)
+
+    def at(now_s: int) -> tuple[GpuWindows, GpuWindows]:
+        rng = TimeRange((now_s - 200) * 10**9, now_s * 10**9)
+        return cache.get(rng), gpu_windows(src, "gpu0", rng, 1.0)
+
+    for now_s in (300, 305, 362):  # the last one is past full_read_s: nothing landed late
+        _same_windows(*at(now_s))
+    assert cache.full_reads == 1
+    # a slow tts request that ended at 250 s lands now, 112 s late
+    one = rows.filter(pc.equal(rows.column("model"), "tts")).slice(0, 1).to_pylist()[0]
+    one.update(ts_start_ns=249 * 10**9, ts_end_ns=250 * 10**9, latency_ms=900.0)
+    append_tables(store, {"requests": pa.Table.from_pylist([one], schema=rows.schema)})
+    got, want = at(367)  # within full_read_s of the last full look: not seen yet
+    i = got.index(250 * 10**9)
+    assert got.models["tts"]["count"][i] == want.models["tts"]["count"][i] - 1
+    _same_windows(*at(423))  # the next look finds it and reads the range in full
+    assert cache.full_reads == 2
+    store.close()
 
 
 def test_window_cache_matches_a_full_read(demo_store: Store) -> None:

@@ -146,10 +146,13 @@ class WindowCache:
 
     Each call re-reads only from ``overlap_s`` before the end of the previous read (late rows
     of the last seconds are picked up), keeps the frames' rows still inside the new range, and
-    pivots them. A range that does not continue the previous one is read in full, and so is
-    every range ``refresh_s`` (of the caller's clock) after the last full read: rows that land
-    later than ``overlap_s`` (a backfill through OTLP, GPU samples held up on a busy host) are
-    seen within that time instead of never."""
+    pivots them. A range that does not continue the previous one is read in full. Every
+    ``refresh_s`` (of the caller's clock) after the last full read, rows that landed later
+    than ``overlap_s`` (a backfill through OTLP, a request longer than ``overlap_s`` counted
+    where it arrived, GPU samples held up on a busy host) are looked for: the GPU and process
+    frames are read in full (cheap), and the request and token frames too when the source
+    counts requests in the kept range other than the kept windows do
+    (:meth:`MetricSource.request_counts`; a source that cannot count reads them in full)."""
 
     def __init__(
         self,
@@ -167,31 +170,52 @@ class WindowCache:
         self._tables: Tables | None = None
         self._until: int | None = None
         self._full_at = 0
+        self.full_reads = 0  # request frames read in full (a late row, or a new range)
 
     def get(self, rng: TimeRange) -> GpuWindows:
         since, until, step = check_range(rng, self._step_s)
         src, gpu, s = self._source, self._gpu, self._step_s
-        if (
-            self._tables is None
-            or self._until is None
-            or not (since <= self._until <= until)
-            or until - self._full_at >= self._refresh_ns
-        ):
+        old = self._tables
+        if old is None or self._until is None or not (since <= self._until <= until):
             self._full_at = until
             self._tables = _read(src, gpu, TimeRange(since, until), s)
+            self.full_reads += 1
         else:
             start = max(since, self._until - self._overlap_ns)
             start -= (start - since) % step  # stay on the grid
-            new = _read(src, gpu, TimeRange(start, until), s)
-            old = self._tables
-            self._tables = (
-                _joined(old[0], new[0], since, start),
-                _joined(old[1], new[1], since, start),
-                _joined(old[2], new[2], since, start),
-                _joined(old[3], new[3], since, start),
-            )
+            refresh = until - self._full_at >= self._refresh_ns
+            if refresh:
+                self._full_at = until
+            if refresh and not self._kept_complete(old[0], since, start, step):
+                self._tables = _read(src, gpu, TimeRange(since, until), s)
+                self.full_reads += 1
+            else:
+                # the requests from start; on a refresh, the counters over the whole range
+                late = TimeRange(start, until)
+                over = TimeRange(since, until) if refresh else late
+                counters = src.gpu_windows(over, s, gpu=gpu)
+                procs = src.process_windows(over, s, gpu=gpu)
+                self._tables = (
+                    _joined(old[0], src.request_windows(late, s, gpu=gpu), since, start),
+                    counters if refresh else _joined(old[1], counters, since, start),
+                    procs if refresh else _joined(old[2], procs, since, start),
+                    _joined(old[3], src.token_windows(late, s, gpu=gpu), since, start),
+                )
         self._until = until
         return windows_from_tables(gpu, rng, s, *self._tables)
+
+    def _kept_complete(self, req: pa.Table, since: int, start: int, step: int) -> bool:
+        """Whether the source counts as many requests completed and arrived in the kept
+        windows ``[since, start)`` as they hold (no row landed there since they were read)."""
+        if start <= since:
+            return True
+        counted = self._source.request_counts(TimeRange(since, start), self._gpu)
+        if counted is None:
+            return False
+        kept = _between(req, since, start)
+        done = float(pc.sum(kept.column("count")).as_py() or 0.0)
+        came = float(pc.sum(kept.column("arrival_rps")).as_py() or 0.0) * step / 1e9
+        return counted == (round(done), round(came))
 
 
 def _joined(old: pa.Table, new: pa.Table, since: int, start: int) -> pa.Table:

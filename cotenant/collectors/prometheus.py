@@ -253,6 +253,12 @@ class PrometheusSource:
         check_range(rng, 1.0)
         return {}
 
+    def request_counts(self, rng: TimeRange, gpu: str) -> tuple[int, int] | None:
+        """None: counters scraped into Prometheus are never late, and counting a GPU's
+        requests costs a query like the windows' own."""
+        check_range(rng, 1.0)
+        return None
+
     def model_gpus(self, rng: TimeRange) -> list[tuple[str, str]]:
         """(model, gpu) pairs whose request counters grew over the range (one cheap query per
         family, evaluated at the range's end: no quantiles, however large the fleet), placed

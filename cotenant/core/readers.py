@@ -53,6 +53,12 @@ class RequestReader(Protocol):
         analysis needs their means)."""
         ...
 
+    def request_counts(self, rng: TimeRange, gpu: str) -> tuple[int, int] | None:
+        """(requests on ``gpu`` that completed in ``rng``, those that arrived in it): what
+        :meth:`request_windows` counts there (its ``count`` and ``arrival_rps`` summed over
+        the range), or None when the source cannot count them for less than that read."""
+        ...
+
 
 class SpanReader(Protocol):
     """What only request spans tell."""
@@ -131,6 +137,9 @@ class DelegatingSource:
         self, rng: TimeRange, step_s: float, gpu: str | None = None, *, lengths: bool = False
     ) -> pa.Table:
         return self.through(lambda: self.source.token_windows(rng, step_s, gpu, lengths=lengths))
+
+    def request_counts(self, rng: TimeRange, gpu: str) -> tuple[int, int] | None:
+        return self.through(lambda: self.source.request_counts(rng, gpu))
 
     def lock_waits(self, rng: TimeRange, model: str) -> pa.Table:
         return self.through(lambda: self.source.lock_waits(rng, model))

@@ -122,6 +122,18 @@ class StoreSource:
                 ORDER BY ts_ns, model, gpu"""
         return self._query(sql, p, REQUEST_WINDOWS)
 
+    def request_counts(self, rng: TimeRange, gpu: str) -> tuple[int, int] | None:
+        lo, hi, _ = check_range(rng, 1.0)
+        with self._store.cursor() as cur:
+            row = cur.execute(
+                "SELECT count(*) FILTER (WHERE ts_end_ns >= $lo AND ts_end_ns < $hi), "
+                "count(*) FILTER (WHERE ts_start_ns >= $lo AND ts_start_ns < $hi) "
+                "FROM requests WHERE gpu = $gpu AND ((ts_end_ns >= $lo AND ts_end_ns < $hi) "
+                "OR (ts_start_ns >= $lo AND ts_start_ns < $hi))",
+                {"lo": lo, "hi": hi, "gpu": gpu},
+            ).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
     def gpu_windows(self, rng: TimeRange, step_s: float, gpu: str | None = None) -> pa.Table:
         lo, hi, step = check_range(rng, step_s)
         p: dict[str, Any] = {"lo": lo, "hi": hi, "step": step}
