@@ -41,10 +41,12 @@ class AnalysisSettings:
     )
     full_read_s: float = key(
         60.0,
-        "how often the continuous loop re-reads its whole range, not just the last reread_s "
-        "(rows landing later than reread_s are seen within this time; in fleet mode, where "
-        "Prometheus holds each sample from its scrape on, 600 saves most of the loop's reads), "
-        "and sweeps it for the ordinary contention the detector kept out (recorded, not raised)",
+        "how often the continuous loop looks over its whole range, not just the last reread_s: "
+        "rows landing later than reread_s are seen within this time (the GPU counters are "
+        "re-read, and the requests when some landed late; in fleet mode, where Prometheus "
+        "holds each sample from its scrape on and every look is a full read, 600 saves most of "
+        "the loop's reads), and the range is swept for the ordinary contention the detector "
+        "kept out (recorded, not raised)",
         min=1.0,
     )
     cooldown_s: float = key(
