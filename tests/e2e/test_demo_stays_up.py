@@ -19,7 +19,10 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.timeout(240)
 
-DEMO = ("--speed", "100", "--store")
+# 50x: the 900-s scenario in 18 s. At 100x a pass slowed by a busy machine spans a whole
+# fault (0.2 s of wall time is 20 virtual seconds), and a run beside a benchmark once ended
+# with no incident recorded at all.
+DEMO = ("--speed", "50", "--store")
 ENDED = "the scenario has ended; the dashboard and API keep serving what was recorded at"
 
 
