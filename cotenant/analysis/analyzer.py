@@ -101,9 +101,11 @@ class Analyzer:
         on one of its ``gpus`` (:mod:`analysis.fellows`). What the store holds decides: under
         ``cotenant serve``, the live loop's incidents."""
         shared = shared_params(self.params)
+        if shared is None:
+            return []
         stored = self.book.find(since_ns=start_ns, until_ns=end_ns)
         causes = [c for c in incident_causes(stored) if c.victim != model and c.gpu in gpus]
-        if shared is None or not causes:
+        if not causes:
             return []
         candidates = diagnose(
             self.source,

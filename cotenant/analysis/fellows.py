@@ -122,9 +122,11 @@ def fellow_victims(
     """The ``candidates`` (a model's slowdowns found with :func:`shared_params` of ``p``) that
     overlap none of the slowdowns ``found`` at ``p`` and are fellow victims of ``causes``,
     each marked so (:data:`FELLOW_OF`) with a note that says why less was asked."""
+    ev = p.evidence
+    if ev is None:  # no evidence rule: nothing was asked less (shared_params is None)
+        return []
     spans = [(f.start_ns, f.end_ns) for f in found if f.incident]
-    usual = p.evidence.ratio if p.evidence is not None else float("nan")
-    low = p.evidence.shared_ratio if p.evidence is not None else float("nan")
+    usual, low = ev.ratio, ev.shared_ratio
     out = []
     for d in candidates:
         if any(lo <= d.end_ns and hi >= d.start_ns for lo, hi in spans):

@@ -254,8 +254,8 @@ class PrometheusSource:
         return {}
 
     def request_counts(self, rng: TimeRange, gpu: str) -> tuple[int, int] | None:
-        """None: counters scraped into Prometheus are never late, and counting a GPU's
-        requests costs a query like the windows' own."""
+        """None: counting a GPU's requests here costs a query like the windows' own, so the
+        loop reads the windows in full instead (``analysis.full_read_s``)."""
         check_range(rng, 1.0)
         return None
 
