@@ -99,4 +99,5 @@ class AnalysisSettings:
             baseline_s=self.baseline_s,
             min_samples=self.warmup_windows,
             fellow=self.fellow_factor,
+            quiet_s=self.cooldown_s,
         )

@@ -14,9 +14,11 @@ average run length, and Siegmund's approximation gives the threshold ``h`` that 
 (:func:`threshold`). A second, lower threshold (``fellow`` times the false alarms) flags *weak*
 episodes, which count only as fellow victims of an incident already found (:mod:`.verdicts`).
 
-**Closing.** Once open, a reverse CUSUM tests "back to normal" against "still shifted by the
-shift that opened it"; the episode ends at the last window before that test's final rise, once
-it passes :data:`CLOSE_H` (odds of 20 to 1).
+**Closing.** Once open, a reverse CUSUM (capped) tests "back to normal" against "still
+shifted"; the episode ends at the last window where the shift was still favoured once that test
+passes :data:`CLOSE_H` (odds of 20 to 1) over a quiet stretch — :data:`CLOSE_SAMPLES` samples
+and the caller's quiet time — so an intermittent slowdown (a LoRA swapped in every 15 s,
+evictions now and then) is one episode, not a dozen.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ DELTAS = (0.5, 1.0, 2.0, 4.0)
 CLOSE_H = math.log(20.0)
 """Log odds of "back to normal" over "still shifted" that close an episode ..."""
 CLOSE_SAMPLES = 5
-"""... over at least this many samples in a row that do not look shifted (a noisy slowdown's
-dip of a window or two does not end it)."""
+"""... over at least this many samples in a row that do not look shifted (and the caller's
+quiet windows: a noisy slowdown's dip of a window or two does not end it)."""
 
 
 def arl0(h: float, delta: float) -> float:
@@ -97,23 +99,25 @@ def first_over(s: np.ndarray, h: float) -> int | None:
     return int(hit[0]) if len(hit) else None
 
 
-def close_at(g: np.ndarray, delta: float) -> tuple[int | None, int]:
-    """Where an episode opened on a shift of ``delta`` (in the units of ``g``, NaN = no
+def close_at(g: np.ndarray, delta: float, quiet: int = 0) -> tuple[int | None, int]:
+    """Where an episode judged against a shift of ``delta`` (in the units of ``g``, NaN = no
     sample) closes: ``(index at which "back to normal" wins, or None while it has not; the
-    last index still consistent with the shift)``."""
-    ok = np.isfinite(g)
-    incr = np.where(ok, delta * delta / 2.0 - delta * np.nan_to_num(g), 0.0)
-    t, zero = cusum(incr, 0.0)
-    # samples in a row (windows without one skipped) since "still shifted" last held
-    run = np.zeros(len(g), dtype=np.int64)
-    idx = np.flatnonzero(ok)
-    if len(idx):
-        z = zero[idx]
-        seq = np.arange(len(idx))
-        last_zero = np.maximum.accumulate(np.where(z, seq, -1))
-        run[idx] = seq - last_zero
-    done = first_over(np.where(ok & (run >= CLOSE_SAMPLES), t, 0.0), CLOSE_H)
-    upto = len(g) if done is None else done
-    still = np.flatnonzero(zero[:upto] & ok[:upto])
-    last = int(still[-1]) if len(still) else 0
-    return done, last
+    last index where the evidence still favoured the shift)``. The evidence for "back to
+    normal" is a CUSUM of log-likelihood ratios capped at twice :data:`CLOSE_H` (one clearly
+    slow window among calm ones wipes it: an intermittent slowdown stays one episode); it
+    wins when over :data:`CLOSE_H` after at least :data:`CLOSE_SAMPLES` samples and ``quiet``
+    windows (with or without a sample) since it was last at zero."""
+    cap = 2.0 * CLOSE_H
+    t, zero_at, samples = 0.0, -1, 0
+    half = delta * delta / 2.0
+    for i, x in enumerate(g.tolist()):
+        if x != x:  # NaN: a window without a sample
+            continue
+        t = min(cap, t + half - delta * x)
+        if t <= 0.0:
+            t, zero_at, samples = 0.0, i, 0
+            continue
+        samples += 1
+        if t > CLOSE_H and samples >= CLOSE_SAMPLES and i - zero_at >= quiet:
+            return i, max(zero_at, 0)
+    return None, max(zero_at, 0)

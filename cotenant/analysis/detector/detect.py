@@ -50,6 +50,7 @@ class DetectorParams:
     min_samples: int = 60  # windows with requests the normal needs before anything is judged
     fellow: float = 20.0  # times the false alarms accepted for a fellow victim's episode
     refit_s: float = 60.0  # how often the normal is refitted (aligned to the clock)
+    quiet_s: float = 30.0  # a slowdown ends only after this long with no slow-looking window
 
     def baseline_windows(self, step_s: float) -> int:
         """Windows the normal is fitted on: ``baseline_s``, and never fewer than twice the
@@ -129,8 +130,7 @@ def detect(
         pos = max(pos, run.resume)
     every = p.refit_windows(step_s)
     base = p.baseline_windows(step_s)
-    members = [_Member(c, k) for c in CHANNELS for k in range(len(DELTAS))]
-    run.memory = p.baseline_windows(step_s)
+    members = [_Member(c, k, since=pos) for c in CHANNELS for k in range(len(DELTAS))]
     while pos < n_eval:
         end = min(n_eval, ((origin + pos) // every + 1) * every - origin)
         lo = max(0, pos - base)
@@ -193,7 +193,8 @@ class _Run:
         self.odd = np.zeros(n, dtype=bool)  # weak episodes and far-out windows
         self.episodes: list[Episode] = []
         self.resume = 0
-        self.memory = 0  # windows back over which earlier slowdowns are counted
+        self.memory = p.baseline_windows(step_s)  # earlier slowdowns are counted this far back
+        self.quiet = math.ceil(p.quiet_s / step_s)  # windows a slowdown must be over to end
 
     def scores(self, c: str, normal: Normal, lo: int, hi: int, deadzone: bool = True) -> np.ndarray:
         x, m = self.ch[c]
@@ -249,7 +250,11 @@ class _Run:
         z = np.flatnonzero(zero[:at])
         start = lo + int(z[-1]) + 1 if len(z) else mb.since
         states = {key: float(v[0][at]) for key, v in runs.items()}
-        return _Hit(lo + at, max(0, min(start, lo + at)), mb, states)
+        # it began at the first sample of the run that crossed
+        x = self.ch[mb.channel][0]
+        has = np.flatnonzero(np.isfinite(x[start : lo + at + 1]))
+        start = start + int(has[0]) if len(has) else lo + at
+        return _Hit(lo + at, start, mb, states)
 
     def follow(
         self, hit: _Hit, members: list[_Member], normals: dict[str, Normal], cal: Calibration
@@ -264,7 +269,7 @@ class _Run:
         seen = g[: hit.at - hit.start + 1]
         size = float(np.nanmedian(seen)) if np.isfinite(seen).any() else DELTAS[k]
         delta = float(np.clip(CLOSE_SHARE * size, DELTAS[0], DELTAS[k]))
-        done, last = decision.close_at(g[hit.at - hit.start :], delta)
+        done, last = decision.close_at(g[hit.at - hit.start :], delta, self.quiet)
         stop = self.n_eval if done is None else hit.at + done
         opened: int | None = None
         for mb in members:
@@ -297,7 +302,7 @@ class _Run:
         """A carried episode continued over these windows with its frozen normal."""
         lo = max(0, carry.start)
         g = self.scores(carry.channel, carry.normal, lo, self.n_eval, deadzone=False)
-        done, last = decision.close_at(g / carry.deflate, carry.delta)
+        done, last = decision.close_at(g / carry.deflate, carry.delta, self.quiet)
         self.resume = lo + done + 1 if done is not None else self.n_eval
         ep = self.episode(
             lo,

@@ -43,6 +43,10 @@ FLOOR = 0.01
 this."""
 MIN_TAIL = 0.3
 """Smallest mean excess of the exponential tail (in standard deviations)."""
+PRIOR_TAIL = (10, 1.0)
+"""The tail's mean excess is shrunk towards 1 standard deviation (heavier than a normal
+distribution's) as if 10 such excesses had been seen: a baseline of a few dozen samples, with
+one or two beyond its last knot, does not make every slow request look impossible."""
 WINSOR_Q = 0.98
 """Squared deviations are capped at this quantile when the variance is fitted (one slow window
 must not set the scale of the rest)."""
@@ -140,7 +144,8 @@ def fit(x: np.ndarray, n: np.ndarray, use: np.ndarray, span_s: float) -> Normal 
     # strictly increasing, for the interpolation (a simulator's ties repeat a value)
     knots = np.maximum.accumulate(knots + 1e-9 * np.arange(len(knots)))
     above = z[z > knots[-1]] - knots[-1]
-    tail = max(MIN_TAIL, float(above.mean())) if len(above) else MIN_TAIL
+    k, prior = PRIOR_TAIL
+    tail = max(MIN_TAIL, (float(above.sum()) + k * prior) / (len(above) + k))
     shape = Normal(loc, a, b, tuple(knots), tail, (1.0,) * len(MEMORIES), 0.0, m)
     g = shape.calibrate(z)
     return Normal(loc, a, b, tuple(knots), tail, _taus(g), m / max(span_s, 1e-9), m)
