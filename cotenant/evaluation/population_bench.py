@@ -111,7 +111,7 @@ def _cost(rates: float, duration_s: float, faults: int, live: bool) -> float:
     """Relative cost: requests simulated (the run and one counterfactual per fault) plus,
     live, a fixed cost per pass."""
     sim = (rates + 5.0) * duration_s * (1 + faults)
-    return sim + (duration_s / 5.0 * 400.0 if live else 0.0)
+    return sim + (duration_s / 5.0 * 5000.0 if live else 0.0)
 
 
 def plan(
