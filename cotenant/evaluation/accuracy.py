@@ -39,6 +39,7 @@ from cotenant.analysis.diagnosis import Diagnosis
 from cotenant.analysis.windows import GpuWindows, gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.goal import slowed
+from cotenant.evaluation.victim_score import Found
 from cotenant.simulator import output
 from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import load_scenario
@@ -142,6 +143,15 @@ def diagnose_models(
         if any(c.victim != m.name and c.gpu == m.gpu for c in causes):
             mine = diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms, params=params, causes=causes)
         out += [d for d in mine if d.is_incident]
+    return out
+
+
+def found_from_diagnoses(diags: Sequence[Diagnosis]) -> list[Found]:
+    """The batch path's incidents for :mod:`evaluation.victim_score` (one cause list each)."""
+    out = []
+    for d in diags:
+        causes = tuple(f"{c.kind}:{c.culprit}" for c in d.causes if c.kind != "unknown")
+        out.append(Found(d.model, d.start_ns, d.end_ns, d.detected_ns, causes, causes, d.severity))
     return out
 
 
