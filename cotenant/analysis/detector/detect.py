@@ -35,6 +35,8 @@ ODD_SCORE = 3.0
 CLOSE_SHARE = 0.5
 """A slowdown is over when its windows look closer to normal than to this share of the shift
 it showed until it was found (a fault that eases off to a third of its worst is still on)."""
+MIN_STRETCH = 16
+"""Fewest windows judged at a time (one-minute rollups are judged in stretches of 16 minutes)."""
 REFIT_SHARE = 0.05
 """The normal is fitted again once this share of its samples has arrived since (and at the
 clock's refit boundaries only: every reader of the same windows refits alike)."""
@@ -63,7 +65,8 @@ class DetectorParams:
         return max(math.ceil(self.baseline_s / step_s), 2 * self.min_samples)
 
     def refit_windows(self, step_s: float) -> int:
-        return max(1, round(self.refit_s / step_s))
+        """Windows of one stretch judged against one normal (at least :data:`MIN_STRETCH`)."""
+        return max(MIN_STRETCH, round(self.refit_s / step_s))
 
     def history_windows(self, step_s: float) -> int:
         """Windows read before the first one judged, so that it has its whole baseline."""
@@ -151,6 +154,8 @@ def detect(
             if seen[pos] - seen[lo] < need:
                 back = int(np.searchsorted(seen, seen[pos] - need, side="right")) - 1
                 lo = max(0, min(lo, back), pos - MAX_BASELINE * base)
+            # the rate is over the time the samples cover (not windows read before them)
+            lo = max(lo, int(np.searchsorted(seen, seen[lo], side="right")) - 1)
             normals = {
                 c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s)
                 for c, (x, m) in ch.items()
