@@ -123,8 +123,11 @@ def test_a_weak_slowdown_is_kept_only_as_a_fellow_victim() -> None:
     [d] = judge([_judged("imagegen", [_cause("cpu", "etl-burner")])], hog)
     assert d.verdict == FELLOW and "tts, on the same GPU, had an incident" in d.notes[-1]
     # while its own incident is a fellow victim, what continues it stays one
-    [d] = judge([_judged("imagegen", [_cause("pcie", "tts")])], [], fellow="tts")
+    mine = ("tts", START_NS + 240 * S, START_NS + 330 * S)
+    [d] = judge([_judged("imagegen", [_cause("pcie", "tts")])], [], fellow=mine)
     assert d.verdict == FELLOW
+    # ... but not a slowdown after it
+    assert judge([_judged("imagegen", [], start_s=400, end_s=460)], [], fellow=mine) == []
 
 
 @pytest.fixture(scope="module")

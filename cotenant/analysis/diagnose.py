@@ -17,7 +17,7 @@ import pandas as pd
 from cotenant.analysis.attribution import attribute
 from cotenant.analysis.detector.detect import DetectorParams, Track, detect
 from cotenant.analysis.detector.episode import Carry, Episode
-from cotenant.analysis.detector.verdicts import FirstCause, judge, mark_recurring
+from cotenant.analysis.detector.verdicts import Fellow, FirstCause, judge, mark_recurring
 from cotenant.analysis.diagnosis import Diagnosis, Judged
 from cotenant.analysis.incident_merge import events
 from cotenant.analysis.indicators import indicator_series, indicator_view
@@ -186,7 +186,7 @@ def diagnose_windows(
     slos: Mapping[str, float | None] | None = None,
     carries: Mapping[str, Carry] | None = None,
     causes: Sequence[FirstCause] = (),
-    fellow: str | None = None,
+    fellow: Fellow | None = None,
 ) -> list[Diagnosis]:
     """:func:`diagnose` on windows already read (one read serves every model of a GPU).
 

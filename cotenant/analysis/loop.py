@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.analysis.detector.episode import Carry
-from cotenant.analysis.detector.verdicts import FirstCause, corroborator, incident_causes
+from cotenant.analysis.detector.verdicts import FirstCause, fellow_incident, incident_causes
 from cotenant.analysis.diagnose import diagnose_windows, history_range
 from cotenant.analysis.diagnosis import Diagnosis, Judged
 from cotenant.analysis.incident_record import Incident, IncidentEvent
@@ -161,7 +161,7 @@ class AnalysisLoop:
                         slos=self._slos.token_slos(model),
                         carries=carries,
                         causes=causes.get(gpu, []),
-                        fellow=corroborator(mine),
+                        fellow=fellow_incident(mine),
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)

@@ -103,14 +103,20 @@ def recurring(d: Diagnosis) -> bool:
     )
 
 
-def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: str | None = None) -> str | None:
+Fellow = tuple[str, int, int]
+"""The model that corroborated a live incident found as a fellow victim, and that incident's
+extent (ns): what continues it stays a fellow victim while its cause moves on."""
+
+
+def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: Fellow | None = None) -> str | None:
     """``d``'s verdict (:mod:`analysis.diagnosis`), or None when it is nothing to record (a
     weak slowdown that is no fellow victim). ``causes``: other models' incidents' first
-    causes; ``fellow``: the corroborator of ``d``'s model's live incident when that one is a
-    fellow victim (what continues it stays one while its cause moves on)."""
+    causes; ``fellow``: ``d``'s model's live incident when it is a fellow victim."""
     strong = d.judged is None or d.judged.strong
     if not strong:
-        by = fellow_of(d, causes) or fellow
+        by = fellow_of(d, causes)
+        if by is None and fellow is not None and d.start_ns <= fellow[2] and d.end_ns >= fellow[1]:
+            by = fellow[0]
         if by is None:
             return None
         if d.judged is not None:
@@ -130,7 +136,7 @@ def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: str | None = Non
 
 
 def judge(
-    diags: list[Diagnosis], causes: Sequence[FirstCause], fellow: str | None = None
+    diags: list[Diagnosis], causes: Sequence[FirstCause], fellow: Fellow | None = None
 ) -> list[Diagnosis]:
     """Each of ``diags`` with its verdict; those that are nothing to record left out."""
     out = []
@@ -189,3 +195,12 @@ def corroborator(inc: Incident | None) -> str | None:
     judged = (inc.detail.get("judged_on") if inc is not None else None) or {}
     got = judged.get("fellow_of")
     return str(got) if got else None
+
+
+def fellow_incident(inc: Incident | None) -> Fellow | None:
+    """``inc`` as a :data:`Fellow` when it is a fellow victim (its slowdown taken to last
+    while it is open)."""
+    by = corroborator(inc)
+    if inc is None or by is None:
+        return None
+    return by, inc.start_ns, inc.end_ns if not inc.detail.get("open", True) else 2**62
