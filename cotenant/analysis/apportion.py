@@ -7,7 +7,8 @@ the order given; ``SHARED`` claims share what is left in proportion to their pre
 slowdown predicted as 1.3x is still the co-tenant's); then queue time lost to slower service
 (a claim without a candidate) follows the compute causes in proportion to what they took (none: it
 stays unexplained); then ``LEFTOVER`` claims take what is left. Claims marked ``alone`` count only
-when no other claim takes anything, in any phase: they are then served with the rest.
+when no claim naming another actor than the victim takes anything, in any phase: they are then
+served with the rest.
 
 The first claim that takes something for a candidate gives its confidence and evidence.
 """
@@ -43,10 +44,12 @@ class Apportioned:
         self.named_by.setdefault(cand, claim)
 
 
-def apportion(excess: dict[Phase, float], claims: list[Claim]) -> Apportioned:
-    """Share each phase's ``excess`` (ms per request) among ``claims`` (see the module doc)."""
+def apportion(excess: dict[Phase, float], claims: list[Claim], victim: str = "") -> Apportioned:
+    """Share each phase's ``excess`` (ms per request) among ``claims`` (see the module doc);
+    ``victim``: whose own causes (its load, model loads) do not stop an ``alone`` claim."""
     out = _apportion(excess, [c for c in claims if not c.alone])
-    if not out.ms and any(c.alone for c in claims):
+    others = any(cand.culprit != victim for cand in out.ms)
+    if not others and any(c.alone for c in claims):
         out = _apportion(excess, claims)
     return out
 

@@ -173,7 +173,7 @@ def attribute(
     claims: list[Claim] = []
     for explainer in explainers.values():
         claims += explainer.claims(ctx)
-    got = apportion(excess, claims)
+    got = apportion(excess, claims, victim)
     comp_left = excess.get(Phase.COMPUTE, 0.0) - ctx.mix_ms
     took = got.by_phase.get(Phase.COMPUTE, {})
     if comp_left > 0 and not any(c.kind != CauseKind.MIX for c in took):

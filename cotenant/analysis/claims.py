@@ -16,7 +16,7 @@ the excess is handed out lives in one place, the :class:`Stage` of each claim:
   compute span holds part of);
 * ``LEFTOVER`` — after the queue time lost to slower service has followed the compute causes:
   what nothing else took (the backlog behind unusual model loads; heavier requests judged from
-  their own inference time, claimed only when nothing else explains any of the excess).
+  their own inference time, claimed only when no other actor explains any of the excess).
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ class Stage(IntEnum):
 class Claim:
     """What one cause explains of one phase's excess (ms per request; ``inf``: all that is
     left at its stage). ``cand`` None: queue time lost to slower service, which follows the
-    compute causes. ``alone``: only when no other claim takes anything, in any phase."""
+    compute causes. ``alone``: only when no claim naming another actor than the victim takes
+    anything, in any phase."""
 
     cand: Candidate | None
     phase: Phase

@@ -21,7 +21,8 @@ the rest, so a co-tenant is only blamed for what the token counts do not explain
 ``cotenant.work_units``) the cost per unit is held at its normal level: the heavier requests
 predict ``compute_before x (units_during / units_before - 1)``, taken first like the tokens'. Where
 only the time of the work itself is known (the victim's pure inference time per request, or its
-compute time per request), the same ratio is the victim's own heavier work only when nothing else
+compute time per request, which stands in where the given work series has no value before or
+during the slowdown), the same ratio is the victim's own heavier work only when nothing else
 claims the compute excess and no other actor is in sight: no co-tenant whose demand rose or that
 slowed alongside it (that is contention), no host process whose CPU use rose, no clock or memory
 evidence, and per-process GPU series that would have shown a co-tenant. In both cases the work per
@@ -196,7 +197,7 @@ class MixExplainer:
         if ctx.mix is not None and ctx.mix_ms > 0:
             conf = min(1.0, ctx.mix_ms / comp)
             out.append(Claim(cand, Phase.COMPUTE, Stage.FIRST, ctx.mix.ms, conf, ctx.mix.evidence))
-        work = ctx.work if ctx.work is not None else _compute_time(ctx)
+        work = ctx.work if ctx.work is not None and _known(ctx, ctx.work) else _compute_time(ctx)
         heavier = _heavier(ctx, work)
         if heavier is not None:
             ms, conf, ev = heavier
@@ -205,6 +206,12 @@ class MixExplainer:
             elif _alone_on_gpu(ctx):
                 out.append(Claim(cand, Phase.COMPUTE, Stage.LEFTOVER, ms, conf, ev, alone=True))
         return out
+
+
+def _known(ctx: Context, work: WorkSeries) -> bool:
+    """Whether ``work`` has a value in both the normal and the slow windows with requests."""
+    ok = np.isfinite(work.per_request) & (ctx.v["count"] > 0)
+    return bool((ok & ctx.before).any() and (ok & ctx.during).any())
 
 
 def _compute_time(ctx: Context) -> WorkSeries:
