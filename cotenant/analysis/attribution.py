@@ -48,6 +48,7 @@ from cotenant.analysis.demand import (
     slowdown,
 )
 from cotenant.analysis.explainers import EXPLAINERS
+from cotenant.analysis.host_cpu import HostCpu
 from cotenant.analysis.missing_series import missing_notes
 from cotenant.analysis.mix import MixExcess, WorkSeries
 from cotenant.analysis.windows import GpuWindows
@@ -163,7 +164,7 @@ def attribute(
         demands=demands,
         host_cpu=cpu,
         risers=cpu_risers(cpu, before, during, exclude=cpu_flat - mine),
-        frequency=getattr(host_cpu, "frequency", None),
+        frequency=host_cpu.frequency if isinstance(host_cpu, HostCpu) else None,
         own_surge=own_surge,
         locks=locks or [],
         mix=mix,

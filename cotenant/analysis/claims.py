@@ -36,7 +36,8 @@ from cotenant.analysis.windows import GpuWindows
 from cotenant.core.cause_kinds import CauseKind
 
 if TYPE_CHECKING:  # the explainers' modules import this one
-    from cotenant.analysis.cpu_causes import CpuRiser, HostFrequency
+    from cotenant.analysis.cpu_causes import CpuRiser
+    from cotenant.analysis.host_cpu import HostFrequency
     from cotenant.analysis.mix import MixExcess, WorkSeries
 
 

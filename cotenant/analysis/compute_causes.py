@@ -278,7 +278,7 @@ def pcie_culprit(
         )
         if r > best_rise:
             best, best_rise = name, r
-    cand = Candidate(CauseKind.BANDWIDTH, best or "unknown", "pcie")
+    cand = Candidate(CauseKind.BANDWIDTH, best or CauseKind.UNKNOWN, "pcie")
     ev = change_evidence(
         None if pcie is None else pcie / 1e9, before, during, f"{w.gpu} PCIe throughput", "GB/s"
     )

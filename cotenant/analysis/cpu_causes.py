@@ -36,6 +36,7 @@ from cotenant.analysis.change import absent_as_zero, confidence, mean_over, stre
 from cotenant.analysis.change import evidence as change_evidence
 from cotenant.analysis.claims import Claim, Context, Phase, Stage
 from cotenant.analysis.enrichment import shift_enrichment
+from cotenant.analysis.host_cpu import HostCpu, HostFrequency
 from cotenant.analysis.metric_direction import Direction
 from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.readers import MetricSource
@@ -63,34 +64,6 @@ class CpuRiser:
     @property
     def rise(self) -> float:
         return self.during - self.before
-
-
-@dataclass(frozen=True)
-class HostFrequency:
-    """The host's mean CPU frequency per window (MHz) and its hardware maximum (MHz), shape
-    ``(n_windows,)``, NaN where not sampled."""
-
-    mhz: np.ndarray
-    max_mhz: np.ndarray
-
-    @property
-    def ratio(self) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out: np.ndarray = self.mhz / self.max_mhz
-        return out
-
-
-class HostCpu(dict[str, np.ndarray]):
-    """Host CPU use (cores) per process name, on a window grid, and the host's CPU frequency
-    when it was read (``frequency``; None otherwise)."""
-
-    def __init__(
-        self,
-        cores: Mapping[str, np.ndarray] | None = None,
-        frequency: HostFrequency | None = None,
-    ) -> None:
-        super().__init__(cores or {})
-        self.frequency = frequency
 
 
 def cpu_risers(

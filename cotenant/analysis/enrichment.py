@@ -16,9 +16,11 @@ standard errors (about 1.3 in 1,000 for a normal statistic):
   a tiny change into a certain one.
 
 The same comparison gives the part of the evidence that is excess over the base rate: for a
-rate ``1 - rate_normal / rate_slow`` (the attributable fraction), for a level the
-``during - before`` shift itself. Explainers scale their share with it (what a cause would
-explain at its normal rate is not the incident's doing).
+rate ``1 - rate_normal / rate_slow`` (the attributable fraction, :attr:`Enrichment.
+excess_fraction`), for a level the ``during - before`` shift itself. Explainers predict their
+share from that excess (a co-tenant's rise in activity, a clock's before / during ratio, the rise
+of the load time per request), never from the level itself: what a cause does at its normal
+rate is in the baseline already, not the incident's doing.
 """
 
 from __future__ import annotations

@@ -206,7 +206,9 @@ def summary(incidents: list[Attributed]) -> dict[str, Any]:
         "excess_share": {
             k: _r(sum(i.share(k) * i.excess_ms for i in incidents) / total) for k in kinds
         },
-        "naming": {k: sum(i.share(k) > 0 for i in incidents) for k in kinds if k != "unknown"},
+        "naming": {
+            k: sum(i.share(k) > 0 for i in incidents) for k in kinds if k != CauseKind.UNKNOWN
+        },
         "only_unknown": sum(
             all(c.kind == CauseKind.UNKNOWN for c in i.attribution.causes) for i in incidents
         ),
@@ -253,7 +255,7 @@ def render(res: dict[str, Any]) -> str:
             f"(95 % bootstrap {h['unexplained_ci']})"
         )
         for kind, share in h["excess_share"].items():
-            if kind != "unknown":
+            if kind != CauseKind.UNKNOWN:
                 lines.append(
                     f"  {kind:10s} {100 * (share or 0):5.1f} % of the excess, "
                     f"named in {h['naming'][kind]} incidents"
