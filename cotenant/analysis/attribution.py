@@ -50,8 +50,8 @@ from cotenant.analysis.demand import (
 from cotenant.analysis.explainers import EXPLAINERS
 from cotenant.analysis.host_cpu import HostCpu
 from cotenant.analysis.missing_series import missing_notes
-from cotenant.analysis.mix import MixExcess, WorkSeries
 from cotenant.analysis.windows import GpuWindows
+from cotenant.analysis.work import MixExcess, WorkSeries
 from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.phases import PHASE_COLUMNS
 

@@ -25,20 +25,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from cotenant.analysis.candidates import Candidate
 from cotenant.analysis.change import wmean_over
 from cotenant.analysis.demand import Demand
+from cotenant.analysis.host_cpu import CpuRiser, HostFrequency
 from cotenant.analysis.windows import GpuWindows
+from cotenant.analysis.work import MixExcess, WorkSeries
 from cotenant.core.cause_kinds import CauseKind
-
-if TYPE_CHECKING:  # the explainers' modules import this one
-    from cotenant.analysis.cpu_causes import CpuRiser
-    from cotenant.analysis.host_cpu import HostFrequency
-    from cotenant.analysis.mix import MixExcess, WorkSeries
 
 
 class Phase(StrEnum):

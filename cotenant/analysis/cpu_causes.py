@@ -36,7 +36,7 @@ from cotenant.analysis.change import absent_as_zero, confidence, mean_over, stre
 from cotenant.analysis.change import evidence as change_evidence
 from cotenant.analysis.claims import Claim, Context, Phase, Stage
 from cotenant.analysis.enrichment import shift_enrichment
-from cotenant.analysis.host_cpu import HostCpu, HostFrequency
+from cotenant.analysis.host_cpu import CpuRiser, HostCpu, HostFrequency
 from cotenant.analysis.metric_direction import Direction
 from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.readers import MetricSource
@@ -52,18 +52,6 @@ FREQ_SE = 0.01
 """Frequency ratio (0-1): the least standard error of its fall."""
 HOST = "host"
 """The culprit of a CPU cause no process explains (a clamped frequency, a saturated host)."""
-
-
-@dataclass(frozen=True)
-class CpuRiser:
-    name: str  # process name as recorded (a model's name for processes that served spans)
-    before: float  # mean cores over the before windows
-    during: float  # mean cores over the during windows
-    z: float  # rise over the standard error of the difference of the means
-
-    @property
-    def rise(self) -> float:
-        return self.during - self.before
 
 
 def cpu_risers(

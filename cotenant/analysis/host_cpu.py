@@ -1,7 +1,9 @@
-"""Host CPU series on a window grid: per process name its cores, and the host's CPU frequency.
+"""Host CPU series on a window grid (per process name its cores, and the host's CPU frequency),
+and a process whose CPU use rose.
 
-What :func:`analysis.cpu_causes.read_host_cpu` returns and the attribution and the candidate
-series read (a module of its own, importing nothing of the analysis, so both can).
+What :func:`analysis.cpu_causes.read_host_cpu` returns and the attribution, its explainers'
+context and the candidate series read (a module of its own, importing nothing of the analysis,
+so all of them can).
 """
 
 from __future__ import annotations
@@ -38,3 +40,15 @@ class HostCpu(dict[str, np.ndarray]):
     ) -> None:
         super().__init__(cores or {})
         self.frequency = frequency
+
+
+@dataclass(frozen=True)
+class CpuRiser:
+    name: str  # process name as recorded (a model's name for processes that served spans)
+    before: float  # mean cores over the before windows
+    during: float  # mean cores over the during windows
+    z: float  # rise over the standard error of the difference of the means
+
+    @property
+    def rise(self) -> float:
+        return self.during - self.before

@@ -44,6 +44,8 @@ from cotenant.analysis.claims import Claim, Context, Phase, Stage
 from cotenant.analysis.demand import fellow_victims
 from cotenant.analysis.enrichment import shift_enrichment
 from cotenant.analysis.metric_direction import Direction
+from cotenant.analysis.work import MixExcess as MixExcess  # re-exported
+from cotenant.analysis.work import WorkSeries as WorkSeries  # re-exported
 from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.slos import E2E, TPOT
 
@@ -60,27 +62,6 @@ MIN_WORK_RISE = 0.1
 """Work per request must rise by at least this fraction of its normal level to be heavier."""
 WORK_SE = 0.01
 """Fraction of the normal work per request: the least standard error of its rise."""
-
-
-@dataclass(frozen=True)
-class WorkSeries:
-    """Work per request of one model per window (shape ``(n_windows,)``, NaN where unknown):
-    ``units`` (a count per request: images, steps, work units) or ``time`` (ms of the work
-    itself: pure inference time), with a label and unit for the evidence."""
-
-    per_request: np.ndarray
-    kind: str  # "units" | "time"
-    label: str
-    unit: str
-
-
-@dataclass(frozen=True)
-class MixExcess:
-    """What the token counts explain of an indicator's mean (ms per request), and the
-    evidence: token-length distributions and per-token rates before and during."""
-
-    ms: float
-    evidence: dict[str, Any]
 
 
 def mix_excess(

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from cotenant.analysis.attribution import Attribution, attribute
-from cotenant.analysis.mix import WorkSeries
 from cotenant.analysis.windows import GpuWindows
+from cotenant.analysis.work import WorkSeries
 from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.evaluation.gentd26 import STEP_S, Trace, load_trace
