@@ -187,3 +187,12 @@ def test_a_work_series_with_no_value_during_the_slowdown_falls_back_to_compute_t
     mix = att.causes[0]
     assert (mix.kind, mix.culprit) == ("mix", "tts")
     assert mix.evidence["series"] == "tts compute time per request"
+
+
+def test_a_cotenant_idle_in_every_normal_window_is_named_for_a_short_burst() -> None:
+    w = windows()
+    w.processes["sdxl"]["sm_util"][:] = 0.0  # never ran before
+    w.processes["sdxl"]["sm_util"][FAULT.start + 3] = 95.0  # one window of the slowdown
+    w.models["sdxl"]["arrival_rps"][FAULT] *= 3
+    slow_compute(w, 1.3)
+    assert named(attribute(w, "tts", *masks()))[0] == ("cotenant", "sdxl")

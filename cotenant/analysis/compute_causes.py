@@ -16,7 +16,8 @@ normal windows); :mod:`analysis.apportion` shares the excess in proportion to th
   whole excess, to that process.
 
 Every rise is a one-sided test on enrichment (:mod:`analysis.enrichment`): a co-tenant as busy
-in the victim's normal windows as in its slow ones, or a clock as low, names nothing.
+in the victim's normal windows as in its slow ones, or a clock as low, names nothing. A
+co-tenant idle in every normal window (a base rate of zero) is enriched by any activity.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ DRAM_OVER_SM = 1.5
 """A co-tenant whose DRAM activity rose this many times its SM activity is DRAM bandwidth."""
 ACTIVITY_SE = 0.01
 """Activity (0-1): the least standard error of a rise (a flat series is not a certain one)."""
+IDLE = 0.005
+"""Activity (0-1) under which a co-tenant is idle."""
+MIN_IDLE_WINDOWS = 20
+"""Normal windows a co-tenant must have been idle in for any rise to count as enriched."""
 NEARLY_FULL = 0.95
 """Share of GPU memory in use from which memory that grew into it is a cause."""
 MEM_GROWTH = 0.02
@@ -162,7 +167,7 @@ def _activity_claim(
 ) -> Claim | None:
     x = absent_as_zero(x, ctx.before)  # a process that appeared was idle before (as rise says)
     enr = shift_enrichment(x, ctx.before, ctx.near, Direction.RISE, se_floor=ACTIVITY_SE)
-    if not enr.named:
+    if not (enr.named or _appeared(x, ctx.before)):
         return None
     ev = change_evidence(x * 100, ctx.before, ctx.near, f"{name} {what}", "%")
     ev["enrichment"] = enr.to_evidence()
@@ -176,6 +181,15 @@ def _activity_claim(
         confidence(x, ctx.before, ctx.near),
         ev,
     )
+
+
+def _appeared(x: np.ndarray, before: np.ndarray) -> bool:
+    """Idle (under :data:`IDLE` activity) in every one of at least :data:`MIN_IDLE_WINDOWS`
+    normal windows: a base rate of zero, which any activity during the slowdown exceeds however
+    few windows it shows in (a short burst of a co-tenant idle until then)."""
+    b = x[before]
+    b = b[np.isfinite(b)]
+    return bool(len(b) >= MIN_IDLE_WINDOWS and b.max() < IDLE)
 
 
 @dataclass(frozen=True)
