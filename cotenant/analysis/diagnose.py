@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 
 from cotenant.analysis.attribution import attribute
+from cotenant.analysis.cpu_causes import read_host_cpu
 from cotenant.analysis.detector.detect import DetectorParams, Track, detect
 from cotenant.analysis.detector.episode import Carry, Episode
 from cotenant.analysis.detector.verdicts import Fellow, FirstCause, judge, mark_recurring
@@ -73,47 +73,9 @@ def host_cpu(
     n: int,
     hosts: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, np.ndarray]:
-    """Host CPU use (cores) per process name, on the window grid of ``rng``: the processes
-    sharing a name (eight ``python`` burners) are summed, each (host, pid) counted once however
-    many GPUs it has rows on. Only rows of ``hosts`` when given (a fleet's source holds every
-    node's processes: a CPU hog on another node cannot slow this GPU's models)."""
-    t = source.process_windows(rng, step_s, hosts=sorted(hosts) if hosts else None)
-    if t.num_rows == 0:
-        return {}
-    since = rng.since_ns or 0
-    step = int(step_s * 1e9)
-    idx = (t.column("ts_ns").to_numpy() - since) // step
-    cpu = np.asarray(t.column("cpu_cores").to_numpy(zero_copy_only=False), dtype=np.float64)
-    ok = np.isfinite(cpu) & (idx >= 0) & (idx < n)
-    if not ok.any():
-        return {}
-    pids = t.column("pid").to_pylist()
-    rows = pd.DataFrame(
-        {
-            "w": idx[ok],
-            "host": [h or "" for h in np.asarray(t.column("host").to_pylist(), dtype=object)[ok]],
-            "pid": np.asarray(pids, dtype=object)[ok],
-            "name": [
-                name or f"pid {pid}"
-                for name, pid, keep in zip(
-                    t.column("process_name").to_pylist(), pids, ok, strict=True
-                )
-                if keep
-            ],
-            "cpu": cpu[ok],
-        }
-    )
-    # one process on two GPUs has a row per GPU with the same host CPU: count it once
-    per_pid = rows.groupby(["w", "host", "pid"], sort=False, dropna=False).agg(
-        name=("name", "first"), cpu=("cpu", "max")
-    )
-    per_name = per_pid.groupby(["name", "w"], sort=False)["cpu"].sum()
-    out: dict[str, np.ndarray] = {}
-    for name, series in per_name.groupby(level=0, sort=True):
-        arr = np.full(n, np.nan)
-        arr[series.index.get_level_values(1).to_numpy()] = series.to_numpy()
-        out[str(name)] = arr
-    return out
+    """Host CPU use (cores) per process name on the window grid of ``rng``, with the host's CPU
+    frequency (:func:`analysis.cpu_causes.read_host_cpu`)."""
+    return read_host_cpu(source, rng, step_s, n, hosts)
 
 
 def diagnose(
