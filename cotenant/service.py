@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from cotenant.agent_api import create_agent_api
 from cotenant.analysis.loop import OnIncident
+from cotenant.build_info import register_process_series
 from cotenant.central import Central, build_central
 from cotenant.collectors.admission import InflightBytes
 from cotenant.collectors.fleet_histogram import FleetHistogram
@@ -100,6 +101,7 @@ class Service:
         record_slos(self.store, config.analysis.slo_ms)
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.role = role
+        register_process_series(self.registry, role)
         self.node = config.agent.node or config.nvml.host or socket.gethostname()
         agent = role == "agent"
         self.fleet_histogram = FleetHistogram(self.node) if agent else None
