@@ -54,7 +54,7 @@ class Diagnosis:
     during_windows: int = 0  # windows with requests inside it (what attribution had)
     after_p99_ms: float | None = None  # median p99 of the clean windows that ended it
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
-    siblings: list[dict[str, Any]] = field(default_factory=list)  # analysis.replicas
+    siblings: dict[str, Any] = field(default_factory=dict)  # analysis.replicas.summarise
     indicator: str = E2E  # the series that breached: e2e | ttft | tpot (analysis.indicators)
     # analysis.evidence: how an episode judged on its typical request was (rule, span,
     # the median baseline; threshold_ms is then the median's); None for the p99 rules
