@@ -191,7 +191,8 @@ def test_a_running_agent_exposes_what_central_diagnosis_reads_and_drills_down(
         assert len(list(om_families(text))) > 20  # and valid (the strict parser)
         assert f'trace_id="{ids[250.0][0]}"' in text  # the slow request is an exemplar
         # labelled as dcgm-exporter 4.8 labels it: the host under `hostname`
-        assert f'DCGM_FI_DEV_GPU_UTIL{{UUID="{gpu}",device="nvidia0",gpu="0",hostname="node-a"' in text
+        dcgm = f'DCGM_FI_DEV_GPU_UTIL{{UUID="{gpu}",device="nvidia0",gpu="0",hostname="node-a"'
+        assert dcgm in text
         plain = httpx.get(metrics, timeout=5).text
         assert "# EOF" not in plain and "trace_id" not in plain
         got = {
