@@ -102,7 +102,13 @@ fi
 
 podman_probe "$base"
 echo "build-image: ${PODMAN[*]} build -t $IMAGE (base $base)"
+# the builder stage first, so that the runtime stage's install is keyed on the wheels it
+# mounts (the Dockerfile's BUILDER_ID says why)
+builder="localhost/cotenant-builder:${version}"
 "${PODMAN[@]}" build "${PODMAN_LIMITS[@]}" "${mounts[@]}" \
-  --build-arg "PYTHON_IMAGE=$base" -t "$IMAGE" .
+  --build-arg "PYTHON_IMAGE=$base" --target builder -t "$builder" .
+builder_id=$(podman image inspect --format '{{.Id}}' "$builder")
+"${PODMAN[@]}" build "${PODMAN_LIMITS[@]}" "${mounts[@]}" \
+  --build-arg "PYTHON_IMAGE=$base" --build-arg "BUILDER_ID=$builder_id" -t "$IMAGE" .
 podman image inspect --format '{{.Size}}' "$IMAGE" |
   awk -v img="$IMAGE" '{printf "build-image: built %s, %.0f MB\n", img, $1 / 1e6}'

@@ -186,7 +186,7 @@ def test_the_agent_runs_non_root_on_host_proc_and_takes_spans(run_image: object)
     assert "cotenant_request_duration_seconds_count{" in text and 'model="tts"' in text, text[
         -2000:
     ]
-    assert "cotenant_host_cpu" in text  # the host's processes, read from /host/proc
+    assert "cotenant_process_cpu_cores{" in text  # the host's processes, from /host/proc
     assert 'cotenant_build_info{python="3.11' in text and 'role="agent"' in text
     slow = httpx.get(
         agent.api + "/api/v1/slowest",
