@@ -29,10 +29,6 @@ RUN pip wheel --wheel-dir /wheels . \
  && pip wheel --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
-# The builder image's id (make image passes it): podman and buildah key a RUN's layer cache on
-# its text, not on the content of a stage it bind-mounts, so without this a rebuild reused the
-# old install; docker's BuildKit needs no value here.
-ARG BUILDER_ID=none
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -102,13 +102,11 @@ fi
 
 podman_probe "$base"
 echo "build-image: ${PODMAN[*]} build -t $IMAGE (base $base)"
-# the builder stage first, so that the runtime stage's install is keyed on the wheels it
-# mounts (the Dockerfile's BUILDER_ID says why)
-builder="localhost/cotenant-builder:${version}"
-"${PODMAN[@]}" build "${PODMAN_LIMITS[@]}" "${mounts[@]}" \
-  --build-arg "PYTHON_IMAGE=$base" --target builder -t "$builder" .
-builder_id=$(podman image inspect --format '{{.Id}}' "$builder")
-"${PODMAN[@]}" build "${PODMAN_LIMITS[@]}" "${mounts[@]}" \
-  --build-arg "PYTHON_IMAGE=$base" --build-arg "BUILDER_ID=$builder_id" -t "$IMAGE" .
+# --no-cache: podman 4 / buildah 1.28 key a RUN's layer on its text, not on the content of the
+# stage it bind-mounts (the runtime's install would be reused over new wheels), and cannot
+# bind-mount a stage taken from the cache (the install then finds no /wheels). Every build
+# starts afresh: a minute or two, the dependencies' wheels downloaded again.
+"${PODMAN[@]}" build --no-cache "${PODMAN_LIMITS[@]}" "${mounts[@]}" \
+  --build-arg "PYTHON_IMAGE=$base" -t "$IMAGE" .
 podman image inspect --format '{{.Size}}' "$IMAGE" |
   awk -v img="$IMAGE" '{printf "build-image: built %s, %.0f MB\n", img, $1 / 1e6}'
