@@ -1,14 +1,14 @@
 """How the diagnoses of one event become one incident's story (:mod:`analysis.incidents`):
 which indicator leads, what each indicator shows, the merged diagnosis of the episodes that
-continue an incident, and which degradations are no contention news at all."""
+continue an incident."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from cotenant.analysis.diagnose import Diagnosis
-from cotenant.analysis.episodes import BREACH
+from cotenant.analysis.diagnosis import Diagnosis
+from cotenant.core.slos import BREACH
 
 
 def lead(ds: list[Diagnosis], current: str | None) -> str:
@@ -35,12 +35,11 @@ def indicator_entry(d: Diagnosis, frozen: dict[str, Any] | None) -> dict[str, An
         "baseline_p99_ms": num(d.baseline_p99_ms),
         "peak_p99_ms": num(d.peak_p99_ms),
         "slo_ms": d.slo_ms,
-        "threshold_ms": num(d.threshold_ms),
-        "judged_on": d.judged_on,
+        "judged_on": None if d.judged is None else d.judged.to_dict(),
         "carried": d.carried,
     }
     if frozen:
-        for k in ("baseline_p99_ms", "threshold_ms", "judged_on"):
+        for k in ("baseline_p99_ms", "judged_on"):
             if k in frozen:
                 out[k] = frozen[k]
         out["start_ns"] = min(d.start_ns, int(frozen.get("start_ns", d.start_ns)))
