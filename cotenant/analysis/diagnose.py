@@ -19,6 +19,7 @@ from cotenant.analysis.detector.detect import DetectorParams, Track, detect
 from cotenant.analysis.detector.episode import Carry, Episode
 from cotenant.analysis.detector.verdicts import FirstCause, judge, mark_recurring
 from cotenant.analysis.diagnosis import Diagnosis, Judged
+from cotenant.analysis.incident_merge import events
 from cotenant.analysis.indicators import indicator_series, indicator_view
 from cotenant.analysis.mix import mix_excess
 from cotenant.analysis.replicas import annotate_replicas
@@ -131,7 +132,9 @@ def diagnose(
     (:mod:`analysis.indicators`; ``slos``: the SLOs of its TTFT and TPOT by indicator name),
     with their verdicts; ``causes``: other models' incidents over the range, which may
     corroborate fellow victims. With ``on_demand`` and no slowdown, one diagnosis of the whole
-    range against the windows before it (``incident`` False)."""
+    range against the windows before it (``incident`` False). The slowdowns of one event on
+    its several indicators are told as one, by its lead indicator
+    (:func:`analysis.incident_merge.events`), as the live loop's incident book tells them."""
     p = params or DetectorParams()
     full, first = history_range(rng, step_s, p)
     gpus = [g for g, ms in gpus_of(source, full, step_s).items() if model in ms]
@@ -152,6 +155,7 @@ def diagnose(
             slos=slos,
             causes=causes,
         )
+    out = events(out, int(p.quiet_s * 1e9))
     if out:
         annotate_replicas(out, read, source.replicas(full))
     return out

@@ -73,3 +73,39 @@ def merged(ds: list[Diagnosis]) -> Diagnosis:
         after_p99_ms=newest.after_p99_ms,
         during_windows=max(d.during_windows for d in ds),
     )
+
+
+def events(diags: list[Diagnosis], gap_ns: int) -> list[Diagnosis]:
+    """The diagnoses of one model as one per event, as the incident book tells them: on the
+    same GPU, those of any indicator that overlap, or start within ``gap_ns`` after another
+    ended, are one incident told by its lead indicator (:func:`lead`), a breach when any is,
+    open while any is. Ordinary contention joins an incident it overlaps; quiet ranges
+    (``incident`` False) are kept as they are."""
+    quiet = [d for d in diags if not d.incident]
+    rest = sorted((d for d in diags if d.incident), key=lambda d: (d.gpu, d.start_ns))
+    groups: list[list[Diagnosis]] = []
+    for d in rest:
+        last = groups[-1] if groups else None
+        if last and last[0].gpu == d.gpu and d.start_ns <= max(x.end_ns for x in last) + gap_ns:
+            last.append(d)
+        else:
+            groups.append([d])
+    out = []
+    for group in groups:
+        told = [d for d in group if d.is_incident] or group
+        per: dict[str, list[Diagnosis]] = {}
+        for d in told:
+            per.setdefault(d.indicator, []).append(d)
+        merged_ = {ind: merged(ds) for ind, ds in per.items()}
+        head = merged_[lead(list(merged_.values()), None)]
+        out.append(
+            replace(
+                head,
+                start_ns=min(d.start_ns for d in group),
+                end_ns=max(d.end_ns for d in group),
+                open=any(d.open for d in group),
+                severity=BREACH if any(d.severity == BREACH for d in group) else head.severity,
+                detected_ns=min(d.detected_ns for d in told),
+            )
+        )
+    return out + quiet

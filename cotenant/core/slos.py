@@ -33,6 +33,11 @@ BREACH_OP = ">"
 """The comparison of a p99 with its SLO that is a breach (strictly above), as PromQL writes it."""
 
 
+def breach_sql(value: str, slo: str) -> str:
+    """:func:`breach` as a SQL (or PromQL) condition on two expressions."""
+    return f"({value} {BREACH_OP} {slo})"
+
+
 def breach(p99_ms: np.ndarray | float, slo_ms: float | None) -> np.ndarray:
     """The one definition of breach, per value: a p99 (ms) strictly above the SLO; never for a
     model without one (``None`` or <= 0), never for a missing value (NaN). Shape of ``p99_ms``."""

@@ -35,6 +35,13 @@ ODD_SCORE = 3.0
 CLOSE_SHARE = 0.5
 """A slowdown is over when its windows look closer to normal than to this share of the shift
 it showed until it was found (a fault that eases off to a third of its worst is still on)."""
+MIN_STRETCH = 16
+"""Fewest windows judged at a time (one-minute rollups are judged in stretches of 16 minutes)."""
+REFIT_SHARE = 0.05
+"""The normal is fitted again once this share of its samples has arrived since (and at the
+clock's refit boundaries only: every reader of the same windows refits alike)."""
+MAX_BASELINE = 12
+"""A sparse series' normal looks back at most this many baselines for its samples."""
 AS_HIGH = 0.8
 """An earlier slowdown is as high as this one when its excess over normal is this share of it."""
 
@@ -58,7 +65,8 @@ class DetectorParams:
         return max(math.ceil(self.baseline_s / step_s), 2 * self.min_samples)
 
     def refit_windows(self, step_s: float) -> int:
-        return max(1, round(self.refit_s / step_s))
+        """Windows of one stretch judged against one normal (at least :data:`MIN_STRETCH`)."""
+        return max(MIN_STRETCH, round(self.refit_s / step_s))
 
     def history_windows(self, step_s: float) -> int:
         """Windows read before the first one judged, so that it has its whole baseline."""
@@ -130,39 +138,86 @@ def detect(
         pos = max(pos, run.resume)
     every = p.refit_windows(step_s)
     base = p.baseline_windows(step_s)
+    # samples (windows with a typical value) before each window: the normal needs twice
+    # min_samples of them, so a sparse series learns from further back than baseline_s
+    seen = np.concatenate(([0], np.cumsum(np.isfinite(ch[TYPICAL][0]))))
+    need = 2 * p.min_samples
     members = [_Member(c, k, since=pos) for c in CHANNELS for k in range(len(DELTAS))]
+    fitted: _Fitted | None = None
     while pos < n_eval:
         end = min(n_eval, ((origin + pos) // every + 1) * every - origin)
-        lo = max(0, pos - base)
-        normals = {
-            c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s)
-            for c, (x, m) in ch.items()
-        }
-        typical = normals[TYPICAL]
-        if typical is None or typical.samples < p.min_samples:
+        if seen[end] == seen[pos]:
+            pos = end  # no sample to judge: nothing moves
+            continue
+        if fitted is None or fitted.stale(pos, int(seen[pos]), base):
+            lo = max(0, pos - base)
+            if seen[pos] - seen[lo] < need:
+                back = int(np.searchsorted(seen, seen[pos] - need, side="right")) - 1
+                lo = max(0, min(lo, back), pos - MAX_BASELINE * base)
+            # the rate is over the time the samples cover (not windows read before them)
+            lo = max(lo, int(np.searchsorted(seen, seen[lo], side="right")) - 1)
+            normals = {
+                c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s)
+                for c, (x, m) in ch.items()
+            }
+            fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]))
+        if fitted.cal is None:
             for mb in members:
                 mb.s, mb.since = 0.0, end
             pos = end
             continue
-        usable = {c: v for c, v in normals.items() if v is not None and v.samples >= p.min_samples}
-        cal = decision.calibrate(
-            typical.rate * 3600.0,
-            p.false_per_hour,
-            len(usable) * len(DELTAS) * indicators,
-            p.fellow,
-        )
-        hit = run.scan(members, usable, cal, pos, end)
+        hit = run.scan(members, fitted.normals, fitted.cal, pos, end)
         if hit is None:
             pos = end
             continue
-        ep = run.follow(hit, members, usable, cal)
+        ep = run.follow(hit, members, fitted.normals, fitted.cal)
         run.keep(ep)
+        fitted = None  # its windows teach the next normal nothing
         for mb in members:
             mb.s, mb.since = 0.0, run.resume
         if ep.open:
             break
         pos = run.resume
     return run.track()
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """The normals of a stretch, their thresholds (None: not enough samples to judge), and
+    where they were fitted (window, samples before it)."""
+
+    normals: dict[str, Normal]
+    cal: Calibration | None
+    pos: int
+    seen: int
+
+    @classmethod
+    def of(
+        cls,
+        normals: dict[str, Normal | None],
+        p: DetectorParams,
+        indicators: int,
+        pos: int,
+        seen: int,
+    ) -> _Fitted:
+        usable = {c: v for c, v in normals.items() if v is not None and v.samples >= p.min_samples}
+        typical = usable.get(TYPICAL)
+        if typical is None:
+            return cls({}, None, pos, seen)
+        cal = decision.calibrate(
+            typical.rate * 3600.0,
+            p.false_per_hour,
+            len(usable) * len(DELTAS) * indicators,
+            p.fellow,
+        )
+        return cls(usable, cal, pos, seen)
+
+    def stale(self, pos: int, seen: int, base: int) -> bool:
+        """Whether the normal should be fitted again at ``pos``: enough new samples since
+        (:data:`REFIT_SHARE` of those it was fitted on), or half a baseline of windows."""
+        typical = self.normals.get(TYPICAL)
+        fresh = max(1, round(REFIT_SHARE * (typical.samples if typical else 0)))
+        return seen - self.seen >= fresh or 2 * (pos - self.pos) >= base
 
 
 @dataclass(frozen=True)

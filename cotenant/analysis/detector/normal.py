@@ -43,13 +43,14 @@ FLOOR = 0.01
 this."""
 MIN_TAIL = 0.3
 """Smallest mean excess of the exponential tail (in standard deviations)."""
-PRIOR_TAIL = (10, 1.0)
-"""The tail's mean excess is shrunk towards 1 standard deviation (heavier than a normal
-distribution's) as if 10 such excesses had been seen: a baseline of a few dozen samples, with
-one or two beyond its last knot, does not make every slow request look impossible."""
-WINSOR_Q = 0.98
-"""Squared deviations are capped at this quantile when the variance is fitted (one slow window
-must not set the scale of the rest)."""
+PRIOR_TAIL = (10, 0.5)
+"""The tail's mean excess is shrunk towards half a standard deviation (a little heavier than a
+normal distribution's 0.37) as if 10 such excesses had been seen: a baseline of a few dozen
+samples, with one or two beyond its last knot, does not make every slow request look
+impossible."""
+MEDIAN_CHI2 = 0.4549
+"""The median of a squared standard normal: a robust variance is the median squared
+deviation over it."""
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,7 @@ def fit(x: np.ndarray, n: np.ndarray, use: np.ndarray, span_s: float) -> Normal 
     if m < 8:
         return None
     loc = float(np.median(xs))
-    dev2 = (xs - loc) ** 2
-    dev2 = np.minimum(dev2, np.quantile(dev2, WINSOR_Q))
-    a, b = _variance(dev2, 1.0 / np.maximum(ns, 1.0))
+    a, b = _variance((xs - loc) ** 2, np.maximum(ns, 1.0))
     sd = np.sqrt(np.maximum(a + b / np.maximum(ns, 1.0), FLOOR**2))
     z = (xs - loc) / sd
     knots = np.quantile(z, KNOTS)
@@ -151,18 +150,32 @@ def fit(x: np.ndarray, n: np.ndarray, use: np.ndarray, span_s: float) -> Normal 
     return Normal(loc, a, b, tuple(knots), tail, _taus(g), m / max(span_s, 1e-9), m)
 
 
-def _variance(dev2: np.ndarray, inv_n: np.ndarray) -> tuple[float, float]:
-    """``(a, b)`` >= 0 with ``E[dev2] = a + b / n``, by least squares; all in ``a`` when the
-    windows' request counts hardly differ (then the two cannot be told apart, and a variance
-    that does not shrink with more requests is the cautious reading)."""
-    total = float(dev2.mean())
-    if inv_n.max() < 1.5 * inv_n.min():
+def _variance(dev2: np.ndarray, n: np.ndarray) -> tuple[float, float]:
+    """``(a, b)`` >= 0 with a window of ``n`` requests varying by ``a + b / n``, fitted
+    robustly: per group of windows with similar counts (powers of two), the median squared
+    deviation (over 0.455, a normal's), then least squares over the groups; all in ``a`` when
+    the counts hardly differ (then the two cannot be told apart, and a variance that does not
+    shrink with more requests is the cautious reading). The tails are the calibration's
+    business (:meth:`Normal.calibrate`), not the scale's."""
+    group = np.floor(np.log2(n)).astype(np.int64)
+    var, inv, weight = [], [], []
+    for g in np.unique(group):
+        sel = group == g
+        if sel.sum() >= 5:
+            var.append(float(np.median(dev2[sel])) / MEDIAN_CHI2)
+            inv.append(float(np.median(1.0 / n[sel])))
+            weight.append(float(sel.sum()))
+    if not var:
+        return float(np.median(dev2)) / MEDIAN_CHI2, 0.0
+    v, x, w = np.asarray(var), np.asarray(inv), np.asarray(weight)
+    total = float(np.average(v, weights=w))
+    if len(v) < 2 or x.max() < 1.5 * x.min():
         return total, 0.0
-    slope, icpt = np.polyfit(inv_n, dev2, 1)
+    slope, icpt = np.polyfit(x, v, 1, w=np.sqrt(w))
     if slope <= 0:
         return total, 0.0
     if icpt < 0:
-        return 0.0, float(dev2.mean() / inv_n.mean())
+        return 0.0, float(np.average(v / x, weights=w))
     return float(icpt), float(slope)
 
 
