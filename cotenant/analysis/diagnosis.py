@@ -99,7 +99,7 @@ class Diagnosis:
     during_windows: int = 0  # windows with requests inside it (what attribution had)
     after_p99_ms: float | None = None  # median p99 of the windows after it ended
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
-    siblings: list[dict[str, Any]] = field(default_factory=list)  # analysis.replicas
+    siblings: dict[str, Any] = field(default_factory=dict)  # analysis.replicas.summarise
     indicator: str = E2E  # the series that slowed: e2e | ttft | tpot (analysis.indicators)
     judged: Judged | None = None  # how the detector judged it (None: a quiet range)
     verdict: str = NEWS  # what it is to the people paged (analysis.detector.verdicts)
