@@ -140,7 +140,8 @@ def test_diagnose_the_demo_names_each_fault(demo_store: Store) -> None:
 
     assert first(95, 150) == ("lock", "tokenizer")
     assert first(295, 365) == ("cotenant", "sdxl")
-    assert first(595, 650) == ("throttle", "gpu0")
+    # (an SDXL burst just before the throttle may begin the slowdown that the throttle carries on)
+    assert first(570, 650) == ("throttle", "gpu0")
 
 
 def test_incident_book_keeps_one_incident_while_it_grows(

@@ -157,7 +157,7 @@ def detect(
             # the rate is over the time the samples cover (not windows read before them)
             lo = max(lo, int(np.searchsorted(seen, seen[lo], side="right")) - 1)
             normals = {
-                c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s)
+                c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s, c == TAIL)
                 for c, (x, m) in ch.items()
             }
             fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]))
@@ -396,7 +396,8 @@ class _Run:
         enough = cnt >= min(MIN_TAIL_COUNT, max(1.0, float(cnt.max()) if len(cnt) else 1.0))
         crossed = bool((breach(p99, self.slo) & enough).any())
         x = self.ch[c][0][start : end + 1]
-        ratio = math.exp(float(np.nanmedian(x)) - normal.loc) if np.isfinite(x).any() else math.nan
+        rel = x - normal.center(self.ch[c][1][start : end + 1])
+        ratio = math.exp(float(np.nanmedian(rel))) if np.isfinite(rel).any() else math.nan
         return Episode(
             start,
             end,
