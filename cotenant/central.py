@@ -98,6 +98,7 @@ def build_central(
         store,
         gap_ns=int(ac.step_s * 1e9) * 10,
         cooldown_ns=int(ac.cooldown_s * 1e9),
+        degradation_s=ac.degradation_s,
     )
     analyzer = Analyzer(
         source,

@@ -187,10 +187,14 @@ def diagnose_windows(
             carry=carry if name == E2E else (carries or {}).get(name),
             indicators=len(series),
         )
+        step_s = w.step_ns / 1e9
         found += [
             (name, e, slo)
             for e in tr.episodes
-            if (e.end >= first or e.open) and (e.strong or near or fellow)
+            if (e.end >= first or e.open)
+            and (e.strong or near or fellow)
+            # a slowdown within its SLO over sooner than degradation_s is a transient
+            and (e.open or e.breach or (e.until - e.start) * step_s >= p.degradation_s)
         ]
         abnormal |= tr.abnormal
     if not found and not on_demand:
@@ -277,6 +281,8 @@ def _diagnose_span(
     after = v["p99_ms"][e.end + 1 : e.end + 6] if not e.open else np.empty(0)
     after = after[np.isfinite(after)]
     d.open = e.open
+    # it lasted until the next sample (a sparse series' slow sample stands for its interval)
+    d.end_ns = w.since_ns + max(e.until, e.end + 1) * w.step_ns
     d.detected_ns = w.since_ns + (max(e.opened, e.start) + 1) * w.step_ns
     d.peak_p99_ms = float(v["p99_ms"][e.peak])
     d.slo_ms = slo_ms

@@ -77,7 +77,8 @@ class IncidentBook:
     ``gap_ns``: an open incident no diagnosis continues any more is resolved once its end is
     this far behind the pass. ``cooldown_ns``: a slowdown starting within this time after an
     incident ended continues it. ``publish_windows``: windows of the slowdown attribution
-    needs before the incident is published as ``open``."""
+    needs before the incident is published as ``open``; ``degradation_s``: how long a slowdown
+    within its SLO must have lasted before it is."""
 
     def __init__(
         self,
@@ -86,8 +87,10 @@ class IncidentBook:
         *,
         cooldown_ns: int = 30_000_000_000,
         publish_windows: int = 5,
+        degradation_s: float = 30.0,
     ) -> None:
         self._store = store
+        self._degradation_ns = int(degradation_s * 1e9)
         self._gap_ns = gap_ns
         self._cooldown_ns = cooldown_ns
         self._publish = publish_windows
@@ -284,6 +287,8 @@ class IncidentBook:
         """Whether attribution has seen enough of the slowdown to publish its cause: it is
         over, or it has ``publish_windows`` windows and a named cause (an unknown one after a
         minute of trying: most name their cause once the co-tenants' counters have landed)."""
+        if d.severity == DEGRADATION and d.end_ns - d.start_ns < self._degradation_ns:
+            return False  # not yet longer than a transient
         if d.carried or not d.open:
             return True
         return d.during_windows >= self._publish and (

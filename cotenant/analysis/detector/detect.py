@@ -58,6 +58,7 @@ class DetectorParams:
     fellow: float = 20.0  # times the false alarms accepted for a fellow victim's episode
     refit_s: float = 60.0  # how often the normal is refitted (aligned to the clock)
     quiet_s: float = 30.0  # a slowdown ends only after this long with no slow-looking window
+    degradation_s: float = 30.0  # a slowdown within its SLO shorter than this is a transient
 
     def baseline_windows(self, step_s: float) -> int:
         """Windows the normal is fitted on: ``baseline_s``, and never fewer than twice the
@@ -398,6 +399,8 @@ class _Run:
         x = self.ch[c][0][start : end + 1]
         rel = x - normal.center(self.ch[c][1][start : end + 1])
         ratio = math.exp(float(np.nanmedian(rel))) if np.isfinite(rel).any() else math.nan
+        after = np.flatnonzero(np.isfinite(self.ch[TYPICAL][0][end + 1 : self.n_eval]))
+        until = end + 1 + int(after[0]) if len(after) else max(end + 1, self.n_eval)
         return Episode(
             start,
             end,
@@ -412,6 +415,7 @@ class _Run:
             carried,
             ratio,
             dfl,
+            until=until,
         )
 
     def keep(self, ep: Episode) -> None:
