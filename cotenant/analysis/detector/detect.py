@@ -165,7 +165,10 @@ def detect(
         if fitted.cal is None:
             for mb in members:
                 mb.s, mb.since = 0.0, end
-            pos = end
+            # judged from the window its warm-up completes, not from the next boundary (a
+            # stretch that began before would be learnt as normal, slow or not)
+            ready = int(np.searchsorted(seen, seen[max(0, pos - base)] + p.min_samples))
+            pos, fitted = (ready, None) if pos < ready < end else (end, fitted)
             continue
         hit = run.scan(members, fitted.normals, fitted.cal, pos, end)
         if hit is None:
