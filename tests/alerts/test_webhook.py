@@ -87,7 +87,7 @@ def test_alert_is_diagnosed_once_and_linked_to_its_incident(fed: tuple[Served, i
         60,
     )
     before = diagnoses_run(served)
-    starts = start_ns + 85_000_000_000
+    starts = start_ns + 75_000_000_000
     body = webhook_body(alert("a1b2c3d4e5f60718", starts, model="tts", gpu="gpu0"))
     first = post(served, body)
     assert first.status_code == 202, first.text
