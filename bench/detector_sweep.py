@@ -81,6 +81,9 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="field=value,... per setting")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--misses", action="store_true", help="list the victims at the goal's bar not found"
+    )
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     jobs = plan("dev", count=args.count, controls_hours=args.controls_hours, start=0, live=False)
@@ -97,6 +100,16 @@ def main() -> int:
             row = {"set": text or "defaults", "summary": sm}
             rows.append(row)
             print(_line(row), flush=True)
+            if args.misses:
+                for sc in scores:
+                    for v in sc.victims:
+                        if v.at_goal and not (v.found and v.right_final):
+                            print(
+                                f"    {sc.name} {v.victim} {v.fault_kind} {v.truth} "
+                                f"{v.slowdown:.2f}x {v.rate_rps:.2f} req/s {v.fault_s:.0f} s "
+                                f"found={v.found} final={v.final_cause}",
+                                flush=True,
+                            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0
