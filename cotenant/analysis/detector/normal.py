@@ -171,6 +171,8 @@ def _count_slope(x: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     median of each group of windows with similar counts (powers of two), then least squares
     over the groups (clipped to [0, 1/2]); 0 where the counts hardly differ."""
     group = np.floor(np.log2(n)).astype(np.int64)
+    if group.min() == group.max():
+        return 0.0, float(np.median(n))
     med, logn, weight = [], [], []
     for g in np.unique(group):
         sel = group == g
@@ -181,7 +183,7 @@ def _count_slope(x: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     ref = float(np.median(n))
     if len(med) < 2:
         return 0.0, ref
-    slope = float(np.polyfit(logn, med, 1, w=np.sqrt(weight))[0])
+    slope, _ = _line(np.asarray(logn), np.asarray(med), np.asarray(weight))
     return float(np.clip(slope, 0.0, 0.5)), ref
 
 
@@ -194,6 +196,8 @@ def _variance(dev: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     cautious reading). The tails beyond are the calibration's business
     (:meth:`Normal.calibrate`), not the scale's."""
     group = np.floor(np.log2(n)).astype(np.int64)
+    if group.min() == group.max():  # one group (a steady rate): the common case, and cheap
+        return _spread(dev) ** 2, 0.0
     var, inv, weight = [], [], []
     for g in np.unique(group):
         sel = group == g
@@ -207,12 +211,20 @@ def _variance(dev: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     total = float(np.average(v, weights=w))
     if len(v) < 2 or x.max() < 1.5 * x.min():
         return total, 0.0
-    slope, icpt = np.polyfit(x, v, 1, w=np.sqrt(w))
+    slope, icpt = _line(x, v, w)
     if slope <= 0:
         return total, 0.0
     if icpt < 0:
         return 0.0, float(np.average(v / x, weights=w))
-    return float(icpt), float(slope)
+    return icpt, slope
+
+
+def _line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """``(slope, intercept)`` of the weighted least-squares line through ``(x, y)``."""
+    mx, my = np.average(x, weights=w), np.average(y, weights=w)
+    sxx = float(np.sum(w * (x - mx) ** 2))
+    slope = float(np.sum(w * (x - mx) * (y - my))) / sxx if sxx > 0 else 0.0
+    return slope, float(my - slope * mx)
 
 
 def _spread(dev: np.ndarray) -> float:
