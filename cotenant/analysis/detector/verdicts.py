@@ -6,9 +6,10 @@ same for the live loop, on-demand diagnosis, the alert receiver, fleet mode and 
 
 * **news** (an incident): every strong slowdown that crossed its SLO, and every other one not
   below;
-* **own load** (ordinary contention, recorded for the weekly report, not raised): within its
-  SLO, its first cause is its own arrival surge explaining at least :data:`OWN_LOAD_SHARE` of
-  the excess — a bursty tenant is not paged for its own bursts;
+* **own load** (ordinary contention, recorded for the weekly report, not raised): its first
+  cause is its own arrival surge explaining at least :data:`OWN_LOAD_SHARE` of the excess — a
+  bursty tenant is not paged for its own bursts, within its SLO or over it (its SLO alert
+  rule still fires: what that page needs is capacity, not a culprit);
 * **recurring** (ordinary contention): within its SLO, and slowed as much at least
   :data:`MIN_LIKE` times before within its baseline's memory, or every named cause is a
   co-tenant's burst like at least two it had lately (:mod:`analysis.recurring`) or the
@@ -127,10 +128,10 @@ def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: Fellow | None = 
             "incident with the same first cause at the time."
         )
         return FELLOW
-    if d.severity == BREACH:
-        return NEWS
     if own_load(d):
         return OWN_LOAD
+    if d.severity == BREACH:
+        return NEWS
     if recurring(d):
         return RECURRING
     return NEWS
