@@ -40,7 +40,7 @@ def test_live_on_demand_and_batch_find_the_same_incidents(name: str) -> None:
     try:
         end = START_NS + int(s.duration_s * S)
         live = {
-            (i.model, i.start_ns, i.end_ns, (i.top or {}).get("kind"), (i.top or {}).get("culprit"))
+            (i.model, i.start_ns, i.end_ns, *_top([c.to_dict() for c in i.causes]))
             for i in IncidentBook(store).find(limit=10_000)
         }
         assert live, "the scenario's fault opened nothing live"

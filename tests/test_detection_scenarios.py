@@ -164,11 +164,9 @@ def test_the_indicators_of_one_event_join_one_incident(tmp_path: Path) -> None:
         [inc] = book.live()
         assert inc.indicators == ["tpot", "e2e"] and inc.severity == "breach"
         assert inc.baseline_p99_ms == 20.0 and inc.slo_ms == 50.0
-        entries = inc.detail["indicators"]
-        assert entries["e2e"]["baseline_p99_ms"] == 500.0 and entries["e2e"]["severity"] == (
-            "degradation"
-        )
-        assert entries["tpot"]["peak_p99_ms"] == 60.0
+        entries = inc.by_indicator
+        assert entries["e2e"].baseline_p99_ms == 500.0 and entries["e2e"].severity == "degradation"
+        assert entries["tpot"].peak_p99_ms == 60.0
         assert len(inc.cause_history) == 1  # one story: one cause history
         # all indicators back to normal: resolved once
         done = [

@@ -70,7 +70,7 @@ def test_the_live_loop_stores_the_replica_on_the_incident(reroute_store: Store) 
     [inc] = [i for i in book.find() if i.model == "chat"]
     assert (inc.gpu, inc.replica, inc.state) == ("gpu0", "chat-gpu0", "open")
     assert inc.to_dict()["replica"] == "chat-gpu0"
-    assert inc.detail["siblings"]["listed"][0]["replica"] == "chat-gpu1"
+    assert inc.told.siblings["listed"][0]["replica"] == "chat-gpu1"
     [again] = [i for i in IncidentBook(reroute_store).find() if i.model == "chat"]
     assert again.replica == "chat-gpu0"  # read back from the incidents.replica column
 

@@ -52,7 +52,7 @@ from cotenant.analysis.host_cpu import HostCpu
 from cotenant.analysis.missing_series import missing_notes
 from cotenant.analysis.windows import GpuWindows
 from cotenant.analysis.work import MixExcess, WorkSeries
-from cotenant.core.cause_kinds import CauseKind
+from cotenant.core.cause_kinds import CAUSE_KINDS, CauseKind
 from cotenant.core.phases import PHASE_COLUMNS
 
 MIN_SHARE = 0.01
@@ -81,6 +81,22 @@ class Cause:
         if self.resource:
             d["resource"] = self.resource
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Cause:
+        """The inverse of :meth:`to_dict`, tolerant of what earlier versions stored: a missing
+        confidence, excess or evidence takes 0 or nothing; a kind this version does not know
+        is kept as its name. Raises KeyError without ``kind``, ``culprit`` or ``share``."""
+        name = str(d["kind"])
+        return cls(
+            CauseKind(name) if name in CAUSE_KINDS else name,
+            str(d["culprit"]),
+            float(d["share"]),
+            float(d.get("confidence") or 0.0),
+            dict(d.get("evidence") or {}),
+            d.get("resource") or None,
+            float(d.get("excess_ms") or 0.0),
+        )
 
 
 @dataclass

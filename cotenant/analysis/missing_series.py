@@ -5,7 +5,7 @@ GPU use no co-tenant that serves no requests, and so on. :func:`missing_notes` l
 phases that grew, the series absent (no column, or no finite value in the windows before and
 during the incident) on the victim's GPU, what each absence prevents and where the series come
 from; :func:`analysis.attribution.attribute` appends them to the diagnosis' ``notes``, which
-incidents keep (``detail["notes"]``). Only what could have explained the excess is named: a
+incidents keep (``Incident.told.notes``). Only what could have explained the excess is named: a
 missing PCIe series matters when transfers grew, not when compute did.
 """
 

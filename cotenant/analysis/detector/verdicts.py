@@ -30,6 +30,7 @@ from cotenant.analysis.diagnosis import FELLOW, NEWS, OWN_LOAD, RECURRING, Diagn
 from cotenant.analysis.incident_record import OPEN, RESOLVED, Incident
 from cotenant.analysis.recurring import earlier_bursts
 from cotenant.analysis.windows import GpuWindows
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.slos import BREACH
 
 OWN_LOAD_SHARE = 0.5
@@ -85,7 +86,7 @@ def own_load(d: Diagnosis) -> bool:
     top = d.top
     return (
         top is not None
-        and top.kind == "load"
+        and top.kind == CauseKind.LOAD
         and top.culprit == d.model
         and top.share >= OWN_LOAD_SHARE
     )
@@ -94,7 +95,7 @@ def own_load(d: Diagnosis) -> bool:
 def recurring(d: Diagnosis) -> bool:
     if d.judged is not None and d.judged.like >= MIN_LIKE:
         return True
-    named = [c for c in d.causes if c.kind != "unknown"]
+    named = [c for c in d.causes if c.kind != CauseKind.UNKNOWN]
     mine = [c for c in named if c.culprit == d.model]  # its own load or request mix
     bursts = [c for c in named if "recurring" in c.evidence]
     return (
@@ -154,7 +155,7 @@ def mark_recurring(
 ) -> None:
     """Add ``recurring`` to the evidence of each cause naming a co-tenant model that was in a
     burst during windows ``[start, end]`` like the ones it had already had lately."""
-    top = next((x for x in causes if x.kind != "unknown"), None)
+    top = next((x for x in causes if x.kind != CauseKind.UNKNOWN), None)
     for c in causes:
         other = w.models.get(c.culprit)
         if c.culprit == model or other is None or "arrival_rps" not in other:
@@ -183,19 +184,16 @@ def incident_causes(incidents: Iterable[Incident], now_ns: int | None = None) ->
         if top is None or inc.state not in wanted or corroborator(inc) is not None:
             continue
         end = inc.end_ns
-        if now_ns is not None and inc.detail.get("open", True):
+        if now_ns is not None and inc.told.open:
             end = max(end, now_ns)
-        out.append(
-            FirstCause(inc.model, inc.gpu, str(top["kind"]), str(top["culprit"]), inc.start_ns, end)
-        )
+        out.append(FirstCause(inc.model, inc.gpu, top.kind, top.culprit, inc.start_ns, end))
     return out
 
 
 def corroborator(inc: Incident | None) -> str | None:
     """Whose incident made ``inc`` a fellow victim; None when none did."""
-    judged = (inc.detail.get("judged_on") if inc is not None else None) or {}
-    got = judged.get("fellow_of")
-    return str(got) if got else None
+    judged = inc.told.judged if inc is not None else None
+    return None if judged is None else judged.fellow_of or None
 
 
 def fellow_incident(inc: Incident | None) -> Fellow | None:
@@ -204,4 +202,4 @@ def fellow_incident(inc: Incident | None) -> Fellow | None:
     by = corroborator(inc)
     if inc is None or by is None:
         return None
-    return by, inc.start_ns, inc.end_ns if not inc.detail.get("open", True) else 2**62
+    return by, inc.start_ns, inc.end_ns if not inc.told.open else 2**62
