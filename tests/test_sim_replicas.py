@@ -252,7 +252,7 @@ def test_a_schema_4_store_gains_replica_columns_in_place(tmp_path: Path) -> None
         cur.execute("INSERT INTO requests (model, latency_ms) VALUES ('tts', 5.0)")
         s.set_meta("schema_version", "4")
     with Store(path) as s:
-        assert s.get_meta("schema_version") == str(SCHEMA_VERSION) == "8"
+        assert s.get_meta("schema_version") == str(SCHEMA_VERSION) == "9"
         rows = s.cursor().execute("SELECT model, latency_ms, replica FROM requests").fetchall()
         assert rows == [("tts", 5.0, None)]
         s.cursor().execute("SELECT replica FROM incidents").fetchall()

@@ -171,7 +171,6 @@ def diagnose_windows(
         last = int(np.flatnonzero(filled)[-1]) + 1 if filled.any() else 0
         end = min(w.n, max(last, w.n - lag_windows))
     series = indicator_series(w, model)
-    every = p.refit_windows(w.step_ns / 1e9)
     found: list[tuple[str, Episode, float | None]] = []
     # a window slow on any indicator is no baseline for another: a workload shift that TTFT
     # shows first must not be in the "before" of the e2e incident it causes later
@@ -184,8 +183,9 @@ def diagnose_windows(
             slo,
             p,
             step_s=w.step_ns / 1e9,
+            # judged from the first window read: a slowdown in the history is found too, so
+            # that no normal learns from it
             origin=w.since_ns // w.step_ns,
-            begin=max(0, first - every),
             n_eval=end,
             carry=carry if name == E2E else (carries or {}).get(name),
             indicators=len(series),
