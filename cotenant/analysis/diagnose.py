@@ -149,7 +149,6 @@ def diagnose_windows(
     carries: Mapping[str, Carry] | None = None,
     causes: Sequence[FirstCause] = (),
     fellow: Fellow | None = None,
-    young: bool = False,
 ) -> list[Diagnosis]:
     """:func:`diagnose` on windows already read (one read serves every model of a GPU).
 
@@ -159,9 +158,8 @@ def diagnose_windows(
     slowdown. ``carry`` / ``carries``: the episode the live loop has open for this model on
     e2e / on each other indicator (judged on against its frozen normal). ``causes`` and
     ``fellow``: what may make a weak slowdown a fellow victim
-    (:func:`analysis.detector.verdicts.verdict`). ``young``: keep a slowdown within its SLO
-    still open but younger than ``degradation_s`` (the live loop's incident book holds it as
-    diagnosing until it has lasted that long; elsewhere it is not an incident yet)."""
+    (:func:`analysis.detector.verdicts.verdict`). A slowdown within its SLO younger than
+    ``degradation_s``, open or over, is no incident (yet)."""
     p = params or DetectorParams()
     end = w.n
     if lag_windows > 0:
@@ -197,7 +195,7 @@ def diagnose_windows(
             if (e.end >= first or e.open)
             and (e.strong or near or fellow)
             # a slowdown within its SLO over sooner than degradation_s is a transient
-            and (e.breach or (e.open and young) or (e.until - e.start) * step_s >= p.degradation_s)
+            and (e.breach or (e.until - e.start) * step_s >= p.degradation_s)
         ]
         abnormal |= tr.abnormal
     if not found and not on_demand:

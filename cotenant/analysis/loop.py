@@ -163,7 +163,6 @@ class AnalysisLoop:
                         carries=carries,
                         causes=causes.get(gpu, []),
                         fellow=fellow_incident(mine),
-                        young=True,
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
