@@ -14,7 +14,7 @@ import pytest
 from analysis_frames import FAULT, N, _refresh, masks, windows
 
 from cotenant.analysis.attribution import attribute
-from cotenant.analysis.diagnose import host_cpu
+from cotenant.analysis.cpu_causes import read_host_cpu as host_cpu
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.pod_identity import (
     ContainerRef,

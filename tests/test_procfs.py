@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cotenant.analysis.diagnose import host_cpu
+from cotenant.analysis.cpu_causes import read_host_cpu as host_cpu
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics, parse_stat, program_name
 from cotenant.config import load_config

@@ -66,18 +66,6 @@ def _locks(
     ]
 
 
-def host_cpu(
-    source: MetricSource,
-    rng: TimeRange,
-    step_s: float,
-    n: int,
-    hosts: set[str] | frozenset[str] = frozenset(),
-) -> dict[str, np.ndarray]:
-    """Host CPU use (cores) per process name on the window grid of ``rng``, with the host's CPU
-    frequency (:func:`analysis.cpu_causes.read_host_cpu`)."""
-    return read_host_cpu(source, rng, step_s, n, hosts)
-
-
 def diagnose(
     source: MetricSource,
     model: str,
@@ -200,7 +188,7 @@ def diagnose_windows(
         abnormal |= tr.abnormal
     if not found and not on_demand:
         return []
-    cpu = host_cpu(
+    cpu = read_host_cpu(
         source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n, w.hosts
     )
     out = judge(
