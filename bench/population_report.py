@@ -68,10 +68,24 @@ def _rate(f: dict[str, Any]) -> str:
     if "per_model_hour" not in f:
         return "—"
     r = f["per_model_hour"]
-    return (
+    out = (
         f"{f['incidents']} in {f['model_hours']:.0f} model-h = **{r['estimate']:.3f}** "
         f"[{r['low']:.3f}, {r['high']:.3f}]"
     )
+    if "scenarios_with_false" in f:
+        w = f["scenarios_with_false"]
+        out += f"; in {w['k']} of {w['n']} scenarios, at most {f['most_in_one_scenario']} in one"
+    return out
+
+
+def _with_clusters(run: dict[str, Any]) -> None:
+    """Add how false incidents cluster by scenario to a run summarised before that was."""
+    for key, kind in (("false_controls", "control"), ("false_faulted_outside", "faulted")):
+        f = run["summary"][key]
+        if "scenarios_with_false" not in f:
+            got = [s["false_incidents"] for s in run["scenarios"] if s["kind"] == kind]
+            f["scenarios_with_false"] = {"k": sum(1 for x in got if x), "n": len(got)}
+            f["most_in_one_scenario"] = max(got, default=0)
 
 
 def false_table(batch: list[dict[str, Any] | None], live: list[dict[str, Any] | None]) -> list[str]:
@@ -149,6 +163,9 @@ def main() -> int:
     args = ap.parse_args()
     batch = [_load(p) for p in args.batch]
     live = [_load(p) for p in args.live]
+    for run in batch + live:
+        if run is not None:
+            _with_clusters(run)
     out: list[str] = []
     for title, runs, is_live in (("batch", batch, False), ("live", live, True)):
         if not any(runs):
