@@ -32,6 +32,7 @@ import numpy as np
 
 from cotenant.actuators.policy import RerouteRule, VerifyRule
 from cotenant.analysis.incident_record import Incident
+from cotenant.analysis.replicas import listed_siblings
 from cotenant.core.readers import MetricSource
 from cotenant.core.timerange import TimeRange
 
@@ -189,7 +190,7 @@ def propose_reroute(
         return f"the incident names no replica of {victim} the backend routes to"
     sibs = [
         s
-        for s in incident.detail.get("siblings") or []
+        for s in listed_siblings(incident.detail.get("siblings"))
         if s.get("replica") in weights and s.get("replica") != replica
     ]
     fine = [s for s in sibs if s.get("fine")]

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.analysis.incident_record import IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
-from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
@@ -171,7 +171,7 @@ def replay(
     interval_s: float = 5.0,
     horizon_s: float = 600.0,
     with_truth: bool = True,
-    params: SpikeParams | None = None,
+    params: DetectorParams | None = None,
 ) -> tuple[list[Seen], list[dict[str, Any]], Store, float, int]:
     """Run the live loop over a simulation of ``s``: (events as published, the faults' truth
     (empty without ``with_truth``), the store, CPU seconds of the loop, passes). ``params``:
