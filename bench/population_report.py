@@ -31,7 +31,7 @@ def _p(p: dict[str, Any] | None, short: bool = False) -> str:
     if p is None or not p["n"]:
         return "—"
     if short:
-        return f"{p['k']}/{p['n']} = {p['estimate']:.2f}"
+        return f"{p['k']}/{p['n']}"
     return f"{p['k']}/{p['n']} = **{p['estimate']:.2f}** [{p['low']:.2f}, {p['high']:.2f}]"
 
 
@@ -105,32 +105,42 @@ def false_table(batch: list[dict[str, Any] | None], live: list[dict[str, Any] | 
     return out
 
 
-def cells_table(run: dict[str, Any]) -> list[str]:
+def _cell(c: dict[str, Any], short: bool = False) -> str:
+    f = c["found"]
+    if not f["n"]:
+        return "—"
+    delay = _d(c["median_delay_s"])
+    if short:
+        return f"{f['k']}/{f['n']}, {delay} s"
+    return f"{f['k']}/{f['n']} [{f['low']:.2f}, {f['high']:.2f}], {delay} s"
+
+
+def cells_table(run: dict[str, Any], beside: dict[str, Any] | None) -> list[str]:
+    """Found [90 %] and median delay per (rate band, slowdown band); ``beside``'s (dev) after
+    each cell in brackets."""
     out = ["| victim rate req/s | " + " | ".join(n for n, _, _ in SLOWDOWN_BANDS) + " |"]
     out.append("|---|" + "---|" * len(SLOWDOWN_BANDS))
     for rname, _, _ in RATE_BANDS:
         cells = []
         for sname, _, _ in SLOWDOWN_BANDS:
-            c = run["summary"]["cells"][f"{rname}|{sname}"]
-            f = c["found"]
-            delay = _d(c["median_delay_s"])
-            cells.append(
-                "—"
-                if not f["n"]
-                else f"{f['k']}/{f['n']} [{f['low']:.2f}, {f['high']:.2f}], {delay} s"
-            )
+            key = f"{rname}|{sname}"
+            cell = _cell(run["summary"]["cells"][key])
+            if beside is not None:
+                cell += f" (dev {_cell(beside['summary']['cells'][key], True)})"
+            cells.append(cell)
         out.append(f"| {rname} | " + " | ".join(cells) + " |")
     return out
 
 
-def kinds_table(runs: list[dict[str, Any] | None]) -> list[str]:
-    kinds = sorted({k for r in runs if r for k in r["summary"]["by_kind"]})
-    out = ["| fault kind | " + " | ".join(f"{c}: found / right final" for c in COLUMNS) + " |"]
-    out.append("|---|" + "---|" * len(COLUMNS))
+def kinds_table(runs: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
+    runs = [(label, r) for label, r in runs if r is not None]
+    kinds = sorted({k for _, r in runs for k in r["summary"]["by_kind"]})
+    out = ["| fault kind: found / right final | " + " | ".join(label for label, _ in runs) + " |"]
+    out.append("|---|" + "---|" * len(runs))
     for k in kinds:
         cells = []
-        for r in runs:
-            v = None if r is None else r["summary"]["by_kind"].get(k)
+        for _, r in runs:
+            v = r["summary"]["by_kind"].get(k)
             cells.append(
                 "—" if v is None else f"{_p(v['found'], True)} / {_p(v['right_final'], True)}"
             )
@@ -177,13 +187,17 @@ def main() -> int:
             out += ["", f"#### {title}: {label}", "", *victim_table(runs, group, is_live)]
     out += ["", "#### false incidents", "", *false_table(batch, live)]
     for title, runs in (("batch", batch), ("live", live)):
-        for col, r in zip(COLUMNS, runs, strict=True):
-            if r is not None and col != "library":
-                out += ["", f"#### {title}, {col}: found [90 %] and median delay", ""]
-                out += cells_table(r)
-    out += ["", "#### by fault kind (batch)", "", *kinds_table(batch)]
-    if any(live):
-        out += ["", "#### by fault kind (live)", "", *kinds_table(live)]
+        if runs[0] is not None:
+            out += ["", f"#### {title}, test (dev): found [90 %] and median delay", ""]
+            out += cells_table(runs[0], runs[1])
+    out += ["", "#### by fault kind", ""]
+    out += kinds_table(
+        [
+            (f"{p} {c}", r)
+            for p, rs in (("batch", batch), ("live", live))
+            for c, r in zip(COLUMNS, rs, strict=True)
+        ]
+    )
     named = [(f"batch {c}", r) for c, r in zip(COLUMNS, batch, strict=True)]
     named += [(f"live {c}", r) for c, r in zip(COLUMNS, live, strict=True)]
     out += ["", "#### runs", "", *runs_table(named)]
