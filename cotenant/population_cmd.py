@@ -14,6 +14,7 @@ from cotenant.core.errors import UsageError
 
 
 def bench_population(args: argparse.Namespace) -> int:
+    from cotenant.evaluation.distributions import GENERATOR_VERSION
     from cotenant.evaluation.population_bench import machine, plan, run_jobs
     from cotenant.evaluation.population_summary import render, score_json, summarize
 
@@ -50,6 +51,7 @@ def bench_population(args: argparse.Namespace) -> int:
         doc = {
             "command": " ".join(["cotenant", *sys.argv[1:]]),
             "population": args.population,
+            "generator_version": GENERATOR_VERSION,
             "path": "live" if args.live else "batch",
             "count": args.count,
             "start": args.start,

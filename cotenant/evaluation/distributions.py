@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GENERATOR_VERSION = 1
+"""Changes whenever a change to the drawing alters what any seed draws: figures of two runs
+compare only at the same version (the JSON of ``cotenant bench --population`` records it)."""
+
 
 @dataclass(frozen=True)
 class Distributions:

@@ -71,7 +71,15 @@ def _false(scores: Sequence[ScenarioScore]) -> dict[str, Any]:
     for s in scores:
         for key, n in s.false_by_severity.items():
             sev[key] = sev.get(key, 0) + n
-    out: dict[str, Any] = {"incidents": k, "model_hours": mh, "by_severity": sev}
+    hit = sum(1 for s in scores if s.false_incidents)
+    out: dict[str, Any] = {
+        "incidents": k,
+        "model_hours": mh,
+        "by_severity": sev,
+        # false incidents cluster in a few scenarios: the Poisson interval assumes they do not
+        "scenarios_with_false": {"k": hit, "n": len(scores), **_iv(proportion(hit, len(scores)))},
+        "most_in_one_scenario": max((s.false_incidents for s in scores), default=0),
+    }
     if mh > 0:
         out["per_model_hour"] = _iv(poisson_rate(k, mh))
     return out

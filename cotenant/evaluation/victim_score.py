@@ -39,6 +39,7 @@ from cotenant.simulator import output
 from cotenant.simulator.ground_truth import truth_cause
 from cotenant.simulator.scenario import Fault, Scenario
 from cotenant.store.db import Store
+from cotenant.store.queries import request_latencies
 
 SETTLE_NS = int(output.SETTLE_S * 1e9)
 SLO_WINDOW_NS = 1_000_000_000
@@ -76,13 +77,11 @@ class Requests:
 
     @classmethod
     def of_store(cls, store: Store) -> Requests:
-        got = (
-            store.cursor().execute("SELECT model, ts_end_ns, latency_ms FROM requests").fetchnumpy()
-        )
+        got = request_latencies(store)
         return cls(
-            np.asarray(got["model"], dtype=object),
-            np.asarray(got["ts_end_ns"], dtype=np.int64),
-            np.asarray(got["latency_ms"], dtype=np.float64),
+            np.asarray(got.column("model").to_pylist(), dtype=object),
+            got.column("ts_end_ns").to_numpy().astype(np.int64),
+            got.column("latency_ms").to_numpy().astype(np.float64),
         )
 
     def of(self, model: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

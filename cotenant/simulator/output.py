@@ -88,14 +88,21 @@ def samples_tables(
 
 
 def run(
-    s: Scenario, *, start_ns: int | None = None, chunk_s: float = 60.0, progress: Progress = _quiet
+    s: Scenario,
+    *,
+    start_ns: int | None = None,
+    chunk_s: float = 60.0,
+    progress: Progress = _quiet,
+    until_s: float | None = None,
 ) -> SimOutput:
-    """Simulate the whole scenario; ``progress`` gets a line per ``chunk_s`` of virtual time."""
+    """Simulate the whole scenario (up to ``until_s`` when given: the same rows as the whole
+    run up to then); ``progress`` gets a line per ``chunk_s`` of virtual time."""
     sim = Simulation(s) if start_ns is None else Simulation(s, start_ns=start_ns)
     reqs: list[pa.Table] = []
+    end = s.duration_s if until_s is None else min(s.duration_s, until_s)
     t = 0.0
-    while t < s.duration_s:
-        t = min(s.duration_s, t + chunk_s)
+    while t < end:
+        t = min(end, t + chunk_s)
         sim.run_until(t)
         reqs.append(requests_table(sim, sim.take_requests()))
         progress(
@@ -158,7 +165,8 @@ def truth(
     out = []
     for i, f in enumerate(s.faults):
         progress(f"{s.name}: counterfactual without fault {i + 1}/{len(s.faults)} ({f.kind})")
-        cf = run(s.without_fault(i), start_ns=base_ns)
+        # only what ends before the fault's window closes is compared: run no further
+        cf = run(s.without_fault(i), start_ns=base_ns, until_s=f.end_s + SETTLE_S)
         lo = base_ns + int(f.start_s * 1e9)
         hi = base_ns + int(min(s.duration_s, f.end_s + SETTLE_S) * 1e9)
         with_f = _p99_by_model(full.requests, lo, hi)

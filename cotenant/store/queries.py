@@ -56,6 +56,13 @@ def requests_table(
         ).to_arrow_table()
 
 
+def request_latencies(store: Store) -> pa.Table:
+    """Every completed request's ``model``, ``ts_end_ns`` and ``latency_ms``, unlimited: for
+    scoring one simulated run held in a store (the benchmarks)."""
+    with store.cursor() as cur:
+        return cur.sql("SELECT model, ts_end_ns, latency_ms FROM requests").to_arrow_table()
+
+
 def requests_rows(
     store: Store,
     rng: TimeRange,
