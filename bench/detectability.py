@@ -313,7 +313,7 @@ def run_case(c: Case, oracle_only: bool = False) -> dict[str, Any]:
     if c.name.startswith(("rate", "poisson-")):
         out["series"] = oracle.series(
             store.cursor()
-            .execute("SELECT model, ts_end_ns, latency_ms FROM requests")
+            .sql("SELECT model, ts_end_ns, latency_ms FROM requests")
             .to_arrow_table(),
             VICTIMS,
         )
