@@ -40,8 +40,8 @@ sys.path.append(str(ROOT / "tests"))  # after ROOT: tests/alerts is not alerts
 from promserver import PROMETHEUS, start_prometheus  # noqa: E402
 from window_rules import backfill_window_rules  # noqa: E402
 
+from cotenant.analysis.detector.detect import DetectorParams  # noqa: E402
 from cotenant.analysis.diagnose import Diagnosis, diagnose  # noqa: E402
-from cotenant.analysis.spikes import SpikeParams  # noqa: E402
 from cotenant.collectors.prometheus import PrometheusSource  # noqa: E402
 from cotenant.config import load_config  # noqa: E402
 from cotenant.core.readers import MetricSource  # noqa: E402
@@ -66,10 +66,9 @@ def _rank(d: Diagnosis, f: dict[str, Any]) -> int | None:
 
 
 @functools.cache
-def params_at(step_s: float) -> SpikeParams:
-    """The detector's parameters central serve runs with at ``[analysis] step_s`` (the
-    degradation test's length is in seconds: ``degradation_s`` over the window width)."""
-    return load_config(env={"COTENANT_ANALYSIS_STEP_S": f"{step_s:g}"}).analysis.spike_params()
+def params_at(step_s: float) -> DetectorParams:
+    """The detector's parameters central serve runs with at ``[analysis] step_s``."""
+    return load_config(env={"COTENANT_ANALYSIS_STEP_S": f"{step_s:g}"}).analysis.detector_params()
 
 
 def with_lead(s: Scenario, lead_s: float) -> Scenario:

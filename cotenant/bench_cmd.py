@@ -41,6 +41,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="folder of tabular cases (data.csv + label.json per case)",
     )
     src.add_argument(
+        "--population",
+        choices=("dev", "test", "library"),
+        help="score a generated scenario population (dev: to tune on; test: to report on) or "
+        "the bundled library, strictly per victim, through the batch path (on-demand "
+        "diagnosis) or, with --live, the live loop; see docs/accuracy.md",
+    )
+    src.add_argument(
         "--gentd26",
         type=Path,
         nargs="?",
@@ -55,10 +62,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--live",
         action="store_true",
-        help="with --suite: replay each scenario through the live analysis loop (the code "
-        "cotenant serve runs, on a virtual clock) and score the incident stream people see: "
-        "one incident per fault and victim, coverage, premature resolutions, first and final "
-        "cause, within-SLO victims, false incidents",
+        help="with --suite or --population: replay each scenario through the live analysis "
+        "loop (the code cotenant serve runs, on a virtual clock) and score the incident "
+        "stream people see: one incident per fault and victim, coverage, premature "
+        "resolutions, first and final cause, within-SLO victims, false incidents",
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=300,
+        help="with --population dev|test: faulted scenarios to run (default 300)",
+    )
+    p.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="with --population dev|test: index of the first faulted scenario (default 0)",
+    )
+    p.add_argument(
+        "--controls-hours",
+        type=float,
+        default=20.0,
+        help="with --population dev|test: hours of fault-free controls to add (default 20)",
+    )
+    p.add_argument(
+        "--jobs", type=int, default=2, help="with --population: worker processes (default 2)"
+    )
+    p.add_argument(
+        "--write",
+        type=Path,
+        metavar="DIR",
+        help="with --population dev|test: write the drawn scenarios as YAML files into DIR "
+        "instead of running them",
     )
     p.add_argument(
         "--baselines",
@@ -110,8 +145,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.json:
             args.json.write_text(json.dumps(tab, indent=2, default=str))
         return 0
+    if args.population is not None:
+        from cotenant.population_cmd import bench_population
+
+        return bench_population(args)
     if args.live and args.suite is None:
-        raise UsageError("--live applies only to --suite")
+        raise UsageError("--live applies only to --suite or --population")
     from cotenant.evaluation.accuracy import run_suite, summarize
 
     paths = sorted(args.suite.glob("*.yaml")) if args.suite.is_dir() else [args.suite]

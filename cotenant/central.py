@@ -100,8 +100,7 @@ def build_central(
         slos=slos,
         step_s=ac.step_s,
         max_range_s=ac.max_range_h * 3600,
-        season_s=ac.season_s,
-        params=ac.spike_params(),
+        params=ac.detector_params(),
     )
     analysis = (
         AnalysisLoop(
@@ -115,7 +114,7 @@ def build_central(
             clock_ns=clock_ns,
             on_incident=on_incident,
             reread_s=ac.reread_s,
-            params=ac.spike_params(),
+            params=ac.detector_params(),
             batch_reads=fleet is not None,
             full_read_s=ac.full_read_s,
         )

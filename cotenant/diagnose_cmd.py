@@ -53,8 +53,7 @@ def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
             slos=cfg.slos(recorded_slos(store)),
             step_s=cfg.analysis.step_s,
             max_range_s=cfg.analysis.max_range_h * 3600,
-            season_s=cfg.analysis.season_s,
-            params=cfg.analysis.spike_params(),
+            params=cfg.analysis.detector_params(),
         )
         return a.diagnose(args.model, start, end)
     finally:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from cotenant.analysis.attribution import Cause
-from cotenant.analysis.diagnose import Diagnosis
+from cotenant.analysis.diagnosis import Diagnosis
 from cotenant.core.slos import E2E
 from cotenant.evaluation.live import START_NS
 
@@ -22,12 +22,10 @@ def diagnosis(
     slo: float | None = None,
     peak: float = 900.0,
     base: float = 500.0,
-    threshold: float | None = None,
     open: bool = True,
     phases: dict[str, float] | None = None,
 ) -> Diagnosis:
-    """A slowdown over ``[start_s, end_s)``, found 30 s after it began; the threshold is
-    1.3x the baseline unless given."""
+    """A slowdown over ``[start_s, end_s)``, found 30 s after it began."""
     return Diagnosis(
         model=model,
         gpu="gpu0",
@@ -41,7 +39,6 @@ def diagnosis(
         phases_ms=phases if phases is not None else {"compute_ms": peak - base},
         causes=causes,
         severity=severity,
-        threshold_ms=threshold if threshold is not None else 1.3 * base,
         during_windows=end_s - start_s,
         indicator=indicator,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from cotenant.analysis.attribution import attribute
 from cotenant.analysis.diagnose import diagnose
-from cotenant.analysis.episodes import Carry, track
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
-from cotenant.analysis.spikes import SpikeParams, spike_mask
 from cotenant.analysis.windows import GpuWindows
 from cotenant.core.errors import SourceError
 from cotenant.core.slos import Slos
@@ -117,130 +114,6 @@ def test_nothing_changed_means_nothing_blamed() -> None:
     w = windows()
     att = attribute(w, "tts", *masks())
     assert all(c.share < 0.2 for c in att.causes if c.kind != "unknown")
-
-
-def _eps(p99: np.ndarray, cnt: np.ndarray, slo: float | None, p: SpikeParams) -> list[tuple]:
-    return [(e.start, e.end, e.severity) for e in track(p99, cnt, slo, p).episodes]
-
-
-def test_episodes_are_breaches_over_the_slo_and_degradations_within_it() -> None:
-    rng = np.random.default_rng(1)
-    p99 = rng.normal(30, 1, 300)
-    cnt = np.full(300, 40.0)
-    p99[130:165] = 90  # 3x slower for 35 s, within the SLO: a degradation
-    p99[220:250] = 160  # over the SLO: a breach
-    p99[235] = 30  # one quiet window inside does not split it
-    p = SpikeParams()
-    assert _eps(p99, cnt, 100.0, p) == [(130, 164, "degradation"), (220, 249, "breach")]
-    # without an SLO both are degradations; without degradations only the breach is left
-    assert [e[2] for e in _eps(p99, cnt, None, p)] == ["degradation", "degradation"]
-    assert _eps(p99, cnt, 100.0, SpikeParams(degrade_windows=0)) == [(220, 249, "breach")]
-
-
-def test_no_degradation_begins_in_the_warm_up_a_breach_does() -> None:
-    # the Azure chat/code control: chat slowed 3x within its SLO 72 s after its first
-    # request, by code's first burst, was an incident; a tool that has watched a model for a
-    # minute has seen none of its ordinary contention (the evidence rule's warm-up)
-    rng = np.random.default_rng(1)
-    p99 = rng.normal(30, 1, 300)
-    cnt = np.full(300, 40.0)
-    p99[70:110] = 90
-    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
-    p99[70:110] = 160
-    assert _eps(p99, cnt, 100.0, SpikeParams()) == [(70, 109, "breach")]
-
-
-def test_a_short_burst_within_the_slo_is_not_a_degradation() -> None:
-    rng = np.random.default_rng(2)
-    p99 = rng.normal(30, 1, 300)
-    cnt = np.full(300, 40.0)
-    p99[100:112] = 90  # 12 s: shorter than the 30 s a degradation needs
-    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
-
-
-def test_a_long_slowdown_is_not_absorbed_into_the_baseline() -> None:
-    # 400 windows at 2x: a rolling median of 120 windows would call it normal after a minute
-    rng = np.random.default_rng(3)
-    p99 = rng.normal(40, 1, 700)
-    cnt = np.full(700, 40.0)
-    p99[200:600] = rng.normal(80, 2, 400)
-    [(start, end, sev)] = _eps(p99, cnt, 60.0, SpikeParams())
-    assert (start, sev) == (200, "breach") and 595 <= end <= 600
-    ep = track(p99, cnt, 60.0, SpikeParams()).episodes[0]
-    assert 39 <= ep.baseline_ms <= 41  # frozen before the slowdown
-
-
-def test_a_degradation_starts_where_the_slowdown_did_not_at_a_noisy_window_before() -> None:
-    """Real-contention run (seed 41): tts's 1-s p99 ~5 ms with a few 8-9 ms windows, then CPU
-    burners from window 120 (20-50 ms). The degradation's start was taken at the first slow
-    window of the 30 before the opening (108, noise); from there the stretch looked over at
-    once, so the slowdown was found 30 s late with its first half as "before"."""
-    rng = np.random.default_rng(41)
-    p99 = rng.normal(5.2, 0.4, 250)
-    cnt = np.full(250, 40.0)
-    p99[[108, 112, 114]] = [9.3, 8.8, 8.4]
-    p99[120:180] = rng.uniform(20, 50, 60)
-    # a minute of the model's requests before those windows: out of the warm-up
-    p99, cnt = np.concatenate((rng.normal(5.2, 0.4, 60), p99)), np.full(310, 40.0)
-    [ep] = track(p99, cnt, None, SpikeParams()).episodes
-    assert ep.start == 180 and ep.opened <= 200 and ep.severity == "degradation"
-
-
-def test_a_carried_episode_keeps_its_frozen_baseline() -> None:
-    # the live loop's incident began before the windows it reads: it stays open on them
-    rng = np.random.default_rng(4)
-    p99 = rng.normal(80, 2, 300)
-    cnt = np.full(300, 40.0)
-    p99[250:] = rng.normal(40, 1, 50)  # the fault ends at 250
-    carry = Carry(start=-100, baseline_ms=40.0, threshold_ms=52.0, severity="breach")
-    [ep] = track(p99, cnt, 60.0, SpikeParams(), carry=carry).episodes
-    assert ep.carried and ep.start == 0 and 245 <= ep.end <= 250 and not ep.open
-
-
-def test_a_transient_is_not_an_episode() -> None:
-    rng = np.random.default_rng(5)
-    p99 = rng.normal(30, 1, 300)
-    cnt = np.full(300, 40.0)
-    p99[150:153] = 200  # three windows over the SLO: one slow render next door
-    assert _eps(p99, cnt, 100.0, SpikeParams()) == []
-    p99[150:160] = 200  # ten: an incident
-    assert _eps(p99, cnt, 100.0, SpikeParams()) == [(150, 159, "breach")]
-
-
-def test_a_daily_pattern_is_not_an_incident_but_a_spike_on_top_of_it_is() -> None:
-    day = 288  # five-minute windows
-    rng = np.random.default_rng(7)
-    p99 = rng.normal(100, 3, 3 * day)
-    cnt = np.full(3 * day, 3000.0)
-    for d in range(3):  # a nightly batch job: 02:00-02:40 every day at twice the latency
-        p99[d * day + 24 : d * day + 32] = rng.normal(200, 5, 8)
-    p99[2 * day + 180 : 2 * day + 186] = 300  # a one-off slowdown on day 3 at 15:00
-    # 30 s of degradation is one five-minute window; slowdowns of 2 windows are transients
-    base = SpikeParams(degrade_windows=1, min_episode_windows=2)
-    forgetful = _eps(p99, cnt, None, replace(base, seen_windows=1))
-    # without memory of its slowdowns, every night with a baseline behind it is an "incident"
-    # (the first comes in the warm-up) ...
-    assert [s[0] for s in forgetful if s[0] % day == 24] == [day + 24, 2 * day + 24]
-    # ... with it (issue 25), a slowdown no worse than one seen in the last seen_windows is
-    # ordinary: the first night, in the warm-up, is seen, and the next ones are no news
-    plain = _eps(p99, cnt, None, base)
-    assert [s[0] for s in plain if s[0] % day == 24] == []
-    p = replace(base, season=day)
-    assert p.history_windows >= 2 * day  # two seasons read before the range (and the
-    # ordinary contention's memory: spikes.SpikeParams.history_windows)
-    assert [(s, e) for s, e, _ in _eps(p99, cnt, None, p)] == [(2 * day + 180, 2 * day + 185)]
-
-
-def test_the_seasonal_baseline_needs_two_seasons_of_history() -> None:
-    rng = np.random.default_rng(8)
-    p99 = rng.normal(100, 3, 1000)
-    cnt = np.full(1000, 600.0)
-    p99[500:520] = 250
-    short = SpikeParams(season=600)  # 1000 windows < two seasons: the plain baseline is used
-    np.testing.assert_array_equal(
-        spike_mask(p99, cnt, None, short)[1], spike_mask(p99, cnt, None, SpikeParams())[1]
-    )
-    assert not SpikeParams(season=20_000).seasonal  # beyond season_max: never decomposed
 
 
 @pytest.fixture(scope="module")

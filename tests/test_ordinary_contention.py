@@ -1,11 +1,10 @@
-"""Issue 25, item 2: a co-tenant's recurring bursts are ordinary contention, counted, not paged.
+"""A co-tenant's recurring bursts are ordinary contention, counted, not paged.
 
 Seen from outside: two LLMs replaying the bundled Azure conversation and code traces on one
-GPU, no fault, opened 5 incidents an hour. After the first two (the first of code's bursts,
-before any was seen), each was chat slowed within its SLO by a code burst like the ones code
-had every few minutes, landing a little harder than the last two (the victim-side bar of
-:mod:`analysis.evidence` is a level above every one seen lately). Those are now recorded as
-ordinary contention, which the weekly report shows beside the incidents."""
+GPU, no fault, opened 5 incidents an hour, each chat slowed within its SLO by a code burst like
+the ones code had every few minutes. Such slowdowns get the verdict ``recurring``
+(:mod:`analysis.detector.verdicts`): recorded as ordinary contention, which the weekly report
+shows beside the incidents."""
 
 from __future__ import annotations
 
@@ -15,13 +14,11 @@ from typing import Any
 import numpy as np
 from diagnoses import diagnosis
 
-from cotenant.analysis.attribution import Attribution, Cause
-from cotenant.analysis.diagnose import Diagnosis
+from cotenant.analysis.attribution import Cause
+from cotenant.analysis.detector.verdicts import verdict
+from cotenant.analysis.diagnosis import NEWS, RECURRING, Diagnosis
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.analysis.ordinary import ordinary, recurring
 from cotenant.analysis.recurring import earlier_bursts
-from cotenant.analysis.recurring_causes import beyond_recurring, mark_recurring
-from cotenant.analysis.windows import GpuWindows
 from cotenant.core.slos import Slos
 from cotenant.evaluation.live import START_NS, replay
 from cotenant.reports.compute import ReportBuilder
@@ -46,11 +43,7 @@ def _bursts(n: int, at: list[int], height: list[float], base: float = 0.5) -> np
 def test_a_burst_like_two_earlier_ones_is_recurring_a_second_or_a_bigger_one_is_not() -> None:
     a = _bursts(1500, [200, 600, 1000], [8.0, 7.0, 8.0])
     got = earlier_bursts(a, 1030, 1090, 1.0)
-    assert got is not None and got.evidence["earlier_bursts"] == 2
-    # the windows of the two earlier bursts and of this one (the smoothing's lag taken out:
-    # exact for a burst as high as this one, within a few windows for the lower one)
-    assert got.earlier[0] == (200, 320) and got.current == (1000, 1120)
-    assert abs(got.earlier[1][0] - 600) <= 5 and abs(got.earlier[1][1] - 720) <= 5
+    assert got is not None and got["earlier_bursts"] == 2 and got["peak_rps"] == 8.0
     # the second: one earlier burst is not yet a pattern
     assert earlier_bursts(a, 630, 690, 1.0) is None
     # twice as high as anything seen: news
@@ -64,7 +57,7 @@ def test_a_burst_like_two_earlier_ones_is_recurring_a_second_or_a_bigger_one_is_
 
 
 def _diag(severity: str, causes: list[Cause], start_s: int = 1000, **kw: Any) -> Diagnosis:
-    return diagnosis(
+    d = diagnosis(
         "chat",
         severity,
         causes,
@@ -74,9 +67,10 @@ def _diag(severity: str, causes: list[Cause], start_s: int = 1000, **kw: Any) ->
         slo=kw.get("slo"),
         peak=1500.0,
         base=400.0,
-        threshold=460.0,
         phases={"queue_ms": 900.0},
     )
+    d.verdict = verdict(d, []) or NEWS
+    return d
 
 
 SEEN = {"recurring": {"peak_rps": 8.0, "typical_rps": 0.5, "earlier_bursts": 2, "memory_s": 900}}
@@ -86,17 +80,18 @@ UNKNOWN = Cause("unknown", "—", 0.5, 0.0, {})
 
 
 def test_which_slowdowns_are_ordinary() -> None:
-    assert ordinary(_diag("degradation", [BURST, UNKNOWN])) == "recurring"
+    assert _diag("degradation", [BURST, UNKNOWN]).verdict == RECURRING
     # with the model's own traffic beside it, still ordinary
     mix = Cause("mix", "chat", 0.2, 0.5, {})
-    assert recurring(_diag("degradation", [BURST, mix, UNKNOWN]))
+    assert _diag("degradation", [BURST, mix, UNKNOWN]).verdict == RECURRING
     # a breach always is an incident; a named cause of another kind is news
-    assert ordinary(_diag("breach", [BURST], slo=1000.0)) is None
-    assert ordinary(_diag("degradation", [BURST, Cause("throttle", "gpu0", 0.4, 0.9, {})])) is None
-    assert ordinary(_diag("degradation", [NEW_BURST])) is None
+    assert _diag("breach", [BURST], slo=1000.0).verdict == NEWS
+    throttle = Cause("throttle", "gpu0", 0.4, 0.9, {})
+    assert _diag("degradation", [BURST, throttle]).verdict == NEWS
+    assert _diag("degradation", [NEW_BURST]).verdict == NEWS
     # explaining too little of the excess is no explanation
     small = Cause("bandwidth", "code", 0.2, 0.3, SEEN)
-    assert ordinary(_diag("degradation", [small, Cause("unknown", "—", 0.8, 0.0, {})])) is None
+    assert _diag("degradation", [small, Cause("unknown", "—", 0.8, 0.0, {})]).verdict == NEWS
 
 
 def test_the_book_records_ordinary_contention_and_opens_no_incident(tmp_path: Path) -> None:
@@ -105,8 +100,8 @@ def test_the_book_records_ordinary_contention_and_opens_no_incident(tmp_path: Pa
         book = IncidentBook(store)
         now = START_NS + 1100 * S
         assert book.update([_diag("degradation", [BURST, UNKNOWN])], "chat", "gpu0", 0, now) == []
-        # the next pass loses the burst (attribution names nothing): still ordinary
-        later = _diag("degradation", [Cause("unknown", "—", 1.0, 0.0, {})], length_s=90)
+        # the next pass sees it longer: the same row, extended
+        later = _diag("degradation", [BURST, UNKNOWN], length_s=90)
         assert book.update([later], "chat", "gpu0", 0, now + 5 * S) == []
         assert book.find() == []
         [row] = find_contention(store, "chat", "gpu0", 0)
@@ -147,49 +142,14 @@ def test_the_weekly_report_counts_ordinary_contention(tmp_path: Path) -> None:
     assert "Ordinary contention" in render_html(s)
 
 
-def test_a_slowdown_no_higher_than_the_models_recent_ones_is_recorded_not_news(
-    tmp_path: Path,
-) -> None:
-    """The live loop's sweep finds what the detector's ordinary-contention bar kept out
-    (``Diagnosis.seen``): the book records it and opens nothing."""
-    store = Store(tmp_path / "s.duckdb")
-    try:
-        book = IncidentBook(store)
-        fresh = Cause("cotenant", "imagegen", 1.0, 1.0, {})
-        d = _diag("degradation", [fresh], start_s=1000)
-        d.seen = True
-        assert ordinary(d) == "seen"
-        assert book.update([d], "chat", "gpu0", 0, d.end_ns + 5 * S) == []
-        [row] = find_contention(store, "chat", "gpu0", 0)
-        assert (row.reason, row.top_culprit) == ("seen", "imagegen")
-        week = ReportBuilder(store, slos=Slos.of_maps({"chat": 1000.0})).build(week_of(d.end_ns))
-        assert "| chat | imagegen | 1.0 | 1 | as slow lately |" in render_markdown(week)
-        # the detector itself finding it later (over the bar: it grew) is news, cause or not
-        grown = _diag("degradation", [Cause("unknown", "—", 1.0, 0.0, {})], length_s=120)
-        assert [e.kind for e in book.update([grown], "chat", "gpu0", 0, grown.end_ns)] == ["opened"]
-        # ... and a sweep's finding inside an incident is that incident's, not contention
-        inside = _diag("degradation", [fresh], start_s=1050, length_s=30)
-        inside.seen = True
-        book.update([grown, inside], "chat", "gpu0", 0, grown.end_ns + 5 * S)
-        assert len(find_contention(store, "chat", "gpu0", 0)) == 1
-        # a breach the sweep found is left to the detector
-        b = _diag("breach", [fresh], start_s=3000, slo=1000.0)
-        b.seen = True
-        assert ordinary(b) is None
-    finally:
-        store.close()
-
-
 SCENARIOS = Path(__file__).resolve().parents[1] / "cotenant" / "simulator" / "scenarios"
 
 
 def test_a_voice_model_slowed_by_three_image_campaigns_is_recorded_each_time() -> None:
     """Seen from outside (issue 25): a voice model at 2 requests/s and an embedding model
     beside it, slowed by three one-minute image campaigns four minutes apart, within their
-    SLOs. The first campaign is news for both; the second is news for the voice model (its
-    slowdown beats the first) and, for the embedding model, no higher than the first: it was
-    neither an incident nor recorded. Every campaign now is one or the other, and nothing
-    names anything but the image generator."""
+    SLOs. Every campaign is an incident or recorded as ordinary contention, and nothing names
+    anything but the image generator."""
     s = load_scenario(SCENARIOS / "low-rate-voice-within-slo-three-image-bursts-timeslice.yaml")
     events, _, store, _, _ = replay(s, with_truth=False)
     try:
@@ -209,67 +169,3 @@ def test_a_voice_model_slowed_by_three_image_campaigns_is_recorded_each_time() -
         kept = [any(hit(*c, r.start_ns, r.end_ns) for r in rows[model]) for c in campaigns]
         assert told[0], model
         assert all(t or k for t, k in zip(told, kept, strict=True)), (model, told, kept)
-    # the embedding model's second campaign, no higher than its first: ordinary contention
-    assert any(r.reason == "seen" for r in rows["embed"])
-
-
-def test_what_made_a_recurring_burst_hurt_more_than_before_is_named_first() -> None:
-    """A co-tenant bursts every 400 s; the victim (p99 10 ms, 12 ms in those bursts) runs at
-    20 ms in the fourth: against the earlier bursts, what changed is named and takes the
-    excess beyond the 2 ms they made."""
-    n = 1500
-    rate = _bursts(n, [200, 600, 1000, 1300], [8.0] * 4)
-    p99 = np.full(n, 10.0)
-    for t in (200, 600, 1000):
-        p99[t : t + 120] = 12.0
-    p99[1300:1420] = 20.0
-    w = GpuWindows("gpu0", 0, S, n, models={"code": {"arrival_rps": rate}, "chat": {}})
-    during = np.zeros(n, dtype=bool)
-    during[1300:1420] = True
-    before = np.zeros(n, dtype=bool)
-    before[1240:1300] = True
-    causes = [Cause("bandwidth", "code", 0.8, 0.9, {}), Cause("unknown", "—", 0.2, 0.0, {})]
-    bursts = mark_recurring(causes, w, "chat", 1300, 1419, [])
-    assert "recurring" in causes[0].evidence and list(bursts) == ["code"]
-    asked: list[np.ndarray] = []
-
-    def again(past: np.ndarray) -> Attribution:
-        asked.append(past)
-        return Attribution({}, [Cause("cotenant", "train-job", 0.9, 0.8, {}), *causes[:1]])
-
-    notes: list[str] = []
-    got = beyond_recurring(causes, bursts, "chat", p99, np.ones(n), before, during, again, notes)
-    # compared with the windows of the three earlier bursts, not with those just before
-    assert np.array_equal(np.flatnonzero(asked[0]), np.flatnonzero(p99 == 12.0))
-    assert [(c.kind, c.culprit) for c in got] == [
-        ("cotenant", "train-job"),
-        ("bandwidth", "code"),
-        ("unknown", "—"),
-    ]
-    # the bursts usually make 2 of the 10 ms: the rest is what changed
-    assert abs(got[0].share - 0.9 * 0.8) < 1e-9 and abs(got[1].share - 0.8 * 0.2) < 1e-9
-    assert got[0].evidence["beyond_recurring"] == round(20 / 12, 3)
-    assert "1.67x as slow as in code's earlier bursts" in notes[0]
-    d = _diag("degradation", got)
-    assert ordinary(d) is None  # news, naming the training job
-    # hurting no more than the earlier bursts did, it stays ordinary contention
-    p99[1300:1420] = 12.0
-    same = beyond_recurring(causes, bursts, "chat", p99, np.ones(n), before, during, again, [])
-    assert same is causes and ordinary(_diag("degradation", same)) == "recurring"
-
-
-def test_a_training_job_that_makes_a_neighbours_usual_bursts_hurt_is_news() -> None:
-    """Seen from outside (issue 25): an embedding model beside an LLM replaying the Azure
-    code trace; a training job starts, which alone slows the embedding model 1.07x, but
-    with the code trace's next bursts 1.4x. Those bursts recur, and the windows just before
-    the slowdown already held the training job: it was kept as ordinary contention blaming
-    `code`. Against code's earlier bursts the training job is what changed."""
-    s = load_scenario(SCENARIOS / "low-rate-llm-code-trace-training-job-mps.yaml")
-    events, _, store, _, _ = replay(s, with_truth=False)
-    store.close()
-    embed = [e for e in events if e.model == "embed" and e.kind not in ("diagnosing", "dismissed")]
-    assert [e.kind for e in embed] == ["opened", "resolved"]
-    # ... naming the training job from its opening to its end (no pass flips it to code)
-    assert {e.cause for e in embed} == {"cotenant:train-job"}
-    start = (embed[0].start_ns - START_NS) / S
-    assert 300 <= start <= 450  # the training job ran 300-450 s

@@ -18,6 +18,7 @@ import numpy as np
 
 from cotenant.actuators.policy import VerifyRule
 from cotenant.core.readers import MetricSource
+from cotenant.core.slos import breach
 from cotenant.core.timerange import TimeRange
 
 
@@ -101,7 +102,7 @@ def verify(
         [t_after] = window_p99(source, target, None, [(lo, now_ns)], step_s)
         numbers["target_p99_after_ms"] = None if t_after is None else round(t_after, 3)
         numbers["target_slo_ms"] = target_slo
-        if t_after is not None and t_after > target_slo:
+        if t_after is not None and bool(breach(t_after, target_slo)):
             hurt = (t_after - target_slo) / target_slo
             ref = before if before is not None else float(context.get("peak_p99_ms") or after)
             gain = max(0.0, (ref - after) / goal)

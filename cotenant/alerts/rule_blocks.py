@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cotenant.core.errors import UsageError
+from cotenant.core.slos import BREACH_OP
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,10 @@ def slo_constants(slo_ms: Mapping[str, float]) -> str | None:
 def slo_alert_expr(latency: str, slo: str, s: RuleSettings) -> str:
     """``latency`` above its model's SLO (``slo``), or above ``slo_default_ms`` for models
     without one."""
-    expr = f"{latency}\n  > on (model) group_left ()\n{slo}"
+    expr = f"{latency}\n  {BREACH_OP} on (model) group_left ()\n{slo}"
     if s.slo_default_ms > 0:
         expr = (
-            f"({expr})\nor\n({latency} > {number(s.slo_default_ms / 1000)}"
+            f"({expr})\nor\n({latency} {BREACH_OP} {number(s.slo_default_ms / 1000)}"
             f"\n  unless on (model) {slo})"
         )
     return expr

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from cotenant.analysis.diagnose import Diagnosis, diagnose
-from cotenant.analysis.episodes import SEVERITIES
-from cotenant.analysis.fellows import fellow_victims, incident_causes, shared_params
+from cotenant.analysis.detector.detect import DetectorParams
+from cotenant.analysis.detector.verdicts import incident_causes
+from cotenant.analysis.diagnose import diagnose
 from cotenant.analysis.incident_record import STATES
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.settings import AnalysisSettings
-from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import gpus_of
 from cotenant.core.errors import NotFoundError, QueryError
 from cotenant.core.readers import MetricSource
-from cotenant.core.slos import INDICATORS, Slos
+from cotenant.core.slos import INDICATORS, SEVERITIES, Slos
 from cotenant.core.timerange import TimeRange
 
 NO_SPAN_LIMITS = (
@@ -37,17 +35,12 @@ class Analyzer:
         slos: Slos | None = None,
         step_s: float = AnalysisSettings.step_s,
         max_range_s: float = AnalysisSettings.max_range_h * 3600,
-        season_s: float = 0.0,
-        params: SpikeParams | None = None,
+        params: DetectorParams | None = None,
     ) -> None:
-        """``season_s``: the latency cycle (e.g. a day) the seasonal baseline learns where
-        two cycles of history fit (see :class:`analysis.spikes.SpikeParams`); 0 = none.
-        ``params``: the detector's other parameters (``AnalysisSettings.spike_params()``).
-        ``slos``: every model's SLOs (:class:`cotenant.core.slos.Slos`; none when absent)."""
+        """``params``: the detector's (``AnalysisSettings.detector_params()``). ``slos``:
+        every model's SLOs (:class:`cotenant.core.slos.Slos`; none when absent)."""
         self.source = source
-        self.params = replace(
-            params or SpikeParams(), season=round(season_s / step_s) if season_s > 0 else 0
-        )
+        self.params = params or DetectorParams()
         self.book = book
         self.slos = slos or Slos()
         self.step_s = step_s
@@ -71,6 +64,10 @@ class Analyzer:
         gpus = [g for g, ms in gpus_of(self.source, rng, self.step_s).items() if model in ms]
         if not gpus:
             raise NotFoundError(f"model {model!r} served no requests between start and end")
+        # other models' incidents stored over the range on its GPUs (under ``cotenant
+        # serve``, the live loop's) may make a smaller slowdown a fellow victim
+        stored = self.book.find(since_ns=start_ns, until_ns=end_ns)
+        causes = [c for c in incident_causes(stored) if c.victim != model and c.gpu in gpus]
         diags = diagnose(
             self.source,
             model,
@@ -80,10 +77,8 @@ class Analyzer:
             params=self.params,
             on_demand=True,
             slos=self.slos.token_slos(model),
+            causes=causes,
         )
-        fellows = self._fellow_victims(model, start_ns, end_ns, gpus, diags)
-        if fellows:  # ... in place of the range as a whole, beside its incidents
-            diags = [d for d in diags if d.incident] + fellows
         return {
             "model": model,
             "start_ns": start_ns,
@@ -92,31 +87,6 @@ class Analyzer:
             "limits": [] if self.source.has_spans else list(NO_SPAN_LIMITS),
             "diagnoses": [d.to_dict() for d in diags],
         }
-
-    def _fellow_victims(
-        self, model: str, start_ns: int, end_ns: int, gpus: list[str], found: list[Diagnosis]
-    ) -> list[Diagnosis]:
-        """``model``'s slowdowns in ``[start, end)`` apart from those ``found``, found asking
-        less evidence, as fellow victims of another model's incident stored over the range
-        on one of its ``gpus`` (:mod:`analysis.fellows`). What the store holds decides: under
-        ``cotenant serve``, the live loop's incidents."""
-        shared = shared_params(self.params)
-        if shared is None:
-            return []
-        stored = self.book.find(since_ns=start_ns, until_ns=end_ns)
-        causes = [c for c in incident_causes(stored) if c.victim != model and c.gpu in gpus]
-        if not causes:
-            return []
-        candidates = diagnose(
-            self.source,
-            model,
-            TimeRange(start_ns, end_ns),
-            slo_ms=self.slos.of(model),
-            step_s=self.step_s,
-            params=shared,
-            slos=self.slos.token_slos(model),
-        )
-        return fellow_victims(candidates, found, causes, self.params)
 
     def incidents(
         self,

@@ -1,14 +1,14 @@
 """How the diagnoses of one event become one incident's story (:mod:`analysis.incidents`):
 which indicator leads, what each indicator shows, the merged diagnosis of the episodes that
-continue an incident, and which degradations are no contention news at all."""
+continue an incident."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from cotenant.analysis.diagnose import Diagnosis
-from cotenant.analysis.episodes import BREACH
+from cotenant.analysis.diagnosis import Diagnosis
+from cotenant.core.slos import BREACH
 
 
 def lead(ds: list[Diagnosis], current: str | None) -> str:
@@ -35,12 +35,11 @@ def indicator_entry(d: Diagnosis, frozen: dict[str, Any] | None) -> dict[str, An
         "baseline_p99_ms": num(d.baseline_p99_ms),
         "peak_p99_ms": num(d.peak_p99_ms),
         "slo_ms": d.slo_ms,
-        "threshold_ms": num(d.threshold_ms),
-        "judged_on": d.judged_on,
+        "judged_on": None if d.judged is None else d.judged.to_dict(),
         "carried": d.carried,
     }
     if frozen:
-        for k in ("baseline_p99_ms", "threshold_ms", "judged_on"):
+        for k in ("baseline_p99_ms", "judged_on"):
             if k in frozen:
                 out[k] = frozen[k]
         out["start_ns"] = min(d.start_ns, int(frozen.get("start_ns", d.start_ns)))
@@ -74,3 +73,39 @@ def merged(ds: list[Diagnosis]) -> Diagnosis:
         after_p99_ms=newest.after_p99_ms,
         during_windows=max(d.during_windows for d in ds),
     )
+
+
+def events(diags: list[Diagnosis], gap_ns: int) -> list[Diagnosis]:
+    """The diagnoses of one model as one per event, as the incident book tells them: on the
+    same GPU, those of any indicator that overlap, or start within ``gap_ns`` after another
+    ended, are one incident told by its lead indicator (:func:`lead`), a breach when any is,
+    open while any is. Ordinary contention joins an incident it overlaps; quiet ranges
+    (``incident`` False) are kept as they are."""
+    quiet = [d for d in diags if not d.incident]
+    rest = sorted((d for d in diags if d.incident), key=lambda d: (d.gpu, d.start_ns))
+    groups: list[list[Diagnosis]] = []
+    for d in rest:
+        last = groups[-1] if groups else None
+        if last and last[0].gpu == d.gpu and d.start_ns <= max(x.end_ns for x in last) + gap_ns:
+            last.append(d)
+        else:
+            groups.append([d])
+    out = []
+    for group in groups:
+        told = [d for d in group if d.is_incident] or group
+        per: dict[str, list[Diagnosis]] = {}
+        for d in told:
+            per.setdefault(d.indicator, []).append(d)
+        merged_ = {ind: merged(ds) for ind, ds in per.items()}
+        head = merged_[lead(list(merged_.values()), None)]
+        out.append(
+            replace(
+                head,
+                start_ns=min(d.start_ns for d in group),
+                end_ns=max(d.end_ns for d in group),
+                open=any(d.open for d in group),
+                severity=BREACH if any(d.severity == BREACH for d in group) else head.severity,
+                detected_ns=min(d.detected_ns for d in told),
+            )
+        )
+    return out + quiet

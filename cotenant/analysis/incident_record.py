@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cotenant.analysis.episodes import BREACH
-from cotenant.core.slos import E2E
+from cotenant.core.slos import BREACH, E2E
 from cotenant.store.incident_rows import StoredIncident
 
 DIAGNOSING = "diagnosing"

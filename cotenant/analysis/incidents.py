@@ -1,32 +1,27 @@
 """Incidents: what a victim lived through, from the first slow window to the last.
 
-The continuous loop re-diagnoses a sliding horizon; :meth:`IncidentBook.update` merges each
-pass's diagnoses of one (model, GPU) into its incidents and says what changed, as
-:class:`IncidentEvent` s in the order a person should read them:
+The detector decides what is slow and what each slowdown is (its verdict,
+:mod:`analysis.detector.verdicts`); the book only keeps the story. The continuous loop
+re-diagnoses a sliding horizon; :meth:`IncidentBook.update` merges each pass's diagnoses of one
+(model, GPU) into its incidents and says what changed, as :class:`IncidentEvent` s in the order
+a person should read them:
 
-* **one incident per (model, GPU, event)**: the diagnoses of every indicator (``e2e``, and
-  for generative models ``ttft`` and ``tpot``: :mod:`analysis.indicators`) that overlap an
-  incident, or start within ``cooldown_ns`` after it ended, continue it (a re-breach within
-  the cool-down re-opens a resolved incident instead of opening a new one). The incident
-  lists every indicator affected (``detail["indicators"]``: each one's extent, severity,
-  frozen baseline, peak and SLO); its ``indicator`` is the *lead* one — the first that
-  breached its SLO, else the first found — whose attribution gives the causes;
+* **one incident per (model, GPU, event)**: the diagnoses of every indicator (``e2e``, and for
+  generative models ``ttft`` and ``tpot``) that overlap an incident, or start within
+  ``cooldown_ns`` after it ended naming no other cause, continue it (a re-breach within the
+  cool-down re-opens a resolved incident instead of opening a new one). The incident lists
+  every indicator affected (``detail["indicators"]``); its ``indicator`` is the *lead* one —
+  the first that breached its SLO, else the first found — whose attribution gives the causes;
 * ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
-  (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when
-  every indicator's diagnosis has closed (a run of clean windows, :mod:`analysis.episodes`)
-  and stayed closed for ``cooldown_ns`` (a periodic slowdown does not flap);
-* ``severity``: ``breach`` (an SLO was crossed) or ``degradation`` (slower than its frozen
-  baseline, within its SLO or without one); a degradation that crosses an SLO on any
-  indicator is escalated;
-* each indicator's baseline is frozen when it joins the incident, and the top cause's
-  history is kept once per incident (``detail["cause_history"]``: first, each change, with
-  the time of the pass that saw it);
-* a diagnosis of an episode that began before the windows the loop read (``carried``) keeps
-  the incident's causes: its "before" windows are no longer in the horizon;
-* a degradation that is ordinary contention opens no incident
-  (:func:`analysis.ordinary.ordinary`): one the model's own arrival surge explains (a
-  bursty tenant is not paged for its own bursts), or a co-tenant's burst like the ones it has
-  lately had (:mod:`analysis.recurring`).
+  (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when every
+  indicator's slowdown has ended and stayed over for ``cooldown_ns``; a diagnosing incident
+  no diagnosis holds any more (rows landed late) is withdrawn, never published;
+* ``severity``: ``breach`` or ``degradation``; a degradation that crosses an SLO on any
+  indicator is escalated; each indicator's normal is frozen when it joins the incident, and the
+  top cause's history is kept (``detail["cause_history"]``);
+* a diagnosis whose verdict is ordinary contention (own load, recurring bursts) opens no
+  incident: it is recorded in the ``contention`` table for the weekly report, or continues an
+  incident that already holds its windows.
 """
 
 from __future__ import annotations
@@ -36,9 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from cotenant.analysis import incident_merge
-from cotenant.analysis.diagnose import Diagnosis
-from cotenant.analysis.episodes import BREACH, DEGRADATION
-from cotenant.analysis.fellows import is_fellow
+from cotenant.analysis.diagnosis import ORDINARY_VERDICTS, Diagnosis
 from cotenant.analysis.incident_merge import indicator_entry
 from cotenant.analysis.incident_record import (
     DIAGNOSING,
@@ -51,8 +44,7 @@ from cotenant.analysis.incident_record import (
     from_stored,
     to_stored,
 )
-from cotenant.analysis.ordinary import contention_row, ordinary
-from cotenant.core.slos import E2E
+from cotenant.core.slos import BREACH, DEGRADATION
 from cotenant.store.contention_rows import Contention, find_contention, upsert_contention
 from cotenant.store.db import Store
 from cotenant.store.incident_rows import (
@@ -70,32 +62,22 @@ def _cause_key(c: dict[str, Any] | None) -> tuple[str, str] | None:
 def _same_cause(i: Incident, d: Diagnosis) -> bool:
     """Whether ``d`` may re-open ``i``: it names no cause yet, or the one ``i`` named."""
     top = d.top
-    if top is None:
-        return True
-    return _cause_key(i.top) == (top.kind, top.culprit)
+    return top is None or _cause_key(i.top) == (top.kind, top.culprit)
 
 
-def live_of(incidents: list[Incident], model: str, gpu: str, indicator: str) -> Incident | None:
-    """The newest live incident of (``model``, ``gpu``) affecting ``indicator`` among
-    ``incidents``."""
-    got = [
-        i
-        for i in incidents
-        if i.live and i.model == model and i.gpu == gpu and indicator in i.indicators
-    ]
-    return max(got, key=lambda i: i.start_ns) if got else None
+def _overlaps(lo: int, hi: int, d: Diagnosis) -> bool:
+    return d.start_ns <= hi and d.end_ns >= lo
 
 
 class IncidentBook:
     """Reads and writes incidents. Thread-safe: :meth:`update` reads, merges and writes
-    under the book's lock, so one book never rewrites an incident from two threads at once
-    (``cotenant serve`` has one book, shared by the analysis loop, the API and the dashboard).
+    under the book's lock (``cotenant serve`` has one book, shared by the analysis loop, the
+    API and the dashboard).
 
     ``gap_ns``: an open incident no diagnosis continues any more is resolved once its end is
     this far behind the pass. ``cooldown_ns``: a slowdown starting within this time after an
     incident ended continues it. ``publish_windows``: windows of the slowdown attribution
-    needs before the incident is published as ``open``; ``degradation_s``: how long a
-    slowdown within its SLO must have lasted before it is (one over sooner is withdrawn)."""
+    needs before the incident is published as ``open``."""
 
     def __init__(
         self,
@@ -104,11 +86,9 @@ class IncidentBook:
         *,
         cooldown_ns: int = 30_000_000_000,
         publish_windows: int = 5,
-        degradation_s: float = 30.0,
     ) -> None:
         self._store = store
         self._gap_ns = gap_ns
-        self._degradation_ns = int(degradation_s * 1e9)
         self._cooldown_ns = cooldown_ns
         self._publish = publish_windows
         self._lock = threading.Lock()
@@ -146,89 +126,34 @@ class IncidentBook:
         r = get_incident(self._store, incident_id)
         return None if r is None else from_stored(r)
 
-    def live_for(self, model: str, gpu: str, indicator: str = E2E) -> Incident | None:
-        """The (model, GPU)'s incident affecting ``indicator`` still diagnosing or open."""
-        return live_of(self.live(), model, gpu, indicator)
-
     def update(
-        self,
-        diags: list[Diagnosis],
-        model: str,
-        gpu: str,
-        horizon_start_ns: int,
-        now_ns: int,
-        *,
-        late_ns: int | None = None,
-        watched_from_ns: int = 0,
+        self, diags: list[Diagnosis], model: str, gpu: str, horizon_start_ns: int, now_ns: int
     ) -> list[IncidentEvent]:
         """Merge the diagnoses of one (model, gpu) over ``[horizon_start, now)``, of every
-        indicator, into its incidents (one per event); resolve live incidents the horizon no
-        longer shows. Returns what changed, oldest incident first. ``late_ns`` (the live
-        loop): a slowdown whose detector fired longer ago than this, after
-        ``watched_from_ns`` (the loop's first pass), yet that no incident holds, opens none
-        (it was not news when it happened: only a baseline that moved since, its history
-        scrolled out of the horizon, makes it look slow now)."""
+        indicator, into its incidents; record its ordinary contention; resolve live incidents
+        the horizon no longer shows. Returns what changed, oldest incident first."""
         with self._lock:
             mine = [i for i in self.live() if i.model == model and i.gpu == gpu]
+            since = horizon_start_ns - self._cooldown_ns
             mine += [
-                i
-                for i in self.find(
-                    model=model,
-                    since_ns=horizon_start_ns - self._cooldown_ns,
-                    state=RESOLVED,
-                )
-                if i.gpu == gpu
+                i for i in self.find(model=model, since_ns=since, state=RESOLVED) if i.gpu == gpu
             ]
-            late = None if late_ns is None else (now_ns - late_ns, watched_from_ns)
-            return self._update_events(diags, mine, model, gpu, now_ns, late)
+            return self._update(diags, mine, model, gpu, now_ns)
 
-    def _update_events(
-        self,
-        diags: list[Diagnosis],
-        current: list[Incident],
-        model: str,
-        gpu: str,
-        now_ns: int,
-        late: tuple[int, int] | None,
+    def _update(
+        self, diags: list[Diagnosis], current: list[Incident], model: str, gpu: str, now_ns: int
     ) -> list[IncidentEvent]:
-        """:meth:`update` for the diagnoses and incidents of one (model, GPU)."""
         groups: dict[str, tuple[Incident, list[Diagnosis], bool]] = {}
         extent = {i.id: (i.start_ns, i.end_ns) for i in current}
-        mine = sorted((d for d in diags if d.incident), key=lambda d: d.start_ns)
-        # the ordinary contention recorded near them (only a degradation can be ordinary)
-        known = (
-            find_contention(self._store, model, gpu, mine[0].start_ns - self._cooldown_ns)
-            if any(d.severity == DEGRADATION for d in mine)
-            else []
-        )
-        seen: dict[str, Contention] = {}
-        for d in mine:
-            if d.seen:
-                # found by the live loop's sweep, no higher than the model's recent
-                # slowdowns: ordinary contention, unless an incident holds it
-                row = contention_row(d, known, now_ns, self._cooldown_ns)
-                held = any(i.start_ns <= d.end_ns and i.end_ns >= d.start_ns for i in current)
-                if row is not None and not held:
-                    seen[row.id] = row
-                    known = [row, *(k for k in known if k.id != row.id)]
-                continue
+        ordinary: list[Diagnosis] = []
+        for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
             inc = self._match(current, extent, d)
+            if d.verdict in ORDINARY_VERDICTS and (
+                inc is None or not _overlaps(*extent[inc.id], d)
+            ):
+                ordinary.append(d)
+                continue
             created = inc is None
-            stale = late is not None and late[1] <= d.detected_ns < late[0]
-            # (a fellow victim is news once another's incident corroborates it, however long
-            # after its own detector could first see it)
-            if inc is None and stale and not d.carried and not is_fellow(d):
-                # found long after it began, not news then: a baseline that moved since
-                # (history scrolled out of the horizon) does not make it an incident now
-                continue
-            row = None if inc is not None else contention_row(d, known, now_ns, self._cooldown_ns)
-            if row is not None:
-                # slower within its SLO because of its own traffic, or a neighbour's burst
-                # like the ones it has lately had: ordinary contention, recorded, not news
-                # (an incident opened for something else still continues through it)
-                seen[row.id] = row
-                known = [row, *(k for k in known if k.id != row.id)]
-                continue
             if inc is None:
                 inc = self._new(d, model, gpu, now_ns)
                 current.append(inc)
@@ -240,18 +165,7 @@ class IncidentBook:
         written: list[Incident] = []
         dismissed: list[Incident] = []
         for inc, ds, created in groups.values():
-            told = self._told(inc, ds)
-            if inc.state == DIAGNOSING and self._withdrawn(told[0]):
-                row = contention_row(told[0], known, now_ns, self._cooldown_ns)
-                if row is not None:  # ordinary contention after all: recorded as such
-                    seen[row.id] = row
-                # never published, and no news after all: withdrawn
-                inc.state = DISMISSED
-                dismissed.append(inc)
-                if not created:
-                    events.append(IncidentEvent("dismissed", inc, now_ns))
-                continue
-            got = self._apply(inc, *told, now_ns, created)
+            got = self._apply(inc, *self._told(inc, ds), now_ns, created)
             events += got
             if got or created or inc.live:
                 inc.updated_ns = now_ns
@@ -260,17 +174,47 @@ class IncidentBook:
             if inc.id in groups or not inc.live:
                 continue
             if inc.state == DIAGNOSING:
-                # its slowdown turned out a transient: never published, so withdrawn
+                # what it held is no slowdown after all (rows landed late): never published
                 inc.state = DISMISSED
                 dismissed.append(inc)
                 events.append(IncidentEvent("dismissed", inc, now_ns))
             elif inc.end_ns < now_ns - self._gap_ns:
                 events += self._resolve(inc, now_ns)
                 written.append(inc)
-        self._write(written)
-        self._delete(dismissed)
-        upsert_contention(self._store, list(seen.values()))
+        upsert_incidents(self._store, [to_stored(i) for i in written])
+        delete_incidents(self._store, [i.id for i in dismissed])
+        if ordinary:
+            self._record(ordinary, model, gpu, now_ns)
         return events
+
+    def _record(self, diags: list[Diagnosis], model: str, gpu: str, now_ns: int) -> None:
+        """Ordinary contention into the ``contention`` table: a row per slowdown, extended
+        while it lasts (a row within the cool-down of it is the same slowdown)."""
+        known = find_contention(self._store, model, gpu, diags[0].start_ns - self._cooldown_ns)
+        rows: dict[str, Contention] = {}
+        cool = self._cooldown_ns
+        for d in diags:
+            near = [
+                k for k in known if k.start_ns <= d.end_ns + cool and k.end_ns >= d.start_ns - cool
+            ]
+            was = near[0] if near else None
+            top = d.top
+            row = Contention(
+                id=was.id if was is not None else "ctn-" + d.id.removeprefix("inc-"),
+                model=d.model,
+                gpu=d.gpu,
+                indicator=d.indicator,
+                start_ns=min(d.start_ns, was.start_ns) if was is not None else d.start_ns,
+                end_ns=max(d.end_ns, was.end_ns) if was is not None else d.end_ns,
+                updated_ns=now_ns,
+                reason=d.verdict,
+                top_cause=top.kind if top is not None else None,
+                top_culprit=top.culprit if top is not None else None,
+                causes=[c.to_dict() for c in d.causes],
+            )
+            rows[row.id] = row
+            known = [row, *(k for k in known if k.id != row.id)]
+        upsert_contention(self._store, list(rows.values()))
 
     def _told(self, inc: Incident, ds: list[Diagnosis]) -> tuple[Diagnosis, str, dict[str, Any]]:
         """The diagnoses of one incident (any indicators) as one: the lead indicator's
@@ -336,21 +280,12 @@ class IncidentBook:
             d.indicator,
         )
 
-    def _withdrawn(self, d: Diagnosis) -> bool:
-        """An unpublished slowdown that is no news: ordinary contention (:func:`ordinary`), or a
-        degradation over before it lasted ``degradation_ns`` (a blip)."""
-        short = d.end_ns - d.start_ns < self._degradation_ns
-        return bool(ordinary(d)) or (d.severity == DEGRADATION and not d.open and short)
-
     def _ready(self, d: Diagnosis, named: bool) -> bool:
-        """Whether attribution has seen enough of the slowdown to publish its cause. A
-        degradation (no SLO crossed) is published once it has lasted ``degradation_ns``."""
-        if d.severity == DEGRADATION and d.end_ns - d.start_ns < self._degradation_ns:
-            return False
+        """Whether attribution has seen enough of the slowdown to publish its cause: it is
+        over, or it has ``publish_windows`` windows and a named cause (an unknown one after a
+        minute of trying: most name their cause once the co-tenants' counters have landed)."""
         if d.carried or not d.open:
             return True
-        # an unknown cause is published only after a minute of trying: most slowdowns
-        # name their cause once the co-tenants' counters of those windows have landed
         return d.during_windows >= self._publish and (
             named or d.during_windows >= UNNAMED_PUBLISH_WINDOWS
         )
@@ -385,10 +320,8 @@ class IncidentBook:
         if d.replica is not None:
             inc.replica = d.replica
         if not d.carried:
-            new = d.to_dict()
-            frozen = ("baseline_p99_ms", "threshold_ms", "judged_on")
-            keep: dict[str, Any] = {k: mine[k] for k in frozen if k in mine}
-            inc.detail = {**new, **keep, "cause_history": inc.cause_history}
+            keep = {k: mine[k] for k in ("baseline_p99_ms", "judged_on") if k in mine}
+            inc.detail = {**d.to_dict(), **keep, "cause_history": inc.cause_history}
         if entries:
             inc.detail["indicators"] = entries
         inc.detail.update(
@@ -451,9 +384,3 @@ class IncidentBook:
         inc.detail["resolved_at_end_ns"] = inc.end_ns
         inc.updated_ns = now_ns
         return [IncidentEvent("resolved", inc, now_ns)]
-
-    def _delete(self, incidents: list[Incident]) -> None:
-        delete_incidents(self._store, [i.id for i in incidents])
-
-    def _write(self, incidents: list[Incident]) -> None:
-        upsert_incidents(self._store, [to_stored(i) for i in incidents])

@@ -29,7 +29,8 @@ UNITS = {E2E: "ms", TTFT: "ms", TPOT: "ms/token"}
 @dataclass(frozen=True)
 class Series:
     """One indicator's windows: its p99 (ms), the request count behind each window, and its
-    typical request (e2e: the median; TTFT, TPOT: the mean) for :mod:`analysis.evidence`."""
+    typical request (the mean: every source has it, a histogram's sum over its count and a
+    rollup's minute alike) for :mod:`analysis.detector`. Arrays of shape ``(n_windows,)``."""
 
     p99_ms: np.ndarray
     count: np.ndarray
@@ -40,7 +41,7 @@ def indicator_series(w: GpuWindows, model: str) -> dict[str, Series]:
     """``model``'s indicators on ``w`` that have data: e2e always, TTFT and TPOT where its
     requests carry token counts and some window holds the value."""
     v = w.models[model]
-    out = {E2E: Series(v["p99_ms"], v["count"], v["p50_ms"])}
+    out = {E2E: Series(v["p99_ms"], v["count"], v["mean_ms"])}
     tok = w.tokens.get(model)
     if tok is None:
         return out

@@ -13,26 +13,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from cotenant.analysis.diagnose import Diagnosis, diagnose_windows, history_range
-from cotenant.analysis.episodes import DEGRADATION, Carry
-from cotenant.analysis.fellows import (
-    FirstCause,
-    corroborator,
-    fellow_victims,
-    incident_causes,
-    shared_params,
-)
+from cotenant.analysis.detector.detect import DetectorParams
+from cotenant.analysis.detector.episode import Carry
+from cotenant.analysis.detector.verdicts import FirstCause, corroborator, incident_causes
+from cotenant.analysis.diagnose import diagnose_windows, history_range
+from cotenant.analysis.diagnosis import Diagnosis, Judged
 from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.pass_reads import PassReads
 from cotenant.analysis.replicas import annotate_replicas
 from cotenant.analysis.settings import AnalysisSettings
-from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import GpuWindows, WindowCache, gpus_of
 from cotenant.core.errors import CotenantError, SourceError
 from cotenant.core.periodic import Periodic
@@ -60,7 +54,7 @@ class AnalysisLoop:
         clock_ns: Callable[[], int] = time.time_ns,
         on_incident: OnIncident | None = None,
         reread_s: float = AnalysisSettings.reread_s,
-        params: SpikeParams | None = None,
+        params: DetectorParams | None = None,
         batch_reads: bool = False,
         full_read_s: float = AnalysisSettings.full_read_s,
     ) -> None:
@@ -74,24 +68,13 @@ class AnalysisLoop:
         self._reads = PassReads(source) if batch_reads else None
         self._source: MetricSource = self._reads if self._reads is not None else source
         self._reread_s = reread_s
-        # a slowdown first found this long after its detector fired is not news (the book)
-        self._late_ns = int(2 * max(reread_s, interval_s) * 1e9)
-        self._first: int | None = None  # the first pass's time: what came before is news
         self._full_read_s = full_read_s
         self._book = book
         self._slos = slos or Slos()
         self._horizon_ns = int(horizon_s * 1e9)
         self._step_s = step_s
         self._step_ns = int(step_s * 1e9)
-        self._params = params or SpikeParams()
-        # the detector with its ordinary-contention bar off, for the sweep (none without the
-        # bar: every degradation is news then)
-        self._bare = (
-            replace(self._params, ordinary_margin=0.0) if self._params.seen_windows > 0 else None
-        )
-        self._swept_ns: int | None = None  # the last sweep's time
-        # the detector asking less evidence of a fellow victim of an open incident's cause
-        self._shared = shared_params(self._params)
+        self._params = params or DetectorParams()
         self._caches: dict[str, WindowCache] = {}
         self._clock = clock_ns
         self._on_incident = on_incident
@@ -128,20 +111,10 @@ class AnalysisLoop:
             self._reads.new_pass()
         now = self._clock()
         now -= now % self._step_ns
-        if self._first is None:
-            self._first = now
         lo = now - self._horizon_ns
         rng = TimeRange(lo, now)
         events: list[IncidentEvent] = []
         full, first = history_range(rng, self._step_s, self._params)
-        # every full_read_s, the slowdowns the ordinary-contention bar kept from the
-        # detector are looked for too: recorded as such, never incidents (_sweep)
-        sweep = self._bare is not None and (
-            self._swept_ns is None or now - self._swept_ns >= self._full_read_s * 1e9
-        )
-        swept = first
-        if sweep and self._swept_ns is not None:
-            swept = max(first, first + int((self._swept_ns - lo) // self._step_ns))
         read: dict[str, GpuWindows] = {}
         found: list[tuple[list[Diagnosis], str, str]] = []
         # the live incidents once per pass, newest per (model, GPU) (not per model: at
@@ -149,8 +122,7 @@ class AnalysisLoop:
         live: dict[tuple[str, str], Incident] = {}
         unresolved = sorted(self._book.live(), key=lambda i: i.start_ns)
         for inc in unresolved:
-            if inc.live:
-                live[(inc.model, inc.gpu)] = inc
+            live[(inc.model, inc.gpu)] = inc
         causes: dict[str, list[FirstCause]] = {}  # per GPU, its open incidents' first causes
         for cause in incident_causes(unresolved, now):
             causes.setdefault(cause.gpu, []).append(cause)
@@ -170,39 +142,38 @@ class AnalysisLoop:
                 if model not in w.models:
                     continue
                 since = full.since_ns or 0
-                slos = self._slos.token_slos(model)
                 mine = live.get((model, gpu))
                 carries = {
                     ind: c
-                    for ind in (TTFT, TPOT)
+                    for ind in (E2E, TTFT, TPOT)
                     if (c := self._carry(mine, since, ind)) is not None
                 }
-                diags = self._diagnose(
-                    w, model, first, self._params, slos, self._carry(mine, since, E2E), carries
-                )
-                if diags is None:
+                try:
+                    diags = diagnose_windows(
+                        self._source,
+                        w,
+                        model,
+                        first,
+                        slo_ms=self._slos.of(model),
+                        params=self._params,
+                        lag_windows=int(self._reread_s / self._step_s),
+                        carry=carries.pop(E2E, None),
+                        slos=self._slos.token_slos(model),
+                        carries=carries,
+                        causes=causes.get(gpu, []),
+                        fellow=corroborator(mine),
+                    )
+                except CotenantError as exc:
+                    log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
                     continue
-                # a fellow victim of another model's incident; a model with a live incident
-                # of its own is told already, unless that one was found so too
-                others = [x for x in causes.get(gpu, []) if x.victim != model]
-                if self._shared is not None and (
-                    (others and mine is None) or corroborator(mine) is not None
-                ):
-                    diags += self._fellow_victims(w, model, first, slos, diags, others, mine)
-                if sweep:
-                    diags += self._sweep(w, model, swept, slos, diags)
                 if not diags and (model, gpu) not in live:
                     continue  # healthy, nothing live to resolve or dismiss: nothing changes
                 found.append((diags, model, gpu))
-        incidents = [d for diags, _, _ in found for d in diags if d.incident and not d.seen]
+        incidents = [d for diags, _, _ in found for d in diags if d.is_incident]
         if incidents:  # replicas and their siblings: only read when something is slow
             annotate_replicas(incidents, read, self._source.replicas(full))
         for diags, model, gpu in found:
-            events += self._book.update(
-                diags, model, gpu, lo, now, late_ns=self._late_ns, watched_from_ns=self._first
-            )
-        if sweep:
-            self._swept_ns = now
+            events += self._book.update(diags, model, gpu, lo, now)
         self._active = self._book.live()
         events.sort(key=lambda e: (e.at_ns, e.incident.start_ns))
         if self._on_incident is not None:
@@ -211,85 +182,9 @@ class AnalysisLoop:
         self.passes += 1
         return events
 
-    def _diagnose(
-        self,
-        w: GpuWindows,
-        model: str,
-        first: int,
-        params: SpikeParams,
-        slos: dict[str, float | None],
-        carry: Carry | None = None,
-        carries: dict[str, Carry] | None = None,
-    ) -> list[Diagnosis] | None:
-        """The diagnoses of ``model`` on ``w``'s GPU ending at or after window ``first``;
-        None when it cannot be diagnosed (logged)."""
-        try:
-            return diagnose_windows(
-                self._source,
-                w,
-                model,
-                first,
-                slo_ms=self._slos.of(model),
-                params=params,
-                lag_windows=int(self._reread_s / self._step_s),
-                carry=carry,
-                slos=slos,
-                carries=carries,
-            )
-        except CotenantError as exc:
-            log.debug("no diagnosis for %s on %s: %s", model, w.gpu, exc)
-            return None
-
-    def _sweep(
-        self,
-        w: GpuWindows,
-        model: str,
-        first: int,
-        slos: dict[str, float | None],
-        found: list[Diagnosis],
-    ) -> list[Diagnosis]:
-        """The degradations of ``model`` ending at or after window ``first``, apart from the
-        slowdowns ``found``, that the detector finds with its ordinary-contention bar off
-        (:attr:`Diagnosis.seen`): no higher than slowdowns the model had in the recent
-        history, so its ordinary contention, which the incident book records for the weekly
-        report and opens nothing for (issue 25: a voice model's neighbour slowed by three
-        image campaigns in a row was not recorded from the second). A breach found so is
-        left to the detector (an SLO crossing it missed is not made an incident a minute
-        late)."""
-        assert self._bare is not None
-        diags = self._diagnose(w, model, first, self._bare, slos) or []
-        out = [
-            d
-            for d in diags
-            if d.severity == DEGRADATION
-            and d.incident
-            and not any(f.start_ns <= d.end_ns and f.end_ns >= d.start_ns for f in found)
-        ]
-        for d in out:
-            d.seen = True
-        return out
-
-    def _fellow_victims(
-        self,
-        w: GpuWindows,
-        model: str,
-        first: int,
-        slos: dict[str, float | None],
-        found: list[Diagnosis],
-        causes: list[FirstCause],
-        mine: Incident | None,
-    ) -> list[Diagnosis]:
-        """The degradations of ``model`` ending at or after window ``first``, apart from the
-        slowdowns ``found``, that the detector finds asking a fellow victim's evidence and
-        that are fellow victims of another model's open incident on the GPU (``causes``) or
-        continue ``mine`` (:mod:`analysis.fellows`)."""
-        assert self._shared is not None
-        candidates = self._diagnose(w, model, first, self._shared, slos) or []
-        return fellow_victims(candidates, found, causes, self._params, mine)
-
     def _carry(self, inc: Incident | None, since_ns: int, indicator: str) -> Carry | None:
         """A live incident's episode on ``indicator`` when it began before the windows read
-        and is still open: the detector continues it with its frozen baseline instead of
+        and is still open: the detector continues it against its frozen normal instead of
         learning a new one."""
         if inc is None:
             return None
@@ -298,21 +193,11 @@ class AnalysisLoop:
             if indicator != inc.indicator:
                 return None
             entry = {**inc.detail, "start_ns": inc.start_ns, "open": True}
-        start = entry.get("start_ns")
-        base = entry.get("baseline_p99_ms")
-        thr = entry.get("threshold_ms")
-        if start is None or start >= since_ns or base is None or thr is None:
+        start, judged = entry.get("start_ns"), entry.get("judged_on")
+        if start is None or start >= since_ns or not judged or not entry.get("open", True):
             return None
-        if not entry.get("open", True):
-            return None
-        judged = entry.get("judged_on") or {}
-        return Carry(
-            start=int((start - since_ns) // self._step_ns),
-            baseline_ms=float(judged.get("baseline_ms") or base),
-            threshold_ms=float(thr),
-            severity=str(entry.get("severity", inc.severity)),
-            rule=str(judged.get("rule", "p99")),
-            span=int(judged.get("span_windows", 0)),
+        return Judged.from_dict(judged).carry(
+            int((start - since_ns) // self._step_ns), str(entry.get("severity", inc.severity))
         )
 
     def collect(self) -> Iterator[Metric]:

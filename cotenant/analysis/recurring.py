@@ -1,13 +1,12 @@
-"""A co-tenant's recurring bursts: ordinary contention, not news (issue 25, item 2).
+"""A co-tenant's recurring bursts: ordinary contention, not news.
 
 A victim's slowdown within its SLO while a co-tenant model bursts is that co-tenant's doing,
 but when the co-tenant has burst as high at least :data:`MIN_SEEN` times in the recent
 history (:data:`MEMORY_S`), it is the trace's usual burstiness: the Azure code
 trace bursts every few minutes, and its chat neighbour is slower each time, by more one time
-than another. The victim-side bar of :mod:`analysis.evidence` (a level above every one seen
-lately) misses such a neighbour whenever a burst lands a little harder than the last two; the
-culprit-side test here does not: it asks whether the co-tenant is doing anything it has not
-done before.
+than another. The victim's normal (:mod:`analysis.detector.normal`) takes the spread of such
+bursts in, but a burst that lands a little harder than the last two still crosses it; the
+culprit-side test here asks instead whether the co-tenant is doing anything it has not done before.
 
 The co-tenant's arrival rate is smoothed over :data:`SMOOTH_S` seconds. Its **current burst**
 began where that rate last stood under half the way from its typical level (the median over
@@ -19,7 +18,7 @@ nothing yet); a third of the same height is not.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -49,17 +48,13 @@ def smoothed(arrivals: np.ndarray, windows: int) -> np.ndarray:
     return np.asarray((c[idx] - c[lo]) / (idx - lo))
 
 
-class Bursts(NamedTuple):
-    evidence: dict[str, Any]  # peak_rps, typical_rps, earlier_bursts, memory_s
-    earlier: list[tuple[int, int]]  # the windows [lo, hi) of each earlier burst like it
-    current: tuple[int, int]  # ... and of the current one
-
-
-def earlier_bursts(arrivals: np.ndarray, start: int, end: int, step_s: float) -> Bursts | None:
-    """The bursts of the co-tenant whose per-window arrival rates are ``arrivals`` when it
-    was in a burst during windows ``[start, end]`` like :data:`MIN_SEEN` or more it had in
-    the :data:`MEMORY_S` before that burst began (the evidence, and the windows of each);
-    None when it was not bursting, or not like that before."""
+def earlier_bursts(
+    arrivals: np.ndarray, start: int, end: int, step_s: float
+) -> dict[str, Any] | None:
+    """The evidence that the co-tenant whose per-window arrival rates are ``arrivals`` was in
+    a burst during windows ``[start, end]`` like :data:`MIN_SEEN` or more it had in the
+    :data:`MEMORY_S` before that burst began (its peak and typical rate, how many, the memory
+    looked over); None when it was not bursting, or not like that before."""
     n = len(arrivals)
     memory = round(MEMORY_S / step_s)
     if n == 0 or start >= n:
@@ -78,26 +73,16 @@ def earlier_bursts(arrivals: np.ndarray, start: int, end: int, step_s: float) ->
     past = r[max(0, began - memory) : began]
     above = np.concatenate(([False], past >= half, [False]))
     edges = np.flatnonzero(np.diff(above.astype(np.int8)))
-    off = max(0, began - memory)
-    # a trailing mean over k windows crosses half height k/2 - 1 windows after a burst
-    # began, and falls back under it k/2 windows after it ended
-    lag = round(SMOOTH_S / step_s) // 2
-    seen = [
-        (max(0, off + int(a) - lag + 1), max(0, off + int(b) - lag))
+    seen = sum(
+        1
         for a, b in zip(edges[::2], edges[1::2], strict=True)
         if float(past[a:b].max()) >= AS_HIGH * peak
-    ]
-    if len(seen) < MIN_SEEN:
+    )
+    if seen < MIN_SEEN:
         return None
-    evidence = {
+    return {
         "peak_rps": round(peak, 3),
         "typical_rps": round(typical, 3),
-        "earlier_bursts": len(seen),
+        "earlier_bursts": seen,
         "memory_s": round(min(memory, began) * step_s),
     }
-    # the current burst: the run over half height holding its peak
-    top = start + int(np.argmax(r[start : end + 1]))
-    low = np.flatnonzero(r < half)
-    lo = int(low[low < top][-1]) + 1 if (low < top).any() else 0
-    hi = int(low[low > top][0]) if (low > top).any() else n
-    return Bursts(evidence, seen, (max(0, lo - lag + 1), max(0, hi - lag)))

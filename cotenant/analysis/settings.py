@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cotenant.analysis.spikes import SpikeParams
+from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.core.config_key import key
 
 
@@ -26,13 +26,6 @@ class AnalysisSettings:
         {}, "p99 time-per-output-token SLO per generative model in ms per token (env: 'chat=50')"
     )
     max_range_h: float = key(24.0, "longest range one on-demand diagnosis may cover", min=0.01)
-    season_s: float = key(
-        86400.0,
-        "latency cycle learned by on-demand diagnoses (API, CLI, alerts) that read 2 cycles of "
-        "history, when one cycle is at most 10,080 windows of their step (a day needs a step "
-        ">= 8.6 s); the live loop does not use it (0 = no seasonal baseline)",
-        min=0.0,
-    )
     reread_s: float = key(
         30.0,
         "how far back each pass re-reads (must exceed ingest lag: late rows older than "
@@ -45,8 +38,7 @@ class AnalysisSettings:
         "rows landing later than reread_s are seen within this time (the GPU counters are "
         "re-read, and the requests when some landed late; in fleet mode, where Prometheus "
         "holds each sample from its scrape on and every look is a full read, 600 saves most of "
-        "the loop's reads), and the range is swept for the ordinary contention the detector "
-        "kept out (recorded, not raised)",
+        "the loop's reads)",
         min=1.0,
     )
     cooldown_s: float = key(
@@ -55,33 +47,57 @@ class AnalysisSettings:
         "re-opens that incident instead of opening another",
         min=0.0,
     )
-    degradation_ratio: float = key(
-        1.3,
-        "a degradation (slower than its baseline, within its SLO or without one): the median "
-        "p99 at least this many times the baseline frozen before it ...",
+    false_alarms_per_hour: float = key(
+        0.05,
+        "false incidents per model-hour accepted on a model that is fine: the detector's one "
+        "main knob. Every threshold follows from it and the model's request rate; lower waits "
+        "for more evidence (later detection, fewer false alarms), higher pages sooner",
+        min=1e-6,
+        max=100.0,
+    )
+    min_slowdown: float = key(
+        1.1,
+        "the smallest slowdown (ratio to its normal) worth an incident: one under the square "
+        "root of it adds no evidence at all, one just above it takes long to prove",
         min=1.0,
+        max=10.0,
     )
-    degradation_margin_ms: float = key(2.0, "... and at least this much over it (ms) ...", min=0.0)
-    degradation_s: float = key(
-        30.0, "... for at least this long (0 = no degradations, breaches only)", min=0.0
-    )
-
-    ordinary_s: float = key(
-        600.0,
-        "a degradation no worse than a slowdown of the model in this much recent history is its "
-        "ordinary contention (a co-tenant's recurring bursts), not an incident, and so is one "
-        "a co-tenant's burst like two it had in the last 30 min explains; both are recorded for "
-        "the weekly report; SLO breaches always are incidents (0 = every degradation is news)",
+    min_excess_ms: float = key(
+        1.0,
+        "... and the smallest excess in ms (half of it adds no evidence): sub-millisecond "
+        "wobbles of a fast model are nobody's incident",
         min=0.0,
     )
+    baseline_s: float = key(
+        1800.0,
+        "history a model's normal is learnt from (outside its incidents): its typical latency, "
+        "how much it varies, and the spread of its ordinary contention (a neighbour's usual "
+        "bursts are normal). Longer remembers rarer bursts; the live loop reads this much more "
+        "than its horizon",
+        min=60.0,
+    )
+    warmup_windows: int = key(
+        60,
+        "windows with requests a model's normal needs before it is judged at all (a model at "
+        "0.1 req/s is judged after about 10 minutes, one at 10 req/s after a minute)",
+        min=8,
+    )
+    fellow_factor: float = key(
+        20.0,
+        "a slowdown beside another model's incident that names the same first cause is an "
+        "incident (a fellow victim) on the evidence that would give this many times the false "
+        "alarms (1 = no lower bar for fellow victims)",
+        min=1.0,
+    )
 
-    def spike_params(self) -> SpikeParams:
-        """The detector's parameters these keys set (the rest keep their defaults)."""
-        return SpikeParams(
-            seen_windows=round(self.ordinary_s / self.step_s),
-            degrade_ratio=self.degradation_ratio,
-            degrade_abs_ms=self.degradation_margin_ms,
-            degrade_windows=(
-                max(1, round(self.degradation_s / self.step_s)) if self.degradation_s > 0 else 0
-            ),
+    def detector_params(self) -> DetectorParams:
+        """The detector's parameters these keys set."""
+        return DetectorParams(
+            false_per_hour=self.false_alarms_per_hour,
+            min_slowdown=self.min_slowdown,
+            min_excess_ms=self.min_excess_ms,
+            baseline_s=self.baseline_s,
+            min_samples=self.warmup_windows,
+            fellow=self.fellow_factor,
+            quiet_s=self.cooldown_s,
         )

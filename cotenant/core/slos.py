@@ -15,12 +15,37 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 E2E = "e2e"
 TTFT = "ttft"
 TPOT = "tpot"
 INDICATORS: tuple[str, ...] = (E2E, TTFT, TPOT)
 """Latency indicators an SLO can be set on: end to end, time to first token, time per output
 token (the last two for generative models)."""
+
+BREACH = "breach"
+"""Severity of a slowdown that crossed its SLO."""
+DEGRADATION = "degradation"
+"""Severity of a slowdown within its SLO (or of a model without one)."""
+SEVERITIES = (BREACH, DEGRADATION)
+BREACH_OP = ">"
+"""The comparison of a p99 with its SLO that is a breach (strictly above), as PromQL writes it."""
+
+
+def breach_sql(value: str, slo: str) -> str:
+    """:func:`breach` as a SQL (or PromQL) condition on two expressions."""
+    return f"({value} {BREACH_OP} {slo})"
+
+
+def breach(p99_ms: np.ndarray | float, slo_ms: float | None) -> np.ndarray:
+    """The one definition of breach, per value: a p99 (ms) strictly above the SLO; never for a
+    model without one (``None`` or <= 0), never for a missing value (NaN). Shape of ``p99_ms``."""
+    v = np.asarray(p99_ms, dtype=np.float64)
+    if slo_ms is None or slo_ms <= 0:
+        return np.zeros(v.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        return np.asarray(np.nan_to_num(v, nan=-np.inf) > slo_ms)
 
 
 @dataclass(frozen=True)
@@ -107,8 +132,7 @@ class Slos:
     def breached(self, model: str, p99_ms: float, indicator: str = E2E) -> bool:
         """The one definition of breach: a p99 strictly above the model's SLO on that
         indicator (never, for a model without one)."""
-        slo = self.of(model, indicator)
-        return slo is not None and p99_ms > slo
+        return bool(breach(p99_ms, self.of(model, indicator)))
 
     def explicit(self, indicator: str = E2E) -> dict[str, float]:
         """The models named for ``indicator`` -> ms (what ``[analysis] slo_ms`` lists)."""

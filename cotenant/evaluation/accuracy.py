@@ -32,12 +32,14 @@ import numpy as np
 
 from cotenant.analysis.baselines.base import Ranker
 from cotenant.analysis.candidates import Candidate, candidate_series
-from cotenant.analysis.diagnose import Diagnosis, diagnose
-from cotenant.analysis.fellows import diagnosis_causes, fellow_victims, shared_params
-from cotenant.analysis.spikes import SpikeParams
+from cotenant.analysis.detector.detect import DetectorParams
+from cotenant.analysis.detector.verdicts import diagnosis_causes
+from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.diagnosis import Diagnosis
 from cotenant.analysis.windows import GpuWindows, gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.goal import slowed
+from cotenant.evaluation.victim_score import Found
 from cotenant.simulator import output
 from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import load_scenario
@@ -125,22 +127,31 @@ def _overlaps(d: Diagnosis, lo: int, hi: int) -> bool:
     return d.start_ns < hi and d.end_ns > lo
 
 
-def diagnose_models(source: StoreSource, s: Scenario, rng: TimeRange) -> list[Diagnosis]:
-    """Every model's incidents over ``rng``, and the fellow victims of those incidents among
-    the models they leave out, as an on-demand diagnosis finds them against the incidents
-    stored (:mod:`analysis.fellows`; here, the other models' diagnoses stand for those)."""
-    p = SpikeParams()
-    shared = shared_params(p)
-    own = {m.name: diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms) for m in s.models}
+def diagnose_models(
+    source: StoreSource, s: Scenario, rng: TimeRange, params: DetectorParams | None = None
+) -> list[Diagnosis]:
+    """Every model's incidents over ``rng``, as an on-demand diagnosis finds them beside the
+    incidents stored (here, the other models' incidents found first stand for those: they may
+    make a smaller slowdown a fellow victim). Ordinary contention is left out."""
+    own = {
+        m.name: diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms, params=params) for m in s.models
+    }
     causes = diagnosis_causes(d for ds in own.values() for d in ds)
     out: list[Diagnosis] = []
     for m in s.models:
         mine = own[m.name]
-        others = [c for c in causes if c.victim != m.name and c.gpu == m.gpu]
-        if shared is not None and others:
-            got = diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms, params=shared)
-            mine = mine + fellow_victims(got, mine, others, p)
-        out += mine
+        if any(c.victim != m.name and c.gpu == m.gpu for c in causes):
+            mine = diagnose(source, m.name, rng, slo_ms=m.slo_p99_ms, params=params, causes=causes)
+        out += [d for d in mine if d.is_incident]
+    return out
+
+
+def found_from_diagnoses(diags: Sequence[Diagnosis]) -> list[Found]:
+    """The batch path's incidents for :mod:`evaluation.victim_score` (one cause list each)."""
+    out = []
+    for d in diags:
+        causes = tuple(f"{c.kind}:{c.culprit}" for c in d.causes if c.kind != "unknown")
+        out.append(Found(d.model, d.start_ns, d.end_ns, d.detected_ns, causes, causes, d.severity))
     return out
 
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.analysis.incident_record import IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
-from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import gpu_windows
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
@@ -46,6 +46,7 @@ from cotenant.evaluation.goal import (
     at_goal,
     slowed,
 )
+from cotenant.evaluation.victim_score import Found
 from cotenant.simulator import output
 from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import load_scenario
@@ -70,13 +71,56 @@ class Seen:
     cause: str | None
     severity: str
     indicator: str = "e2e"
+    causes: tuple[str, ...] = ()  # ranked kind:culprit, unknown left out
 
 
 def _seen(e: IncidentEvent) -> Seen:
     i = e.incident
-    return Seen(
-        e.kind, i.id, i.model, e.at_ns, i.start_ns, i.end_ns, _cause(i.top), i.severity, i.indicator
+    causes = tuple(
+        f"{c['kind']}:{c['culprit']}"
+        for c in i.detail.get("causes", [])
+        if c.get("kind") != "unknown"
     )
+    return Seen(
+        e.kind,
+        i.id,
+        i.model,
+        e.at_ns,
+        i.start_ns,
+        i.end_ns,
+        _cause(i.top),
+        i.severity,
+        i.indicator,
+        causes,
+    )
+
+
+def found_from_events(events: Sequence[Seen]) -> list[Found]:
+    """The live loop's incidents as people saw them, for :mod:`evaluation.victim_score`: each
+    incident that was published (an event other than ``diagnosing``; withdrawn transients
+    never were), detected when first published, its first causes those of that event and its
+    final ones those of its last event."""
+    by_inc: dict[str, list[Seen]] = {}
+    for e in events:
+        by_inc.setdefault(e.incident_id, []).append(e)
+    out = []
+    for evs in by_inc.values():
+        shown = [e for e in evs if e.kind not in ("diagnosing", "dismissed")]
+        if not shown or evs[-1].kind == "dismissed":
+            continue
+        last = evs[-1]
+        out.append(
+            Found(
+                last.model,
+                last.start_ns,
+                last.end_ns,
+                shown[0].at_ns,
+                shown[0].causes,
+                last.causes,
+                last.severity,
+            )
+        )
+    return out
 
 
 @dataclass
@@ -127,7 +171,7 @@ def replay(
     interval_s: float = 5.0,
     horizon_s: float = 600.0,
     with_truth: bool = True,
-    params: SpikeParams | None = None,
+    params: DetectorParams | None = None,
 ) -> tuple[list[Seen], list[dict[str, Any]], Store, float, int]:
     """Run the live loop over a simulation of ``s``: (events as published, the faults' truth
     (empty without ``with_truth``), the store, CPU seconds of the loop, passes). ``params``:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.analysis.diagnose import diagnose_windows, history_range
 from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.analysis.spikes import SpikeParams
 from cotenant.analysis.windows import gpu_windows
 from cotenant.core.errors import QueryError
 from cotenant.core.timerange import TimeRange
@@ -31,15 +31,15 @@ def backfill_incidents(
     until_ns: int,
     *,
     slo_ms: Mapping[str, float] | None = None,
-    params: SpikeParams | None = None,
+    params: DetectorParams | None = None,
 ) -> list[Incident]:
     """Diagnose every (model, GPU) of ``[since, until)`` at one-minute windows and write the
     incidents found. Returns them. Raises QueryError for an empty or reversed range."""
     if until_ns <= since_ns:
         raise QueryError("backfill: until must be after since")
-    p = params or SpikeParams()
+    p = params or DetectorParams()
     source = StoreSource(store)
-    book = IncidentBook(store, gap_ns=int(p.close_windows * STEP_S * 1e9))
+    book = IncidentBook(store, gap_ns=int(5 * STEP_S * 1e9))
     full, first = history_range(TimeRange(since_ns, until_ns), STEP_S, p)
     by_gpu: dict[str, list[str]] = {}
     for model, gpu in rollup_model_gpus(store, TimeRange(since_ns, until_ns)):

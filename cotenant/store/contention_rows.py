@@ -1,7 +1,7 @@
 """The ``contention`` table: ordinary contention, typed reads and upserts (schema 8).
 
 One row per slowdown within the SLO that the incident book kept out of the incidents because
-it was ordinary (:func:`analysis.ordinary.ordinary`): the model's own traffic, or a
+it was ordinary (:mod:`analysis.detector.verdicts`): the model's own traffic, or a
 co-tenant's burst like the ones it has lately had. Rewritten in place (``INSERT OR REPLACE``
 on ``id``) while the slowdown lasts, so the weekly report can count who slows whom even when
 nobody was paged.
@@ -29,7 +29,7 @@ class Contention:
     start_ns: int
     end_ns: int
     updated_ns: int
-    reason: str  # own_load | recurring | seen
+    reason: str  # own_load | recurring
     top_cause: str | None = None
     top_culprit: str | None = None
     causes: list[dict[str, Any]] = field(default_factory=list)

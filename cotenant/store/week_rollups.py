@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cotenant.core.slos import SloTable
+from cotenant.core.slos import SloTable, breach_sql
 from cotenant.core.week_reads import GpuThresholds
 from cotenant.store.db import Store
 from cotenant.store.report_queries import dict_rows
@@ -73,7 +73,7 @@ class StoreWeekRollups:
             return []
         return dict_rows(
             self._store,
-            """
+            f"""
             WITH m AS (
                 SELECT minute_ns, model, max(ttft_p99_ms) AS ttft, max(tpot_p99_ms) AS tpot
                 FROM request_rollup_1m
@@ -84,9 +84,9 @@ class StoreWeekRollups:
                            unnest($tpot::DOUBLE[]) AS tpot_slo)
             SELECT model,
                    count(ttft) AS ttft_minutes,
-                   count(*) FILTER (WHERE ttft <= ttft_slo) AS ttft_met,
+                   count(*) FILTER (WHERE NOT {breach_sql("ttft", "ttft_slo")}) AS ttft_met,
                    count(tpot) AS tpot_minutes,
-                   count(*) FILTER (WHERE tpot <= tpot_slo) AS tpot_met
+                   count(*) FILTER (WHERE NOT {breach_sql("tpot", "tpot_slo")}) AS tpot_met
             FROM m JOIN slo USING (model)
             GROUP BY model HAVING count(ttft) + count(tpot) > 0
             ORDER BY model""",

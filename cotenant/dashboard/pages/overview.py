@@ -9,6 +9,7 @@ from typing import Any
 from dash import Dash, Input, Output, Patch, State, ctx, dcc, html, no_update
 
 from cotenant.core.errors import QueryError
+from cotenant.core.slos import breach
 from cotenant.dashboard import figures
 from cotenant.dashboard.components import at, empty, error, fmt, incident_table, tile, times
 from cotenant.dashboard.context import PageContext
@@ -223,7 +224,7 @@ def _no_requests(pc: PageContext, rng: Range) -> str:
 
 def _model_tile(m: dict[str, Any], colour: str) -> html.Div:
     slo = m["slo_ms"]
-    over = slo is not None and m["p99_ms"] is not None and m["p99_ms"] > slo
+    over = m["p99_ms"] is not None and bool(breach(m["p99_ms"], slo))
     rows = [
         ("p99 now", fmt(m["p99_ms"], "ms") + (f" / SLO {fmt(slo, 'ms', 0)}" if slo else "")),
         ("requests/s", fmt(m["rps"], "", 1)),

@@ -1,26 +1,19 @@
-"""Issue 25: slowdowns judged on as many requests as a decision needs (low-rate models), the
-ordinary contention of a model's recent history, and one incident per (model, GPU, event).
-
-The live cases replay scenarios through the real live loop and incident book
-(:func:`cotenant.evaluation.live.replay`) and look at what was published."""
+"""The detector on simulated scenarios, through the paths users read: a batch diagnosis and the
+live loop replayed on a virtual clock (:func:`cotenant.evaluation.live.replay`), looking at
+what was published."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pytest
 from diagnoses import diagnosis
 
 from cotenant.analysis.attribution import Cause
-from cotenant.analysis.diagnose import Diagnosis, diagnose
-from cotenant.analysis.episodes import track
-from cotenant.analysis.evidence import RULE, TAIL, exceed_p0, sign_p
+from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.diagnosis import Diagnosis
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.analysis.spikes import SpikeParams
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.evaluation.live import START_NS, Seen, replay
@@ -43,60 +36,6 @@ S = 1_000_000_000
 FAULT = (300.0, 120.0)
 
 
-def test_the_sign_test_is_the_binomial_tail() -> None:
-    assert sign_p(0, 10) == 1.0
-    assert sign_p(10, 10) == pytest.approx(2.0**-10)
-    assert sign_p(9, 10) == pytest.approx(11 / 1024)
-    assert sign_p(16, 20) == pytest.approx(sum(math.comb(20, j) for j in range(16, 21)) / 2**20)
-
-
-def _sparse(rate: float, n: int, seed: int, slow: tuple[int, int, float] | None = None):
-    """One request every 1/rate s on average: per 1-s window its latency (NaN = no request),
-    ~20 ms with a 10 % spread, ``slow`` = (from, to, factor)."""
-    rng = np.random.default_rng(seed)
-    has = rng.random(n) < rate
-    lat = rng.normal(20.0, 2.0, n)
-    if slow is not None:
-        lat[slow[0] : slow[1]] *= slow[2]
-    center = np.where(has, lat, np.nan)
-    count = has.astype(float)
-    return center.copy(), count, center
-
-
-def test_a_model_at_half_a_request_a_second_is_judged_on_its_requests() -> None:
-    p99, count, center = _sparse(0.5, 720, 1, slow=(400, 520, 1.3))
-    eps = track(p99, count, 300.0, SpikeParams(), center=center).episodes
-    # the p99 rules never see it (no window holds 3 requests) ...
-    assert track(p99, count, 300.0, replace(SpikeParams(), evidence=None)).episodes == []
-    # ... the evidence rule finds it, within the fault, in about a minute
-    # (one request per window: its p99 is that request, so the tail rule, judging the 90th
-    # percentile of them, may be the one that finds it first)
-    [e] = eps
-    assert e.rule in (RULE, TAIL) and e.severity == "degradation"
-    assert 390 <= e.start <= 420 and 500 <= e.end <= 540
-    assert e.opened - 400 <= 60
-    expected = 20.0 if e.rule == RULE else 20.0 * (1 + 1.2816 * 0.1)  # median / 90th pct
-    assert e.baseline_ms == pytest.approx(expected, rel=0.05)
-
-
-def test_the_tail_rule_tests_exceedances_of_a_high_quantile() -> None:
-    # under the baseline 1 in 10 samples is over its 90th percentile: 10 of 30 is no chance
-    assert sign_p(3, 30, 0.1) > 0.5
-    assert sign_p(10, 30, 0.1) < 1e-3
-    assert sign_p(10, 30, 0.1) == pytest.approx(
-        sum(math.comb(30, j) * 0.1**j * 0.9 ** (30 - j) for j in range(10, 31))
-    )
-
-
-def test_a_high_quantile_of_few_samples_is_exceeded_more_often_than_nominal() -> None:
-    # the tail rule's p0: over a 90th percentile of 60 samples (0.1 req/s for 10 minutes) a
-    # normal sample lands more than 1 time in 10; of 6,000 samples, about that
-    assert exceed_p0(0.5, 60) == 0.5
-    assert exceed_p0(0.9, 60) == pytest.approx(0.1 + 2 * math.sqrt(0.09 / 60), abs=1e-3)
-    assert 0.1 < exceed_p0(0.9, 6000) < 0.11
-    assert exceed_p0(0.9, 1) == 0.5
-
-
 def test_a_slower_tail_over_the_slo_with_the_median_flat_is_a_breach() -> None:
     # seen from outside: memory pressure that kept a model 5 % over its SLO for two minutes
     # (its p99 1.37x, its median unchanged) was missed in batch
@@ -112,30 +51,9 @@ def test_a_slower_tail_over_the_slo_with_the_median_flat_is_a_breach() -> None:
     finally:
         store.close()
     [d] = diags
-    assert d.severity == "breach" and d.judged_on and d.judged_on["rule"] == TAIL
+    assert d.severity == "breach"
     assert 200 * S <= d.start_ns <= 260 * S and 300 * S <= d.end_ns <= 340 * S
     assert (d.causes[0].kind, d.causes[0].culprit) == ("memory", "sdxl")
-
-
-def test_no_slowdown_no_episode_at_any_rate() -> None:
-    for rate in (0.2, 0.5, 2.0):
-        for seed in range(5):
-            p99, count, center = _sparse(rate, 1200, seed)
-            assert track(p99, count, None, SpikeParams(), center=center).episodes == []
-
-
-def test_a_slowdown_no_worse_than_one_seen_recently_is_ordinary() -> None:
-    # a co-tenant's burst slows this model 1.3x for a minute, then 1.2x four minutes later:
-    # the first is news; the second, no worse, is ordinary contention (issue 25, item 2)
-    p99, count, center = _sparse(2.0, 900, 3, slow=(300, 360, 1.3))
-    second = center[600:660]
-    center[600:660] = np.where(np.isfinite(second), 24.0, np.nan)
-    eps = track(p99, count, None, SpikeParams(), center=center).episodes
-    assert [e.start // 100 for e in eps] == [3]
-    # with no memory of it, the second one is news too
-    forgetful = replace(SpikeParams(), seen_windows=1)
-    eps = track(p99, count, None, forgetful, center=center).episodes
-    assert [e.start // 100 for e in eps] == [3, 6]
 
 
 def _low_rate(rate: float, slowdown: float) -> Scenario:

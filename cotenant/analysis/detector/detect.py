@@ -1,0 +1,427 @@
+"""One indicator's slowdowns: the detector's stages run over its windows.
+
+For each stretch of :attr:`DetectorParams.refit_s` (aligned to the clock, so every reader of the
+same windows judges them alike) the **normal** of each channel is fitted on the
+:attr:`~DetectorParams.baseline_s` before it, outside every incident (:mod:`.normal`); the
+windows are **scored** against it and fed to the **decision** (:mod:`.decision`); an episode
+that opens keeps its normal **frozen** until its closing test says it is over
+(:mod:`.episode`). The live loop, on-demand diagnosis, the alert receiver, fleet mode, the
+report's backfill and the benches all call :func:`detect` through
+:func:`analysis.diagnose.diagnose_windows`.
+
+Inputs are one indicator's windows (:class:`analysis.indicators.Series`: p99, request count and
+typical value per window, NaN / 0 where a window has none), whatever they summarise: requests of
+one second, a scrape interval's histogram, a rollup's minute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from cotenant.analysis.detector import decision
+from cotenant.analysis.detector.decision import DELTAS, Calibration
+from cotenant.analysis.detector.episode import CHANNELS, TAIL, TYPICAL, Carry, Episode
+from cotenant.analysis.detector.normal import Normal, fit
+from cotenant.analysis.indicators import Series
+from cotenant.core.slos import BREACH, DEGRADATION, breach
+
+MIN_TAIL_COUNT = 3
+"""Requests a window needs for its p99 to be a tail sample (below, it is its typical request)."""
+ODD_SCORE = 3.0
+"""A window scored above this is no "before" for an attribution, even outside an episode."""
+CLOSE_SHARE = 0.5
+"""A slowdown is over when its windows look closer to normal than to this share of the shift
+it showed until it was found (a fault that eases off to a third of its worst is still on)."""
+REFIT_SHARE = 0.05
+"""The normal is fitted again once this share of its samples has arrived since (and at the
+clock's refit boundaries only: every reader of the same windows refits alike)."""
+MAX_BASELINE = 12
+"""A sparse series' normal looks back at most this many baselines for its samples."""
+AS_HIGH = 0.8
+"""An earlier slowdown is as high as this one when its excess over normal is this share of it."""
+
+
+@dataclass(frozen=True)
+class DetectorParams:
+    """The detector's settings (``[analysis]`` keys, docs/configuration.md)."""
+
+    false_per_hour: float = 0.05  # false incidents per model-hour accepted: every threshold
+    min_slowdown: float = 1.1  # a slowdown under half of this (in log) never adds evidence
+    min_excess_ms: float = 1.0  # ... nor one under half of this many ms
+    baseline_s: float = 1800.0  # history the normal is fitted on
+    min_samples: int = 60  # windows with requests the normal needs before anything is judged
+    fellow: float = 20.0  # times the false alarms accepted for a fellow victim's episode
+    refit_s: float = 60.0  # how often the normal is refitted (aligned to the clock)
+    quiet_s: float = 30.0  # a slowdown ends only after this long with no slow-looking window
+
+    def baseline_windows(self, step_s: float) -> int:
+        """Windows the normal is fitted on: ``baseline_s``, and never fewer than twice the
+        samples it needs (a trace of one value a minute learns from two hours)."""
+        return max(math.ceil(self.baseline_s / step_s), 2 * self.min_samples)
+
+    def refit_windows(self, step_s: float) -> int:
+        return max(1, round(self.refit_s / step_s))
+
+    def history_windows(self, step_s: float) -> int:
+        """Windows read before the first one judged, so that it has its whole baseline."""
+        return self.baseline_windows(step_s) + self.refit_windows(step_s)
+
+
+@dataclass
+class Track:
+    """Every episode of one series (weak ones included), and the windows that must not serve as
+    "before" for an attribution (in an episode, or scored far out on their own)."""
+
+    episodes: list[Episode] = field(default_factory=list)
+    abnormal: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+
+def channels(s: Series) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each channel's ``(x, n)``: log ms per window (NaN without a sample) and its requests."""
+    n = np.nan_to_num(np.asarray(s.count, dtype=np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        typ = np.where((n > 0) & (s.center > 0), np.log(s.center), np.nan)
+        tail = np.where((n >= MIN_TAIL_COUNT) & (s.p99_ms > 0), np.log(s.p99_ms), np.nan)
+    return {TYPICAL: (typ, n), TAIL: (tail, n)}
+
+
+def dead_zone(normal: Normal, p: DetectorParams) -> float:
+    """How far (log) above its normal a window must be before it adds any evidence."""
+    rel = math.log(p.min_slowdown) / 2
+    return max(rel, math.log1p(p.min_excess_ms / 2 / max(normal.baseline_ms, 1e-9)))
+
+
+@dataclass
+class _Member:
+    """One CUSUM of the bank: its channel, shift, deflation and state."""
+
+    channel: str
+    k: int  # index into DELTAS
+    s: float = 0.0
+    since: int = 0  # where its current run above zero began
+
+
+def detect(
+    series: Series,
+    slo_ms: float | None,
+    p: DetectorParams,
+    *,
+    step_s: float,
+    origin: int = 0,
+    begin: int = 0,
+    n_eval: int | None = None,
+    carry: Carry | None = None,
+    indicators: int = 1,
+) -> Track:
+    """Episodes of one indicator's windows. ``origin``: the first window's index on the clock's
+    grid of windows (refits fall where ``(origin + i) * step_s`` is a multiple of ``refit_s``);
+    ``begin``: the first window judged (those before are history); ``n_eval``: windows from
+    this one on are not judged yet (rows may still land); ``carry``: an episode open before
+    the first window; ``indicators``: how many indicators of the model share its false-alarm
+    budget."""
+    n = len(series.count)
+    n_eval = n if n_eval is None else max(0, min(n, n_eval))
+    ch = channels(series)
+    run = _Run(series, ch, slo_ms, p, step_s, n_eval, indicators)
+    pos = max(0, begin)
+    if carry is not None:
+        ep = run.follow_carry(carry)
+        run.keep(ep)
+        if ep.open:
+            return run.track()
+        pos = max(pos, run.resume)
+    every = p.refit_windows(step_s)
+    base = p.baseline_windows(step_s)
+    # samples (windows with a typical value) before each window: the normal needs twice
+    # min_samples of them, so a sparse series learns from further back than baseline_s
+    seen = np.concatenate(([0], np.cumsum(np.isfinite(ch[TYPICAL][0]))))
+    need = 2 * p.min_samples
+    members = [_Member(c, k, since=pos) for c in CHANNELS for k in range(len(DELTAS))]
+    fitted: _Fitted | None = None
+    while pos < n_eval:
+        end = min(n_eval, ((origin + pos) // every + 1) * every - origin)
+        if seen[end] == seen[pos]:
+            pos = end  # no sample to judge: nothing moves
+            continue
+        if fitted is None or fitted.stale(pos, int(seen[pos]), base):
+            lo = max(0, pos - base)
+            if seen[pos] - seen[lo] < need:
+                back = int(np.searchsorted(seen, seen[pos] - need, side="right")) - 1
+                lo = max(0, min(lo, back), pos - MAX_BASELINE * base)
+            normals = {
+                c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s)
+                for c, (x, m) in ch.items()
+            }
+            fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]))
+        if fitted.cal is None:
+            for mb in members:
+                mb.s, mb.since = 0.0, end
+            pos = end
+            continue
+        hit = run.scan(members, fitted.normals, fitted.cal, pos, end)
+        if hit is None:
+            pos = end
+            continue
+        ep = run.follow(hit, members, fitted.normals, fitted.cal)
+        run.keep(ep)
+        fitted = None  # its windows teach the next normal nothing
+        for mb in members:
+            mb.s, mb.since = 0.0, run.resume
+        if ep.open:
+            break
+        pos = run.resume
+    return run.track()
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """The normals of a stretch, their thresholds (None: not enough samples to judge), and
+    where they were fitted (window, samples before it)."""
+
+    normals: dict[str, Normal]
+    cal: Calibration | None
+    pos: int
+    seen: int
+
+    @classmethod
+    def of(
+        cls,
+        normals: dict[str, Normal | None],
+        p: DetectorParams,
+        indicators: int,
+        pos: int,
+        seen: int,
+    ) -> _Fitted:
+        usable = {c: v for c, v in normals.items() if v is not None and v.samples >= p.min_samples}
+        typical = usable.get(TYPICAL)
+        if typical is None:
+            return cls({}, None, pos, seen)
+        cal = decision.calibrate(
+            typical.rate * 3600.0,
+            p.false_per_hour,
+            len(usable) * len(DELTAS) * indicators,
+            p.fellow,
+        )
+        return cls(usable, cal, pos, seen)
+
+    def stale(self, pos: int, seen: int, base: int) -> bool:
+        """Whether the normal should be fitted again at ``pos``: enough new samples since
+        (:data:`REFIT_SHARE` of those it was fitted on), or half a baseline of windows."""
+        typical = self.normals.get(TYPICAL)
+        fresh = max(1, round(REFIT_SHARE * (typical.samples if typical else 0)))
+        return seen - self.seen >= fresh or 2 * (pos - self.pos) >= base
+
+
+@dataclass(frozen=True)
+class _Hit:
+    at: int
+    start: int
+    member: _Member
+    states: dict[tuple[str, int], float]  # every member's S at ``at``
+
+
+class _Run:
+    """The state of one :func:`detect` call."""
+
+    def __init__(
+        self,
+        series: Series,
+        ch: dict[str, tuple[np.ndarray, np.ndarray]],
+        slo_ms: float | None,
+        p: DetectorParams,
+        step_s: float,
+        n_eval: int,
+        indicators: int,
+    ) -> None:
+        self.series, self.ch, self.slo, self.p = series, ch, slo_ms, p
+        self.n_eval = n_eval
+        n = len(series.count)
+        self.taken = np.zeros(n, dtype=bool)  # in an incident: no baseline
+        self.odd = np.zeros(n, dtype=bool)  # weak episodes and far-out windows
+        self.episodes: list[Episode] = []
+        self.resume = 0
+        self.memory = p.baseline_windows(step_s)  # earlier slowdowns are counted this far back
+        self.quiet = math.ceil(p.quiet_s / step_s)  # windows a slowdown must be over to end
+
+    def scores(self, c: str, normal: Normal, lo: int, hi: int, deadzone: bool = True) -> np.ndarray:
+        x, m = self.ch[c]
+        shift = dead_zone(normal, self.p) if deadzone else 0.0
+        return normal.score(x[lo:hi] - shift, m[lo:hi])
+
+    def deflation(self, normal: Normal, cal: Calibration, k: int) -> float:
+        return math.sqrt(normal.tau_at(decision.memory(cal.h[k], DELTAS[k])))
+
+    def increments(
+        self, c: str, k: int, normal: Normal, cal: Calibration, lo: int, hi: int
+    ) -> np.ndarray:
+        g = self.scores(c, normal, lo, hi) / self.deflation(normal, cal, k)
+        d = DELTAS[k]
+        return np.where(np.isfinite(g), d * np.nan_to_num(g) - d * d / 2, 0.0)
+
+    def scan(
+        self,
+        members: list[_Member],
+        normals: dict[str, Normal],
+        cal: Calibration,
+        lo: int,
+        hi: int,
+    ) -> _Hit | None:
+        """The first window of ``[lo, hi)`` where a member crosses its weak threshold;
+        members' states move to ``hi`` when none does."""
+        if TYPICAL in normals:
+            with np.errstate(invalid="ignore"):
+                self.odd[lo:hi] |= self.scores(TYPICAL, normals[TYPICAL], lo, hi, False) > ODD_SCORE
+        runs: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        best: tuple[int, _Member] | None = None
+        for mb in members:
+            normal = normals.get(mb.channel)
+            if normal is None:
+                mb.s, mb.since = 0.0, hi
+                continue
+            s, zero = decision.cusum(self.increments(mb.channel, mb.k, normal, cal, lo, hi), mb.s)
+            runs[(mb.channel, mb.k)] = (s, zero)
+            at = decision.first_over(s, cal.weak[mb.k])
+            # (at the same window, the largest shift: the one that fits a sudden jump)
+            if at is not None and (best is None or at <= best[0]):
+                best = (at, mb)
+        if best is None:
+            for mb in members:
+                if (mb.channel, mb.k) in runs:
+                    s, zero = runs[(mb.channel, mb.k)]
+                    z = np.flatnonzero(zero)
+                    mb.s = float(s[-1])
+                    mb.since = lo + int(z[-1]) + 1 if len(z) else mb.since
+            return None
+        at, mb = best
+        s, zero = runs[(mb.channel, mb.k)]
+        z = np.flatnonzero(zero[:at])
+        start = lo + int(z[-1]) + 1 if len(z) else mb.since
+        states = {key: float(v[0][at]) for key, v in runs.items()}
+        # it began at the first sample of the run that crossed
+        x = self.ch[mb.channel][0]
+        has = np.flatnonzero(np.isfinite(x[start : lo + at + 1]))
+        start = start + int(has[0]) if len(has) else lo + at
+        return _Hit(lo + at, start, mb, states)
+
+    def follow(
+        self, hit: _Hit, members: list[_Member], normals: dict[str, Normal], cal: Calibration
+    ) -> Episode:
+        """The episode a weak crossing opened: where it closes (its own channel's test) and
+        whether it crosses the incident threshold before then."""
+        c, k = hit.member.channel, hit.member.k
+        normal = normals[c]
+        dfl = self.deflation(normal, cal, k)
+        g = self.scores(c, normal, hit.start, self.n_eval, deadzone=False) / dfl
+        # it stays open while closer to half its shift so far than to normal
+        seen = g[: hit.at - hit.start + 1]
+        size = float(np.nanmedian(seen)) if np.isfinite(seen).any() else DELTAS[k]
+        delta = float(np.clip(CLOSE_SHARE * size, DELTAS[0], DELTAS[k]))
+        done, last = decision.close_at(g[hit.at - hit.start :], delta, self.quiet)
+        stop = self.n_eval if done is None else hit.at + done
+        opened: int | None = None
+        for mb in members:
+            key = (mb.channel, mb.k)
+            if key not in hit.states:
+                continue
+            s0 = hit.states[key]
+            if s0 > cal.h[mb.k]:
+                opened = hit.at
+                break
+            nrm = normals[mb.channel]
+            s, _ = decision.cusum(self.increments(mb.channel, mb.k, nrm, cal, hit.at + 1, stop), s0)
+            at = decision.first_over(s, cal.h[mb.k])
+            if at is not None and (opened is None or hit.at + 1 + at < opened):
+                opened = hit.at + 1 + at
+        self.resume = stop + 1 if done is not None else self.n_eval
+        return self.episode(
+            hit.start,
+            hit.at + last,
+            opened if opened is not None else hit.at,
+            done is None,
+            c,
+            opened is not None,
+            normal,
+            delta,
+            dfl,
+        )
+
+    def follow_carry(self, carry: Carry) -> Episode:
+        """A carried episode continued over these windows with its frozen normal."""
+        lo = max(0, carry.start)
+        g = self.scores(carry.channel, carry.normal, lo, self.n_eval, deadzone=False)
+        done, last = decision.close_at(g / carry.deflate, carry.delta, self.quiet)
+        self.resume = lo + done + 1 if done is not None else self.n_eval
+        ep = self.episode(
+            lo,
+            lo + last,
+            lo,
+            done is None,
+            carry.channel,
+            carry.strong,
+            carry.normal,
+            carry.delta,
+            carry.deflate,
+            carried=carry.start < 0,
+        )
+        if carry.severity == BREACH:
+            ep = replace(ep, severity=BREACH)
+        return ep
+
+    def episode(
+        self,
+        start: int,
+        end: int,
+        opened: int,
+        is_open: bool,
+        c: str,
+        strong: bool,
+        normal: Normal,
+        delta: float,
+        dfl: float,
+        carried: bool = False,
+    ) -> Episode:
+        end = max(end, start)
+        p99 = self.series.p99_ms[start : end + 1]
+        cnt = np.nan_to_num(self.series.count[start : end + 1])
+        seg = np.nan_to_num(p99, nan=-np.inf)
+        peak = start + int(np.argmax(seg)) if len(seg) else start
+        enough = cnt >= min(MIN_TAIL_COUNT, max(1.0, float(cnt.max()) if len(cnt) else 1.0))
+        crossed = bool((breach(p99, self.slo) & enough).any())
+        x = self.ch[c][0][start : end + 1]
+        ratio = math.exp(float(np.nanmedian(x)) - normal.loc) if np.isfinite(x).any() else math.nan
+        return Episode(
+            start,
+            end,
+            opened,
+            peak,
+            is_open,
+            c,
+            strong,
+            normal,
+            delta,
+            BREACH if crossed else DEGRADATION,
+            carried,
+            ratio,
+            dfl,
+        )
+
+    def keep(self, ep: Episode) -> None:
+        if ep.strong and math.isfinite(ep.ratio):
+            bar = 1.0 + AS_HIGH * (ep.ratio - 1.0)
+            like = sum(
+                1
+                for e in self.episodes
+                if e.strong and e.start >= ep.start - self.memory and e.ratio >= bar
+            )
+            ep = replace(ep, like=like)
+        self.episodes.append(ep)
+        if ep.strong:
+            self.taken[ep.start : ep.end + 1] = True
+        else:
+            self.odd[ep.start : ep.end + 1] = True
+
+    def track(self) -> Track:
+        return Track(self.episodes, self.taken | self.odd)

@@ -1,0 +1,191 @@
+"""Verdicts: what an attributed slowdown is to the people who would be paged.
+
+The decision (:mod:`.decision`) says a model is slower than its normal; this stage, once
+attribution has named causes, says what that slowdown *is* — one answer per diagnosis, the
+same for the live loop, on-demand diagnosis, the alert receiver, fleet mode and the benches:
+
+* **news** (an incident): every strong slowdown that crossed its SLO, and every other one not
+  below;
+* **own load** (ordinary contention, recorded for the weekly report, not raised): within its
+  SLO, its first cause is its own arrival surge explaining at least :data:`OWN_LOAD_SHARE` of
+  the excess — a bursty tenant is not paged for its own bursts;
+* **recurring** (ordinary contention): within its SLO, and slowed as much at least
+  :data:`MIN_LIKE` times before within its baseline's memory, or every named cause is a
+  co-tenant's burst like at least two it had lately (:mod:`analysis.recurring`) or the
+  model's own traffic, together at least :data:`RECURRING_SHARE` of the excess;
+* **fellow victim** (an incident): a *weak* slowdown — evidence enough only at the fellow
+  threshold — whose first cause is the first cause of another model's incident on the same GPU
+  at the time (not its own doing); only an incident found on full evidence corroborates. A
+  weak slowdown that is no fellow victim is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from cotenant.analysis.attribution import Cause
+from cotenant.analysis.diagnosis import FELLOW, NEWS, OWN_LOAD, RECURRING, Diagnosis
+from cotenant.analysis.incident_record import OPEN, RESOLVED, Incident
+from cotenant.analysis.recurring import earlier_bursts
+from cotenant.analysis.windows import GpuWindows
+from cotenant.core.slos import BREACH
+
+OWN_LOAD_SHARE = 0.5
+"""A slowdown whose own arrivals explain at least this share of its excess is its load."""
+RECURRING_SHARE = 1 / 3
+"""... and co-tenants' recurring bursts (with its own load) at least this share."""
+MIN_LIKE = 2
+"""Earlier slowdowns as high that make one within the SLO the model's ordinary contention."""
+
+
+@dataclass(frozen=True)
+class FirstCause:
+    """An incident's first cause: its victim, GPU, the cause's kind and culprit, its span."""
+
+    victim: str
+    gpu: str
+    kind: str
+    culprit: str
+    start_ns: int
+    end_ns: int
+
+
+def diagnosis_causes(diags: Iterable[Diagnosis]) -> list[FirstCause]:
+    """The first causes of the incidents among ``diags`` found on full evidence: what can
+    corroborate a fellow victim."""
+    return [
+        FirstCause(d.model, d.gpu, top.kind, top.culprit, d.start_ns, d.end_ns)
+        for d in diags
+        if d.verdict == NEWS and d.incident and (top := d.top) is not None
+    ]
+
+
+def fellow_of(d: Diagnosis, causes: Iterable[FirstCause]) -> str | None:
+    """The model whose incident makes ``d`` a fellow victim: another model on ``d``'s GPU
+    whose incident overlaps ``d`` and names ``d``'s first cause (kind and culprit), which is
+    not ``d``'s model itself; None when none does."""
+    top = d.top
+    if top is None or top.culprit == d.model:
+        return None
+    for c in causes:
+        if (
+            c.victim != d.model
+            and c.gpu == d.gpu
+            and (c.kind, c.culprit) == (top.kind, top.culprit)
+            and c.start_ns <= d.end_ns
+            and c.end_ns >= d.start_ns
+        ):
+            return c.victim
+    return None
+
+
+def own_load(d: Diagnosis) -> bool:
+    top = d.top
+    return (
+        top is not None
+        and top.kind == "load"
+        and top.culprit == d.model
+        and top.share >= OWN_LOAD_SHARE
+    )
+
+
+def recurring(d: Diagnosis) -> bool:
+    if d.judged is not None and d.judged.like >= MIN_LIKE:
+        return True
+    named = [c for c in d.causes if c.kind != "unknown"]
+    mine = [c for c in named if c.culprit == d.model]  # its own load or request mix
+    bursts = [c for c in named if "recurring" in c.evidence]
+    return (
+        bool(bursts)
+        and len(mine) + len(bursts) == len(named)
+        and sum(c.share for c in named) >= RECURRING_SHARE
+    )
+
+
+def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: str | None = None) -> str | None:
+    """``d``'s verdict (:mod:`analysis.diagnosis`), or None when it is nothing to record (a
+    weak slowdown that is no fellow victim). ``causes``: other models' incidents' first
+    causes; ``fellow``: the corroborator of ``d``'s model's live incident when that one is a
+    fellow victim (what continues it stays one while its cause moves on)."""
+    strong = d.judged is None or d.judged.strong
+    if not strong:
+        by = fellow_of(d, causes) or fellow
+        if by is None:
+            return None
+        if d.judged is not None:
+            d.judged = replace(d.judged, fellow_of=by)
+        d.notes.append(
+            f"Found on the evidence asked of a fellow victim: {by}, on the same GPU, had an "
+            "incident with the same first cause at the time."
+        )
+        return FELLOW
+    if d.severity == BREACH:
+        return NEWS
+    if own_load(d):
+        return OWN_LOAD
+    if recurring(d):
+        return RECURRING
+    return NEWS
+
+
+def judge(
+    diags: list[Diagnosis], causes: Sequence[FirstCause], fellow: str | None = None
+) -> list[Diagnosis]:
+    """Each of ``diags`` with its verdict; those that are nothing to record left out."""
+    out = []
+    for d in diags:
+        got = verdict(d, causes, fellow)
+        if got is not None:
+            d.verdict = got
+            out.append(d)
+    return out
+
+
+def mark_recurring(
+    causes: list[Cause], w: GpuWindows, model: str, start: int, end: int, notes: list[str]
+) -> None:
+    """Add ``recurring`` to the evidence of each cause naming a co-tenant model that was in a
+    burst during windows ``[start, end]`` like the ones it had already had lately."""
+    top = next((x for x in causes if x.kind != "unknown"), None)
+    for c in causes:
+        other = w.models.get(c.culprit)
+        if c.culprit == model or other is None or "arrival_rps" not in other:
+            continue
+        got = earlier_bursts(other["arrival_rps"], start, end, w.step_ns / 1e9)
+        if got is None:
+            continue
+        c.evidence = {**c.evidence, "recurring": got}
+        if c is top:
+            seen = got
+            notes.append(
+                f"{c.culprit}'s burst ({seen['peak_rps']:g} req/s) is like "
+                f"{seen['earlier_bursts']} it had in the last {seen['memory_s'] // 60} min: "
+                "its ordinary contention"
+            )
+
+
+def incident_causes(incidents: Iterable[Incident], now_ns: int | None = None) -> list[FirstCause]:
+    """The first causes of ``incidents`` found on full evidence (open or resolved; not
+    fellow victims). With ``now_ns`` (the live loop), only the open ones, taken to last until
+    then while their slowdown does."""
+    out = []
+    wanted = (OPEN,) if now_ns is not None else (OPEN, RESOLVED)
+    for inc in incidents:
+        top = inc.top
+        if top is None or inc.state not in wanted or corroborator(inc) is not None:
+            continue
+        end = inc.end_ns
+        if now_ns is not None and inc.detail.get("open", True):
+            end = max(end, now_ns)
+        out.append(
+            FirstCause(inc.model, inc.gpu, str(top["kind"]), str(top["culprit"]), inc.start_ns, end)
+        )
+    return out
+
+
+def corroborator(inc: Incident | None) -> str | None:
+    """Whose incident made ``inc`` a fellow victim; None when none did."""
+    judged = (inc.detail.get("judged_on") if inc is not None else None) or {}
+    got = judged.get("fellow_of")
+    return str(got) if got else None
