@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from statsmodels.stats.rates import confint_poisson
 
+from cotenant.evaluation.intervals import poisson_rate
 from cotenant.evaluation.live import START_NS
 from cotenant.evaluation.oracle import (
     FalseAlarmCurve,
@@ -172,13 +172,8 @@ def ours_per_model_hour(results: list[dict[str, Any]], models: int) -> dict[str,
     n = sum(r["incidents"] for r in runs)
     if not hours:
         return {"incidents": 0, "model_hours": 0.0, "per_hour": None, "ci90": None}
-    lo, hi = confint_poisson(n, hours, method="exact-c", alpha=0.1)
-    return {
-        "incidents": n,
-        "model_hours": hours,
-        "per_hour": n / hours,
-        "ci90": [float(lo), float(hi)],
-    }
+    ci = poisson_rate(n, hours)
+    return {"incidents": n, "model_hours": hours, "per_hour": n / hours, "ci90": [ci.low, ci.high]}
 
 
 def _median(xs: list[float]) -> float | None:

@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from statsmodels.stats.rates import confint_poisson
 
 from cotenant.evaluation.gentd26 import LOAD_KINDS, Trace
 from cotenant.evaluation.gentd26_steps import (
@@ -50,6 +49,7 @@ from cotenant.evaluation.gentd26_steps import (
     runs,
     trailing_median,
 )
+from cotenant.evaluation.intervals import poisson_rate
 
 SLOW_LOAD = 2.0
 QUEUE = 1.5
@@ -184,8 +184,8 @@ def _ratio(
         "base_rate_second_half": second / held if held else None,
     }
     if expected > 0:
-        lo, hi = confint_poisson(observed, expected, method="exact-c", alpha=0.1)
-        out["ci90"] = [float(lo), float(hi)]
+        ci = poisson_rate(observed, expected)
+        out["ci90"] = [ci.low, ci.high]
     return out
 
 

@@ -40,7 +40,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from statsmodels.stats.proportion import proportion_confint
 
 from cotenant.core.errors import UsageError
 from cotenant.evaluation.gentd26 import Trace
@@ -55,6 +54,7 @@ from cotenant.evaluation.gentd26_steps import (
     place,
     runs,
 )
+from cotenant.evaluation.intervals import proportion
 
 __all__ = ["MeasureParams", "NamedCause", "TraceIncident", "measure"]
 
@@ -62,8 +62,8 @@ __all__ = ["MeasureParams", "NamedCause", "TraceIncident", "measure"]
 def _rate(k: int, n: int) -> dict[str, Any]:
     if not n:
         return {"k": 0, "n": 0, "rate": None, "ci90": None}
-    lo, hi = proportion_confint(k, n, alpha=0.1, method="wilson")
-    return {"k": k, "n": n, "rate": k / n, "ci90": [float(lo), float(hi)]}
+    ci = proportion(k, n)
+    return {"k": k, "n": n, "rate": k / n, "ci90": [ci.low, ci.high]}
 
 
 def detection(

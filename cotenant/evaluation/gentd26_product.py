@@ -53,8 +53,7 @@ def _diagnoses(trace: Trace, models: Sequence[str]) -> tuple[list[dict[str, Any]
             slos=cfg.slos(recorded_slos(store)),
             step_s=cfg.analysis.step_s,
             max_range_s=cfg.analysis.max_range_h * 3600,
-            season_s=cfg.analysis.season_s,
-            params=cfg.analysis.spike_params(),
+            params=cfg.analysis.detector_params(),
         )
         start_ns = (int(trace.ts[0]) - STEP_S) * 1_000_000_000
         end_ns = (int(trace.ts[-1]) + STEP_S) * 1_000_000_000

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from statsmodels.stats.rates import confint_poisson
 
 from cotenant.core.errors import UsageError
+from cotenant.evaluation.intervals import poisson_rate
 from cotenant.evaluation.oracle import (
     LatencyRatio,
     calibrate,
@@ -80,8 +80,8 @@ def test_its_false_alarm_rate_on_fresh_null_data_matches_the_calibration() -> No
     fresh_hours = 150
     fresh = _gaussian_llr(rng.normal(0.0, 1.0, 3600 * fresh_hours))
     seen = len(cusum_alarms(fresh, h))
-    lo, hi = confint_poisson(seen, fresh_hours, method="exact-c", alpha=0.01)
-    assert lo <= predicted <= hi, (seen, predicted)
+    ci = poisson_rate(seen, fresh_hours, level=0.99)
+    assert ci.low <= predicted <= ci.high, (seen, predicted)
     # and after a shift the same threshold finds it at once
     assert (
         first_alarm(
