@@ -5,7 +5,7 @@
 importer (:func:`~cotenant.evaluation.gentd26_import.import_trace`, what ``cotenant
 import-gentd26`` runs), then each serving model (``sd-pool-a``, ``sd-pool-b``) is diagnosed
 over the whole trace by the product's on-demand analysis, built as ``cotenant diagnose
---store FILE --model M --since ... --until ...`` builds it with the default configuration.
+--store FILE --model M --since ... --until ...`` builds it from an empty configuration.
 The diagnoses that are incidents (``incident: true``) are scored; an incident's container is
 its ``replica`` (or its ``gpu``: each container is its own GPU in the import), or the whole
 model when it names neither.
@@ -35,25 +35,24 @@ def _diagnoses(trace: Trace, models: Sequence[str]) -> tuple[list[dict[str, Any]
     the product's analysis: (every diagnosis, seconds the import took)."""
     from cotenant.analysis.analyzer import Analyzer
     from cotenant.analysis.incidents import IncidentBook
-    from cotenant.config import load_config
+    from cotenant.analysis.settings import AnalysisSettings
+    from cotenant.core.slos import Slos
     from cotenant.evaluation.gentd26_import import import_trace
     from cotenant.store.db import Store
     from cotenant.store.slo_record import recorded_slos
     from cotenant.store.source import StoreSource
 
-    cfg = load_config(None)
     t0 = time.perf_counter()
     store = Store(":memory:")
     try:
         import_trace(store, trace)
         import_s = time.perf_counter() - t0
+        # what cotenant diagnose builds from an empty configuration
         analyzer = Analyzer(
             StoreSource(store),
             IncidentBook(store),
-            slos=cfg.slos(recorded_slos(store)),
-            step_s=cfg.analysis.step_s,
-            max_range_s=cfg.analysis.max_range_h * 3600,
-            params=cfg.analysis.detector_params(),
+            slos=Slos.of_maps(recorded_slos(store)),
+            params=AnalysisSettings().detector_params(),
         )
         start_ns = (int(trace.ts[0]) - STEP_S) * 1_000_000_000
         end_ns = (int(trace.ts[-1]) + STEP_S) * 1_000_000_000
