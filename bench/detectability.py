@@ -58,7 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import detectability_oracle as oracle
 
 from cotenant.evaluation.live import SETTLE_S, START_NS, Seen, replay
-from cotenant.simulator import output
 from cotenant.simulator.scenario import (
     GPU_TYPES,
     Arrival,
@@ -324,7 +323,6 @@ def run_case(c: Case, oracle_only: bool = False) -> dict[str, Any]:
 
 
 def _simulated(c: Case, s: Scenario, t0: float) -> dict[str, Any]:
-    sim = output.run(s, start_ns=START_NS)
     out: dict[str, Any] = {
         "kind": c.kind,
         "name": c.name,
@@ -333,22 +331,10 @@ def _simulated(c: Case, s: Scenario, t0: float) -> dict[str, Any]:
         "seed": c.seed,
         "hours": s.duration_s / 3600,
         "duration_s": s.duration_s,
-        "incidents": 0,
-        "episodes": 0,
         "passes": 0,
     }
-    if c.name.startswith(("rate", "poisson-")):
-        out["series"] = oracle.series(sim.requests, VICTIMS)
-    if c.kind == "slowdown":
-        for v in VICTIMS:
-            end, lat = out["series"][v]
-            out[v] = {
-                "detected": False,
-                "delay_s": None,
-                "severities": [],
-                "before_ms": lat[(end >= FAULT_START_S - FAULT_S) & (end < FAULT_START_S)],
-                "during_ms": lat[(end >= FAULT_START_S) & (end < FAULT_START_S + FAULT_S)],
-            }
+    fault = (FAULT_START_S, FAULT_START_S + FAULT_S)
+    out |= oracle.simulated(s, VICTIMS, fault if c.kind == "slowdown" else None)
     out["cpu_s"] = time.process_time() - t0
     return out
 
@@ -478,9 +464,18 @@ def main() -> int:
         "--oracle-only",
         action="store_true",
         help="only the oracle: simulate the cells without replaying the live loop (our "
-        "detector's columns stay empty)",
+        "detector's columns stay empty, or come from --ours)",
+    )
+    ap.add_argument(
+        "--ours",
+        type=Path,
+        metavar="FILE",
+        help="with --oracle-only: our detector's findings from a full run's --json (same "
+        "seeds), to score the oracle against them without replaying again",
     )
     args = ap.parse_args()
+    if args.ours and not args.oracle_only:
+        ap.error("--ours applies only to --oracle-only")
     todo = cases(args.seeds, args.seeds_200, args.control_seeds)
     if args.controls_only:
         todo = [c for c in todo if c.kind == "control"]
@@ -504,6 +499,8 @@ def main() -> int:
                 flush=True,
             )
         fitted = [f.result() for f in fits]
+    if args.ours:
+        oracle.take_ours(results, json.loads(args.ours.read_text())["runs"], VICTIMS)
     summary = summarize(results)
     if with_oracle:
         summary["oracle"] = oracle.score(results, fitted, VICTIMS, fault, SETTLE_S, models=4)
@@ -532,6 +529,7 @@ def main() -> int:
                     "runs": slim,
                 },
                 indent=1,
+                default=str,
             )
         )
     return 0
