@@ -25,6 +25,7 @@ from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop, OnIncident
 from cotenant.api import create_api
 from cotenant.config import Config
+from cotenant.core.errors import ConfigError
 from cotenant.core.readers import MetricSource
 from cotenant.report_cmd import report_builder
 from cotenant.reports.api import reports_router
@@ -49,14 +50,15 @@ class Central:
     fleet: Any | None  # cotenant.fleet.Fleet
 
     def start(self) -> None:
-        """Start the analysis loop, the report schedule and the actuators' loop."""
-        for part in (self.analysis, self.reports, self.actions):
+        """Start the analysis loop, the report schedule, the actuators' loop and the fleet's
+        wiring check."""
+        for part in (self.analysis, self.reports, self.actions, self.fleet):
             if part is not None:
                 part.start()
 
     def stop(self) -> None:
         """Stop those threads (before the collectors and the store close)."""
-        for part in (self.analysis, self.reports, self.actions):
+        for part in (self.analysis, self.reports, self.actions, self.fleet):
             if part is not None:
                 part.stop()
 
@@ -77,22 +79,26 @@ def build_central(
     clock_ns: Callable[[], int],
     not_ready: Callable[[], str | None],
     on_incident: OnIncident | None,
+    read_token: str = "",
 ) -> Central:
     """Analysis, API, actuators, alerts, reports and dashboard over ``store`` (or Prometheus).
-    ``not_ready`` answers the readiness probe; ``on_incident`` hears the loop's incidents."""
+    ``not_ready`` answers the readiness probe; ``on_incident`` hears the loop's incidents;
+    ``read_token``: what the fleet's drill-down sends the agents ([auth] token)."""
     ac = config.analysis
     slos = config.slos()  # the one SLO value every part below judges against
     source: MetricSource = StoreSource(store)
     fleet = None
+    check_prometheus_url(config)
     if config.prometheus.url:
         from cotenant.fleet import Fleet
 
-        fleet = Fleet(config, registry, clock_ns)
+        fleet = Fleet(config, registry, clock_ns, token=read_token)
         source = fleet.source
     book = IncidentBook(
         store,
         gap_ns=int(ac.step_s * 1e9) * 10,
         cooldown_ns=int(ac.cooldown_s * 1e9),
+        degradation_s=ac.degradation_s,
     )
     analyzer = Analyzer(
         source,
@@ -155,6 +161,24 @@ def build_central(
     if config.dashboard.enabled:
         central.dashboard = _mount_dashboard(config, store, source, central, clock_ns)
     return central
+
+
+def check_prometheus_url(config: Config) -> None:
+    """ConfigError when ``[prometheus] url`` is required but unset, or is not an HTTP(S) URL."""
+    pc = config.prometheus
+    if not pc.url:
+        if pc.required:
+            raise ConfigError(
+                "config key prometheus.url: empty, but prometheus.required is true: set it to "
+                "your Prometheus' query URL (COTENANT_PROMETHEUS_URL; on Kubernetes "
+                "deploy/k8s/wiring.env), e.g. http://prometheus-operated.monitoring:9090"
+            )
+        return
+    if not pc.url.startswith(("http://", "https://")) or pc.url[-3:] == "://":
+        raise ConfigError(
+            f"config key prometheus.url: bad value {pc.url!r}: expected an http:// or https:// "
+            "URL of a Prometheus-compatible query API"
+        )
 
 
 def _reports(

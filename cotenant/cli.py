@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import socket
 import sys
@@ -19,12 +18,10 @@ from cotenant.core.errors import CotenantError
 EXIT_USAGE = 2
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _configure_logging(cfg: Config) -> None:
+    from cotenant.log_format import configure_logging
+
+    configure_logging(cfg.log.level, cfg.log.format)
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -37,7 +34,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    _configure_logging(cfg.log.level)
+    _configure_logging(cfg)
     from cotenant.service import Service  # heavy imports only for serve
 
     service = Service(cfg)
@@ -63,7 +60,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from cotenant.simulator.nvml_feed_tail import FeedTail
 
         tail = FeedTail(Path(args.fake_nvml))
-    _configure_logging(cfg.log.level)
+    _configure_logging(cfg)
     import prometheus_client
 
     from cotenant.service import Service
@@ -90,7 +87,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def cmd_nvml(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    _configure_logging(cfg.log.level)
+    _configure_logging(cfg)
     from cotenant.collectors.nvml_api import load_pynvml
     from cotenant.core.errors import NvmlUnavailable
 

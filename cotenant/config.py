@@ -47,6 +47,12 @@ class ServerSettings:
 
     host: str = key("127.0.0.1", "address the HTTP API, /metrics and dashboard listen on")
     port: int = key(8050, "port of the HTTP API, /metrics and dashboard", min=0, max=65535)
+    tls_cert_file: str = key(
+        "",
+        "PEM certificate (chain) to serve HTTPS with, on the API port and the OTLP/HTTP port, "
+        "and TLS on OTLP/gRPC ('' = plain HTTP); needs tls_key_file",
+    )
+    tls_key_file: str = key("", "PEM private key of tls_cert_file")
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,35 @@ class LogSettings:
     """``[log]``: the level the command line configures logging with."""
 
     level: str = key("info", "log level", choices=("debug", "info", "warning", "error"))
+    format: str = key(
+        "text",
+        "text (one line per record) or json (one JSON object per line: ts, level, logger, "
+        "message, and exc_info when there is one)",
+        choices=("text", "json"),
+    )
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """``[auth]``: bearer tokens of the HTTP API (read here, in the composition root;
+    :mod:`cotenant.auth`). The act scope, the mutating actions API, is ``[actuators] token``."""
+
+    token: str = key(
+        "",
+        "read scope: bearer token every endpoint but /healthz and /readyz requires (dashboard, "
+        "/metrics, API reads, diagnose, alert webhook, the agent's drill-down; the browser "
+        "sends it as the password of HTTP Basic auth) ('' = they answer anyone)",
+        secret=True,
+    )
+    token_file: str = key("", "file holding the read token (used when token is '')")
+    otlp_token: str = key(
+        "",
+        "ingest scope: bearer token the OTLP/HTTP and OTLP/gRPC receivers require (senders "
+        "set OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token>) ('' = they accept "
+        "any sender)",
+        secret=True,
+    )
+    otlp_token_file: str = key("", "file holding the ingest token (used when otlp_token is '')")
 
 
 @dataclass(frozen=True)
@@ -111,6 +146,7 @@ class Config:
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
     def slos(self, recorded: Mapping[str, float] | None = None) -> Slos:
         """Every model's SLOs, built once and handed to every reader of SLOs (detector,

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from cotenant.analysis.attribution import Cause
 from cotenant.analysis.incident_record import Incident, IncidentEvent
 from cotenant.argtypes import seconds
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.errors import CotenantError, UsageError
 from cotenant.core.slos import E2E, TPOT, TTFT
 
@@ -263,7 +265,7 @@ class _IncidentPrinter:
         elif e.kind == "dismissed":
             lines.append(f"transient {who}: over in seconds, not an incident")
         elif e.kind == "resolved":
-            back = inc.detail.get("resolved_p99_ms")
+            back = inc.resolved_p99_ms
             now = f"p99 back to {back:.0f} ms" if back is not None else "no longer slow"
             lines.append(
                 f"resolved {who} after {(inc.end_ns - inc.start_ns) / 1e9:.0f} s ({now}; "
@@ -275,21 +277,20 @@ class _IncidentPrinter:
         out.flush()
 
 
-def _causes(inc: Incident) -> list[dict[str, Any]]:
-    return list(inc.detail.get("causes", []))[:3]
+def _causes(inc: Incident) -> list[Cause]:
+    return inc.causes[:3]
 
 
-def _cause_text(c: dict[str, Any] | None) -> str:
+def _cause_text(c: Cause | None) -> str:
     if c is None:
-        return "unknown"
-    res = f" ({c['resource']})" if c.get("resource") else ""
-    share = f" {c['share'] * 100:.0f}%" if c.get("share") is not None else ""
-    return f"{c['kind']} {c['culprit']}{res}{share}"
+        return str(CauseKind.UNKNOWN)
+    res = f" ({c.resource})" if c.resource else ""
+    return f"{c.kind} {c.culprit}{res} {c.share * 100:.0f}%"
 
 
-def _cause_line(c: dict[str, Any]) -> str:
-    res = f" ({c['resource']})" if c.get("resource") else ""
+def _cause_line(c: Cause) -> str:
+    res = f" ({c.resource})" if c.resource else ""
     return (
-        f"{c['kind']} {c['culprit']}{res}: {c['share'] * 100:.0f}% of the excess, "
-        f"confidence {c['confidence']:.2f}"
+        f"{c.kind} {c.culprit}{res}: {c.share * 100:.0f}% of the excess, "
+        f"confidence {c.confidence:.2f}"
     )

@@ -28,8 +28,10 @@ from cotenant.collectors.prometheus_week import PromQLWeekRollups
 from cotenant.config import Config
 from cotenant.core.errors import QueryError
 from cotenant.core.http_json import SafeJSONResponse
+from cotenant.core.periodic import Periodic
 from cotenant.core.source_watch import WatchedSource
 from cotenant.fleet_drill import AgentDrill
+from cotenant.fleet_wiring import AGENTS_QUERY, AgentSeriesWatch
 
 DRILL_MAX_LIMIT = 200
 
@@ -42,7 +44,10 @@ class Fleet:
         config: Config,
         registry: CollectorRegistry,
         clock_ns: Callable[[], int] = time.time_ns,
+        *,
+        token: str = "",
     ) -> None:
+        """``token``: the read token sent to the agents' drill-down API ('' = none)."""
         pc = config.prometheus
         self.prometheus = PrometheusSource(
             pc.url,
@@ -55,13 +60,36 @@ class Fleet:
             self.prometheus, name=f"Prometheus at {self.prometheus.url}", url=self.prometheus.url
         )
         self.drill = AgentDrill(
-            self.prometheus, pc.agent_url_template, timeout_s=pc.agent_timeout_s
+            self.prometheus, pc.agent_url_template, timeout_s=pc.agent_timeout_s, token=token
         )
         # the report's queries each reduce a day or a week of the fleet: their own timeout
         self._report_source = PrometheusSource(pc.url, pc.report_timeout_s)
         self.week_rollups = PromQLWeekRollups(self._report_source)
         self._clock = clock_ns
+        self.agents = AgentSeriesWatch(
+            self._count_agents,
+            missing_after_s=pc.agents_missing_after_s,
+            where=f"Prometheus at {self.prometheus.url}",
+        )
+        self._wiring = Periodic(
+            "cotenant-fleet-wiring",
+            min(60.0, pc.agents_missing_after_s / 4),
+            self.agents.check,
+            what="the fleet wiring check",
+            fixed_rate=True,
+        )
         registry.register(self)
+
+    def _count_agents(self) -> float:
+        rows = self.prometheus.instant(AGENTS_QUERY)
+        return float(rows[0][1]) if rows else 0.0
+
+    def start(self) -> None:
+        """Start the wiring check (:mod:`cotenant.fleet_wiring`)."""
+        self._wiring.start()
+
+    def stop(self) -> None:
+        self._wiring.stop()
 
     def close(self) -> None:
         self.drill.close()
@@ -76,6 +104,18 @@ class Fleet:
             "cotenant_prometheus_up",
             "1 while the last PromQL call of central serve succeeded, else 0",
             value=1.0 if self.source.up else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "cotenant_fleet_agents",
+            "cotenant agents whose series Prometheus held over the last 5 minutes, at the last "
+            "wiring check (NaN before the first answer)",
+            value=self.agents.agents,
+        )
+        yield GaugeMetricFamily(
+            "cotenant_fleet_agents_missing",
+            "1 when Prometheus has held no agent series for [prometheus] "
+            "agents_missing_after_s (a scrape or ServiceMonitor not selected), else 0",
+            value=1.0 if self.agents.missing else 0.0,
         )
 
     def incident_requests(

@@ -50,10 +50,14 @@ class AgentDrill:
         *,
         timeout_s: float = 3.0,
         transport: httpx.BaseTransport | None = None,
+        token: str = "",
     ) -> None:
+        """``token``: the read token the agents require ([auth] token; the fleet shares one),
+        '' when they answer anyone."""
         self._source = source
         self._template = check_template(template)
-        self._client = httpx.Client(timeout=timeout_s, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._client = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
         self.timeout_s = timeout_s
 
     def close(self) -> None:

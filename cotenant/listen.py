@@ -88,7 +88,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def url(sock: socket.socket, path: str = "") -> str:
+def url(sock: socket.socket, path: str = "", *, scheme: str = "http") -> str:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}{path}"
+    return f"{scheme}://{shown}:{port}{path}"

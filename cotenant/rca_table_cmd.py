@@ -14,7 +14,7 @@ from cotenant.core.timespec import parse_time_ns
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "rca-table",
-        help="rank the entities of a wide CSV as root causes of a latency anomaly",
+        help="rank the entities of a wide CSV as root causes of an anomaly",
         description="CASE is a folder holding data.csv (a 'time' column in Unix seconds, then "
         "<entity>_<metric> columns) and optionally inject_time.txt, or a CSV file. Without an "
         "inject time the anomaly start is a change point of the front door's latency.",
@@ -48,14 +48,22 @@ def cmd_rca_table(args: argparse.Namespace) -> int:
         if result.start_from == "inject-time"
         else f"change point in {result.anomaly_metric}"
     )
-    out = [f"anomaly from {when} ({how})", f"{'rank':>4s}  {'entity':24s} {'score':>9s}  evidence"]
+    out = [
+        f"anomaly from {when} ({how})",
+        f"{'rank':>4s}  {'entity':24s} {'score':>9s}  {'kind':10s} evidence",
+    ]
     for i, entity in enumerate(result.ranks, 1):
         ev = result.evidence.get(entity)
-        detail = "-"
+        kind, detail = "-", "-"
         if ev is not None:
-            detail = f"{ev.metric}  {ev.before:.4g} -> {ev.during:.4g}"
+            kind = str(ev.kind)
+            detail = f"{ev.metric}  {ev.before:.4g} -> {ev.during:.4g} ({ev.direction})"
+            if ev.capacity:
+                detail += "  capacity lost while busy"
             if ev.inherited > 0:
                 detail += f"  ({ev.inherited:.0%} of it from its calls)"
-        out.append(f"{i:>4d}  {entity[:24]:24s} {result.scores[entity]:9.2f}  {detail}")
+        score = result.scores[entity]
+        out.append(f"{i:>4d}  {entity[:24]:24s} {score:9.2f}  {kind:10s} {detail}")
+    out += [f"note: {n}" for n in result.notes]
     print("\n".join(out))
     return 0

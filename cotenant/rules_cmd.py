@@ -7,8 +7,15 @@ import os
 from pathlib import Path
 
 from cotenant.alerts.rule_blocks import RuleSettings
-from cotenant.alerts.rules import exporters_rule, prometheus_rule, write_rules
+from cotenant.alerts.rules import (
+    check_labels,
+    check_namespace,
+    exporters_rule,
+    prometheus_rule,
+    write_rules,
+)
 from cotenant.config import Config, load_config
+from cotenant.core.errors import ConfigError
 from cotenant.core.slos import E2E, TPOT, TTFT
 
 
@@ -48,7 +55,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="also write exporters.rules.yml as a PrometheusRule named cotenant-exporters "
         "(deploy/k8s/optional/prometheusrule-exporters.yaml is this with the defaults)",
     )
+    render.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of the PrometheusRule manifests, beside [rules] labels; repeat it. Your "
+        "Prometheus loads only the rules its ruleSelector matches: kube-prometheus-stack's "
+        "selects release=<its Helm release> (kubectl get prometheus -A -o "
+        "jsonpath='{..ruleSelector}')",
+    )
+    render.add_argument(
+        "--namespace",
+        metavar="NS",
+        help="namespace of the PrometheusRule manifests (default [rules] namespace, cotenant); "
+        "it must be one your Prometheus' ruleNamespaceSelector matches",
+    )
     render.set_defaults(func=cmd_rules_render)
+
+
+def manifest_labels(cfg: Config, given: list[str]) -> dict[str, str]:
+    """[rules] labels, then each ``--label KEY=VALUE`` (checked; ConfigError naming it)."""
+    labels = check_labels(cfg.rules.labels, "config key rules.labels")
+    for item in given:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ConfigError(f"--label {item!r}: expected KEY=VALUE")
+        labels.update(check_labels({k: v}, f"--label {item!r}"))
+    return labels
 
 
 def settings_from(cfg: Config) -> RuleSettings:
@@ -73,14 +107,21 @@ def settings_from(cfg: Config) -> RuleSettings:
 def cmd_rules_render(args: argparse.Namespace) -> int:
     cfg = load_config(args.config or os.environ.get("COTENANT_CONFIG"))
     settings = settings_from(cfg)
+    labels = manifest_labels(cfg, args.label)
+    if args.namespace is not None:
+        namespace = check_namespace(args.namespace, "--namespace")
+    else:
+        namespace = check_namespace(cfg.rules.namespace, "config key rules.namespace")
     for p in write_rules(settings, args.out):
         print(f"wrote {p}")
     if args.prometheus_rule is not None:
         args.prometheus_rule.parent.mkdir(parents=True, exist_ok=True)
-        args.prometheus_rule.write_text(prometheus_rule(settings), encoding="utf-8")
+        text = prometheus_rule(settings, namespace=namespace, labels=labels)
+        args.prometheus_rule.write_text(text, encoding="utf-8")
         print(f"wrote {args.prometheus_rule}")
     if args.exporters_rule is not None:
         args.exporters_rule.parent.mkdir(parents=True, exist_ok=True)
-        args.exporters_rule.write_text(exporters_rule(settings), encoding="utf-8")
+        text = exporters_rule(settings, namespace=namespace, labels=labels)
+        args.exporters_rule.write_text(text, encoding="utf-8")
         print(f"wrote {args.exporters_rule}")
     return 0

@@ -26,8 +26,11 @@ from typing import Any, Literal, TextIO
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from cotenant.actuators.backends.factory import read_secret
 from cotenant.agent_api import create_agent_api
 from cotenant.analysis.loop import OnIncident
+from cotenant.auth import GrpcTokenInterceptor, Tokens, protect_api, protect_otlp
+from cotenant.build_info import register_process_series
 from cotenant.central import Central, build_central
 from cotenant.collectors.admission import InflightBytes
 from cotenant.collectors.fleet_histogram import FleetHistogram
@@ -44,7 +47,7 @@ from cotenant.collectors.otlp_http import OtlpHttpReceiver
 from cotenant.collectors.pod_identity import KubeletPods, PodIdentity
 from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics
 from cotenant.config import Config
-from cotenant.core.errors import NvmlUnavailable
+from cotenant.core.errors import ConfigError, NvmlUnavailable
 from cotenant.core.http_json import SafeJSONResponse
 from cotenant.listen import Endpoints, Server, bind, url
 from cotenant.store.db import Store
@@ -94,12 +97,15 @@ class Service:
         the analysis loop opens, updates or resolves."""
         self.config = config
         self.clock_ns = clock_ns
+        self.tokens = load_tokens(config)
+        self.tls = tls_files(config)
         sc = config.store
         self.store = store or Store(sc.path, memory_limit=sc.memory_limit, threads=sc.threads)
         # readers of this file after us (report, diagnose --store) see the SLOs we ran with
         record_slos(self.store, config.analysis.slo_ms)
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.role = role
+        register_process_series(self.registry, role)
         self.node = config.agent.node or config.nvml.host or socket.gethostname()
         agent = role == "agent"
         self.fleet_histogram = FleetHistogram(self.node) if agent else None
@@ -156,6 +162,7 @@ class Service:
             lambda: self.writer.queued_bytes, lambda: self.pipeline.inflight_bytes
         )
         self.pods = self._open_pods()
+        self._nvml_missing: str | None = None  # why NVML, enabled, could not be opened
         self.nvml = self._open_nvml(nvml) if config.nvml.enabled else None
         self.procfs = self._open_procfs() if config.procfs.enabled else None
         # decode + ingest of OTLP/HTTP exports: a pool of their own (threads start on demand),
@@ -172,6 +179,7 @@ class Service:
         self.started = threading.Event()
         self.endpoints: Endpoints | None = None
         self.central: Central | None = None
+        self._otlp_app: ASGIApp = protect_otlp(self.otlp_http.app, self.tokens)
         if agent:
             self.api = create_agent_api(
                 self.store,
@@ -190,8 +198,10 @@ class Service:
                 clock_ns=clock_ns,
                 not_ready=self._not_ready_reason,
                 on_incident=on_incident,
+                read_token=self.tokens.read,
             )
             self.api = self.central.api
+        self._api_app: ASGIApp = protect_api(self.api, self.tokens)
 
     def _open_spool(self, sc: StoreSettings) -> Spool | None:
         """The durable-ack spool beside the store file (``store.spool`` under ``ack =
@@ -220,7 +230,14 @@ class Service:
             collector.open()
         except NvmlUnavailable as exc:
             metrics.available.set(0)
-            log.warning("%s. Running without GPU counters.", exc)
+            if self.role == "agent":
+                self._nvml_missing = (
+                    f"NVML is enabled but unavailable ({exc}): set nvml.enabled = false "
+                    "to run the agent on spans only"
+                )
+                log.error("%s", self._nvml_missing)
+            else:
+                log.warning("%s. Running without GPU counters.", exc)
             return None
         return collector
 
@@ -268,7 +285,7 @@ class Service:
             return "store writer is not running"
         if self.writer.full:
             return "writer queue is full"
-        return None
+        return self._nvml_missing
 
     async def _dispatch(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope.get("type") == "http" and ".." in str(scope.get("path", "")).split("/"):
@@ -278,9 +295,9 @@ class Service:
             return
         server = scope.get("server")
         if server is not None and self._otlp_port is not None and server[1] == self._otlp_port:
-            await self.otlp_http.app(scope, receive, send)
+            await self._otlp_app(scope, receive, send)
         else:
-            await self.api(scope, receive, send)
+            await self._api_app(scope, receive, send)
 
     def run(self, banner: TextIO | None = sys.stdout) -> None:
         """Serve until :meth:`stop`, SIGTERM or SIGINT; then shut down cleanly."""
@@ -307,6 +324,12 @@ class Service:
                     port=cfg.otlp.grpc_port,
                     max_message_bytes=cfg.otlp.max_body_bytes,
                     workers=cfg.otlp.grpc_workers,
+                    interceptors=[
+                        GrpcTokenInterceptor(self.tokens.ingest, self.tokens.others("ingest"))
+                    ]
+                    if self.tokens.ingest
+                    else [],
+                    credentials=None if self.tls is None else grpc_credentials(*self.tls),
                 )
                 self._grpc.start()
         except OSError:
@@ -323,6 +346,8 @@ class Service:
             access_log=False,
             timeout_graceful_shutdown=10,
             log_level=cfg.log.level,
+            ssl_certfile=None if self.tls is None else self.tls[0],
+            ssl_keyfile=None if self.tls is None else self.tls[1],
         )
         self._server = Server(ucfg)
         self._loop = asyncio.get_running_loop()
@@ -330,8 +355,11 @@ class Service:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self.stop)
         grpc_addr = None if self._grpc is None else f"{cfg.otlp.host}:{self._grpc.port}"
+        scheme = "http" if self.tls is None else "https"
         self.endpoints = Endpoints(
-            url(socks[0]), url(socks[1], "/v1/traces") if len(socks) > 1 else None, grpc_addr
+            url(socks[0], scheme=scheme),
+            url(socks[1], "/v1/traces", scheme=scheme) if len(socks) > 1 else None,
+            grpc_addr,
         )
         central = self.central
         if central is not None and central.dashboard is not None and self.endpoints.otlp_http:
@@ -378,6 +406,10 @@ class Service:
             lines.append(f"  OTLP/gRPC  {ep.otlp_grpc}")
         if central is not None and central.dashboard is not None:
             lines.append(f"  Dashboard  {ep.api}/")
+        if self.role == "agent" and not self.config.nvml.enabled:
+            lines.append("  NVML       off (nvml.enabled = false): spans only, no GPU counters")
+        elif self._nvml_missing is not None:
+            lines.append(f"  NVML       NOT READY: {self._nvml_missing}")
         if self.nvml is not None:
             n = len(self.nvml.devices())
             lines.append(
@@ -432,3 +464,41 @@ class Service:
         except Exception as exc:  # losing pending children must not lose the rest
             log.error("could not save pending child spans: %s", exc)
         self.store.close()
+
+
+def load_tokens(config: Config) -> Tokens:
+    """The bearer token of each scope (:mod:`cotenant.auth`), read once, at start."""
+    a, ac = config.auth, config.actuators
+    return Tokens(
+        read=read_secret(a.token, a.token_file, "auth.token_file"),
+        act=read_secret(ac.token, ac.token_file, "actuators.token_file"),
+        ingest=read_secret(a.otlp_token, a.otlp_token_file, "auth.otlp_token_file"),
+    )
+
+
+def tls_files(config: Config) -> tuple[str, str] | None:
+    """``(certificate, key)`` files of ``[server] tls_cert_file`` / ``tls_key_file``, checked
+    readable at start; None when TLS is off. ConfigError naming the key otherwise."""
+    cert, key = config.server.tls_cert_file, config.server.tls_key_file
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        missing = "server.tls_cert_file" if not cert else "server.tls_key_file"
+        raise ConfigError(
+            f"config key {missing}: empty, but TLS needs both the certificate and the key"
+        )
+    for name, path in (("server.tls_cert_file", cert), ("server.tls_key_file", key)):
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config key {name}: cannot read {path!r}: {exc}") from exc
+        if "-----BEGIN " not in text:
+            raise ConfigError(f"config key {name}: {path!r} is not a PEM file")
+    return cert, key
+
+
+def grpc_credentials(cert: str, key: str) -> Any:
+    """gRPC server credentials of the PEM files (checked by :func:`tls_files`)."""
+    import grpc
+
+    return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])

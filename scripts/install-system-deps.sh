@@ -6,6 +6,8 @@
 #   nginx             -> the reference proxy the gateway benchmark compares against
 #   haproxy           -> the load balancer the HAProxy actuator backend drives (its tests start one)
 #   victoria-metrics  -> the second PromQL engine the fleet tests read through (tests/e2e)
+#   openssl           -> the self-signed certificate of the TLS test (tests/test_tls.py)
+#   kubernetes-client -> kubectl, whose kustomize builds deploy/k8s in tests/test_deploy.py
 set -euo pipefail
 
 need=()
@@ -16,6 +18,8 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertman
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -23,6 +23,7 @@ import yaml
 from promserver import free_port
 
 from cotenant.analysis.analyzer import Analyzer
+from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.core.slos import Slos
 from cotenant.simulator import output
@@ -33,6 +34,7 @@ from cotenant.store.source import StoreSource
 
 ROOT = Path(__file__).resolve().parents[1]
 BURST = (30, 48)  # seconds of node A's scenario when sdxl's burst runs
+WARMUP = 15  # windows with requests the detector learns from before the burst (of ~30)
 GPU_A = "GPU-gpu-a0"  # node A's GPU as NVML names it (and the spans, streamed with its feed)
 
 TTS = {
@@ -173,7 +175,11 @@ def embedded_top_cause(scenario: Path) -> tuple[str, str]:
         tables = {"requests": r.requests, "gpu_samples": r.gpu_samples}
         append_tables(store, {**tables, "process_samples": r.process_samples})
         a = Analyzer(
-            StoreSource(store), IncidentBook(store), slos=Slos.of_maps({"tts": 100.0}), step_s=1.0
+            StoreSource(store),
+            IncidentBook(store),
+            slos=Slos.of_maps({"tts": 100.0}),
+            step_s=1.0,
+            params=DetectorParams(min_samples=WARMUP),
         )
         got = a.diagnose("tts", t0, t0 + int(s.duration_s * 1e9))
     finally:
@@ -310,6 +316,8 @@ def running_fleet(tmp_path: Path, engine: Engine) -> Iterator[dict[str, Any]]:
                     "COTENANT_ANALYSIS_HORIZON_S": "120",
                     "COTENANT_ANALYSIS_REREAD_S": "6",
                     "COTENANT_ANALYSIS_SLO_MS": "tts=100,chat=100,embed=80,ocr=100",
+                    # 30 s of baseline before the burst (WARMUP below)
+                    "COTENANT_ANALYSIS_WARMUP_WINDOWS": str(WARMUP),
                     "COTENANT_ACTUATORS_MODE": "off",
                 },
             )

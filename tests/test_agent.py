@@ -190,7 +190,9 @@ def test_a_running_agent_exposes_what_central_diagnosis_reads_and_drills_down(
         assert text.rstrip().endswith("# EOF")  # OpenMetrics when asked for
         assert len(list(om_families(text))) > 20  # and valid (the strict parser)
         assert f'trace_id="{ids[250.0][0]}"' in text  # the slow request is an exemplar
-        assert f'DCGM_FI_DEV_GPU_UTIL{{Hostname="node-a",UUID="{gpu}"' in text
+        # labelled as dcgm-exporter 4.8 labels it: the host under `hostname`
+        dcgm = f'DCGM_FI_DEV_GPU_UTIL{{UUID="{gpu}",device="nvidia0",gpu="0",hostname="node-a"'
+        assert dcgm in text
         plain = httpx.get(metrics, timeout=5).text
         assert "# EOF" not in plain and "trace_id" not in plain
         got = {

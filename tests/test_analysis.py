@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from cotenant.analysis.attribution import attribute
 from cotenant.analysis.diagnose import diagnose
+from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
 from cotenant.analysis.windows import GpuWindows
@@ -31,6 +32,11 @@ from cotenant.store.db import Store
 from cotenant.store.source import StoreSource
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _culprit(inc: Incident) -> str | None:
+    """The culprit of an incident's top cause (None: no cause named)."""
+    return None if inc.top is None else inc.top.culprit
 
 
 def top(att):  # type: ignore[no-untyped-def]
@@ -140,7 +146,8 @@ def test_diagnose_the_demo_names_each_fault(demo_store: Store) -> None:
 
     assert first(95, 150) == ("lock", "tokenizer")
     assert first(295, 365) == ("cotenant", "sdxl")
-    assert first(595, 650) == ("throttle", "gpu0")
+    # (an SDXL burst just before the throttle may begin the slowdown that the throttle carries on)
+    assert first(570, 650) == ("throttle", "gpu0")
 
 
 def test_incident_book_keeps_one_incident_while_it_grows(
@@ -159,7 +166,7 @@ def test_incident_book_keeps_one_incident_while_it_grows(
                 ids.add(inc.id)
     assert len(ids) == 1
     [inc] = [i for i in book.find(model="tts") if i.id in ids]
-    assert inc.state == "resolved" and inc.top is not None and inc.top["culprit"] == "sdxl"
+    assert inc.state == "resolved" and inc.top is not None and inc.top.culprit == "sdxl"
 
 
 def test_loop_publishes_incident_metrics(demo_store: Store, fresh_book: IncidentBook) -> None:
@@ -223,7 +230,7 @@ def test_batched_reads_give_the_loop_the_same_incidents_with_one_read_per_frame(
         for now_s in (300, 330, 360, 400):
             clock[0] = now_s * 10**9
             events += [
-                (e.kind, e.incident.model, e.incident.gpu, (e.incident.top or {}).get("culprit"))
+                (e.kind, e.incident.model, e.incident.gpu, _culprit(e.incident))
                 for e in loop.run_once()
             ]
         got[batch] = (events, src.reads)
@@ -299,9 +306,7 @@ def test_batched_reads_fall_back_to_one_gpu_at_a_time_past_the_engines_limit(
         clock_ns=lambda: 330 * 10**9,
         batch_reads=True,
     )
-    kinds = {
-        (e.kind, e.incident.model, (e.incident.top or {}).get("culprit")) for e in loop.run_once()
-    }
+    kinds = {(e.kind, e.incident.model, _culprit(e.incident)) for e in loop.run_once()}
     assert ("opened", "tts", "sdxl") in kinds
 
 
@@ -339,7 +344,7 @@ def test_rows_still_in_flight_do_not_resolve_an_open_incident(
     )
     loop.run_once()
     open_ = [i for i in book.find(model="tts", state="open") if i.start_ns >= 290 * 10**9]
-    assert open_ and open_[0].top is not None and open_[0].top["culprit"] == "sdxl"
+    assert open_ and open_[0].top is not None and open_[0].top.culprit == "sdxl"
 
 
 def test_cli_diagnose_reads_a_store_file(tmp_path: Path) -> None:

@@ -12,18 +12,26 @@ import pytest
 import yaml
 
 from cotenant.alerts.rules import exporters_rule, prometheus_rule, render_rules
-from cotenant.config import Config
+from cotenant.central import check_prometheus_url
+from cotenant.config import Config, load_config
+from cotenant.core.errors import ConfigError
 from cotenant.rules_cmd import settings_from
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl not installed (make system-deps installs kubernetes-client)"
+)
 needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool not installed")
 
 
 def _docs() -> list[dict[str, Any]]:
     out = []
     for p in sorted(K8S.glob("*.yaml")):
+        if p.name == "kustomization.yaml":
+            continue
         for d in yaml.safe_load_all(p.read_text()):
             assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), p
             assert d["metadata"]["name"], p
@@ -103,10 +111,9 @@ def test_the_central_config_is_valid_and_reads_prometheus(tmp_path: Path) -> Non
     cm = _one("ConfigMap", "cotenant-central")
     p = tmp_path / "c.toml"
     p.write_text(cm["data"]["cotenant.toml"])
-    cfg = load_config(str(p), env={})
-    assert cfg.prometheus.url.startswith("http://") and "{instance}" in (
-        cfg.prometheus.agent_url_template
-    )
+    url = "http://kps-kube-prom-prometheus.monitoring:9090"
+    cfg = load_config(str(p), env={"COTENANT_PROMETHEUS_URL": url})
+    assert cfg.prometheus.url == url and "{instance}" in cfg.prometheus.agent_url_template
     # each pass re-reads at least one rate window (4 scrapes): the newest windows move until then
     assert cfg.analysis.reread_s >= 4 * cfg.prometheus.scrape_interval_s
 
@@ -164,3 +171,138 @@ def test_promtool_checks_the_prometheus_rule_and_the_scrape_example(tmp_path: Pa
     conf.write_text(yaml.safe_dump(cfg))
     r = subprocess.run([PROMTOOL, "check", "config", str(conf)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_kubectl
+def test_one_apply_builds_every_manifest_with_the_namespace_first() -> None:
+    """``kubectl apply -k deploy/k8s``: kubectl's kustomize builds every file of the folder,
+    the Namespace first and the objects the workloads name before them (kubectl 1.20's
+    kustomize v2 as well as today's v5: Debian 12's kubectl is the oldest a clean machine
+    gets)."""
+    r = subprocess.run(
+        [str(KUBECTL), "kustomize", str(K8S)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    built = [d for d in yaml.safe_load_all(r.stdout) if d]
+    kinds = [d["kind"] for d in built]
+    assert kinds[0] == "Namespace", kinds
+    first = {k: kinds.index(k) for k in reversed(kinds)}
+    assert first["ServiceAccount"] < first["DaemonSet"]
+    assert first["ConfigMap"] < first["Deployment"]
+    namespaces = {d["metadata"]["name"] for d in built if d["kind"] == "Namespace"}
+    for d in built:
+        ns = d["metadata"].get("namespace")
+        assert ns is None or ns in namespaces, (d["kind"], d["metadata"]["name"])
+    # every file of the folder is in the kustomization: one apply is the whole deployment
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    assert set(listed) == files and listed[0] == "namespace.yaml"
+    names = {(d["kind"], d["metadata"]["name"]) for d in built}
+    assert {(d["kind"], d["metadata"]["name"]) for d in _docs()} <= names
+    # the wiring ConfigMap is generated (its name hashed) and central reads it
+    [wiring] = [d for d in built if d["metadata"]["name"].startswith("cotenant-wiring")]
+    deploy = next(d for d in built if d["kind"] == "Deployment")
+    refs = deploy["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+    assert {"configMapRef": {"name": wiring["metadata"]["name"]}} in refs
+    # and every object it builds passes the API's schema
+    import kubernetes_validate
+
+    for d in built:
+        if d["apiVersion"].startswith("monitoring.coreos.com"):
+            continue  # CRDs: tests/test_manifest_schemas.py
+        kubernetes_validate.validate(d, kubernetes_validate.utils.latest_version(), strict=True)
+
+
+def test_no_prometheus_url_or_release_label_is_hard_coded(tmp_path: Path) -> None:
+    """The Prometheus URL comes from wiring.env, empty as shipped, and central refuses to
+    start without it; no manifest carries a guess at the operator's Helm release label."""
+    env = {}
+    for line in (K8S / "wiring.env").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            env[k] = v
+    assert env == {"COTENANT_PROMETHEUS_URL": ""}
+    cm = _one("ConfigMap", "cotenant-central")["data"]["cotenant.toml"]
+    assert "url =" not in cm.replace("agent_url_template", "")
+    toml = tmp_path / "central.toml"
+    toml.write_text(cm)
+    with pytest.raises(ConfigError, match=r"prometheus\.required is true"):
+        check_prometheus_url(load_config(str(toml), env=env))
+    for f in sorted((ROOT / "deploy").rglob("*.yaml")):
+        for d in yaml.safe_load_all(f.read_text()):
+            labels = ((d or {}).get("metadata") or {}).get("labels") or {}
+            assert "release" not in labels, f
+
+
+def _pod(kind: str, name: str) -> dict[str, Any]:
+    return dict(_one(kind, name)["spec"]["template"]["spec"])
+
+
+def test_pods_drop_every_capability_and_run_under_seccomp_as_non_root() -> None:
+    """Pod Security "restricted" for central; the same for the agent but its hostPID and
+    host /proc, which is why the namespace enforces "privileged" (and says why)."""
+    ns = _one("Namespace", "cotenant")["metadata"]["labels"]
+    assert ns["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert "pod-security.kubernetes.io/audit" in ns
+    for kind, name in (("Deployment", "cotenant"), ("DaemonSet", "cotenant-agent")):
+        pod = _pod(kind, name)
+        sc = pod["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            csc = c["securityContext"]
+            assert csc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+            assert csc["allowPrivilegeEscalation"] is False
+            assert csc["readOnlyRootFilesystem"] is True
+    central = _pod("Deployment", "cotenant")
+    assert not central.get("hostPID") and not central.get("hostNetwork")
+    assert all("hostPath" not in v for v in central["volumes"])
+    agent = _pod("DaemonSet", "cotenant-agent")
+    host = [v for v in agent["volumes"] if "hostPath" in v]
+    assert [v["hostPath"]["path"] for v in host] == ["/proc"]
+
+
+def test_the_agents_priority_class_is_ours_not_a_system_one() -> None:
+    agent = _pod("DaemonSet", "cotenant-agent")
+    pc = _one("PriorityClass", agent["priorityClassName"])
+    assert not agent["priorityClassName"].startswith("system-")
+    assert 0 < pc["value"] < 1_000_000_000 and pc["globalDefault"] is False
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_network_policies_open_only_the_ports_the_pods_serve() -> None:
+    policies = [d for d in _docs() if d["kind"] == "NetworkPolicy"]
+    assert any(p["spec"]["podSelector"] == {} and "ingress" not in p["spec"] for p in policies)
+    for kind, name in (("Deployment", "cotenant"), ("DaemonSet", "cotenant-agent")):
+        tpl = _one(kind, name)["spec"]["template"]
+        labels = tpl["metadata"]["labels"]
+        served = {p["containerPort"] for c in tpl["spec"]["containers"] for p in c["ports"]}
+        opened = {
+            port["port"]
+            for p in policies
+            if p["spec"]["podSelector"] and _selects(p["spec"]["podSelector"], labels)
+            for rule in p["spec"].get("ingress", [])
+            for port in rule["ports"]
+        }
+        assert opened == served, (name, opened, served)
+
+
+def test_central_has_a_disruption_budget() -> None:
+    pdb = _one("PodDisruptionBudget", "cotenant")
+    labels = _one("Deployment", "cotenant")["spec"]["template"]["metadata"]["labels"]
+    assert _selects(pdb["spec"]["selector"], labels)
+    assert "maxUnavailable" in pdb["spec"] or "minAvailable" in pdb["spec"]
+
+
+def test_the_dcgm_exporter_runs_in_per_pod_mode_with_host_pids() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "deploy/dcgm-exporter/dcgm-exporter.yaml").read_text()))
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["KUBERNETES_VIRTUAL_GPUS"] == "true" and env["DCGM_EXPORTER_KUBERNETES"] == "true"
+    values = yaml.safe_load((ROOT / "deploy/dcgm-exporter/helm-values.yaml").read_text())
+    assert {"name": "KUBERNETES_VIRTUAL_GPUS", "value": "true"} in values["extraEnv"]

@@ -53,7 +53,9 @@ def _judged(
     return d
 
 
-def _incident(model: str, kind: str, culprit: str, **judged: str) -> Incident:
+def _incident(model: str, kind: str, culprit: str, fellow_of: str | None = None) -> Incident:
+    told = diagnosis(model, "breach", [_cause(kind, culprit)], 240, 330, peak=90.0, base=50.0)
+    told.judged = Judged("typical", 3.0, 1.0, NORMAL, fellow_of=fellow_of)
     return Incident(
         id=f"inc-{model}",
         model=model,
@@ -65,10 +67,7 @@ def _incident(model: str, kind: str, culprit: str, **judged: str) -> Incident:
         peak_p99_ms=90.0,
         baseline_p99_ms=50.0,
         slo_ms=60.0,
-        detail={
-            "causes": [{"kind": kind, "culprit": culprit, "share": 0.9}],
-            "judged_on": {"channel": "typical", **judged},
-        },
+        told=told,
     )
 
 
@@ -98,7 +97,7 @@ def test_a_slowdown_is_a_fellow_victim_only_of_an_incident_with_its_first_cause(
     assert len(incident_causes([resolved])) == 1  # ... an on-demand diagnosis, any
     # an open incident whose slowdown is over (its cool-down) lasts no longer than it did
     cooling = _incident("tts", "cpu", "etl-burner")
-    cooling.detail["open"] = False
+    cooling.told.open = False
     assert incident_causes([cooling], now)[0].end_ns == cooling.end_ns
 
 
@@ -123,8 +122,11 @@ def test_a_weak_slowdown_is_kept_only_as_a_fellow_victim() -> None:
     [d] = judge([_judged("imagegen", [_cause("cpu", "etl-burner")])], hog)
     assert d.verdict == FELLOW and "tts, on the same GPU, had an incident" in d.notes[-1]
     # while its own incident is a fellow victim, what continues it stays one
-    [d] = judge([_judged("imagegen", [_cause("pcie", "tts")])], [], fellow="tts")
+    mine = ("tts", START_NS + 240 * S, START_NS + 330 * S)
+    [d] = judge([_judged("imagegen", [_cause("pcie", "tts")])], [], fellow=mine)
     assert d.verdict == FELLOW
+    # ... but not a slowdown after it
+    assert judge([_judged("imagegen", [], start_s=400, end_s=460)], [], fellow=mine) == []
 
 
 @pytest.fixture(scope="module")

@@ -157,7 +157,7 @@ def _make_image_tag() -> str:
     r = subprocess.run(
         ["make", "-s", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    (tag,) = re.findall(r"docker build -t (\S+) \.", r.stdout)
+    (tag,) = re.findall(r"bash scripts/build-image.sh (\S+)", r.stdout)
     return tag
 
 

@@ -178,7 +178,7 @@ def test_the_live_loop_keeps_one_incident_per_indicator_and_the_filter_finds_it(
     loop.run_once()
     tpot = book.find(model="chat", indicator="tpot")
     assert len(tpot) == 1 and tpot[0].indicator == "tpot" and tpot[0].severity == "breach"
-    assert tpot[0].top is not None and tpot[0].top["culprit"] == "train-job"
+    assert tpot[0].top is not None and tpot[0].top.culprit == "train-job"
     assert book.find(model="chat", indicator="e2e") == []
     analyzer = Analyzer(StoreSource(store), book)
     assert [i["indicator"] for i in analyzer.incidents(indicator="tpot")] == ["tpot"]

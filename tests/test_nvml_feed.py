@@ -269,7 +269,7 @@ def test_an_agent_with_fake_nvml_publishes_the_simulated_gpu(
             for fam in text_string_to_metric_families(text):
                 for smp in fam.samples:
                     if smp.name == "DCGM_FI_DEV_GPU_UTIL":
-                        assert smp.labels["Hostname"] == "node-x", smp
+                        assert smp.labels["hostname"] == "node-x", smp
                         got["gpu"][smp.labels["UUID"]] = smp.value
                     if smp.name == "cotenant_gpu_process_sm_utilization_ratio" and smp.value:
                         got["pids"].add(smp.labels["pid"])

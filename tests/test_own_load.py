@@ -87,10 +87,12 @@ OWN = Cause("load", "code", 0.9, 0.8, {})
 NEIGHBOUR = Cause("cotenant", "chat", 0.8, 0.9, {})
 
 
-def test_own_load_within_slo_opens_no_incident_but_a_breach_does(tmp_path: Path) -> None:
+def test_own_load_opens_no_incident_but_a_neighbours_breach_does(tmp_path: Path) -> None:
     assert own_load(_diagnosis("degradation", OWN))
     assert _diagnosis("degradation", OWN).verdict == "own_load"
-    assert _diagnosis("breach", OWN, slo=2000.0).verdict == NEWS  # a breach always is news
+    # over its SLO by its own traffic: its SLO alert pages, no culprit to name
+    assert _diagnosis("breach", OWN, slo=2000.0).verdict == "own_load"
+    assert _diagnosis("breach", NEIGHBOUR, slo=2000.0).verdict == NEWS
     assert not own_load(_diagnosis("degradation", NEIGHBOUR))
     assert not own_load(_diagnosis("degradation", Cause("load", "code", 0.3, 0.8, {})))
     store = Store(tmp_path / "s.duckdb")
@@ -100,7 +102,7 @@ def test_own_load_within_slo_opens_no_incident_but_a_breach_does(tmp_path: Path)
         assert book.update([_diagnosis("degradation", OWN)], "code", "gpu0", START_NS, now) == []
         assert book.find() == []
         events = book.update(
-            [_diagnosis("breach", OWN, slo=2000.0)], "code", "gpu0", START_NS, now + 5 * S
+            [_diagnosis("breach", NEIGHBOUR, slo=2000.0)], "code", "gpu0", START_NS, now + 5 * S
         )
         assert [e.kind for e in events] == ["opened"]
     finally:

@@ -342,7 +342,8 @@ class _Windows:
             for k, v in (
                 ("ts_ns", T0 + w * 1_000_000_000), ("host", "h1"), ("gpu", gpu), ("pid", pid),
                 ("process_name", name), ("model", None), ("sm_util", None), ("mem_util", None),
-                ("mem_used_bytes", None), ("cpu_cores", cores),
+                ("mem_used_bytes", None), ("cpu_cores", cores), ("cpu_freq_mhz", None),
+                ("cpu_max_freq_mhz", None),
             ):  # fmt: skip
                 cols[k].append(v)
         self._t = pa.table(cols, schema=PROCESS_WINDOWS)
@@ -431,3 +432,90 @@ def test_more_processes_than_max_pids_reads_the_first_and_says_so(proc: FakeProc
     c.poll_once()
     assert registry.get_sample_value("cotenant_procfs_processes") == 3
     assert registry.get_sample_value("cotenant_procfs_errors_total", {"kind": "truncated"}) == 1
+
+
+def fake_cpufreq(root: Path, cur_khz: list[int], max_khz: int = 3_500_000) -> Path:
+    """A /sys tree with cpufreq for ``len(cur_khz)`` CPUs (and a cpu directory without it)."""
+    cpus = root / "devices" / "system" / "cpu"
+    for i, khz in enumerate(cur_khz):
+        d = cpus / f"cpu{i}" / "cpufreq"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "scaling_cur_freq").write_text(f"{khz}\n")
+        (d / "cpuinfo_max_freq").write_text(f"{max_khz}\n")
+    (cpus / "cpuidle").mkdir(parents=True, exist_ok=True)  # not a CPU
+    (cpus / f"cpu{len(cur_khz)}").mkdir(exist_ok=True)  # a CPU without cpufreq
+    return root
+
+
+def test_each_row_carries_the_hosts_cpu_frequency_and_a_clamp_shows(
+    proc: FakeProc, tmp_path: Path
+) -> None:
+    sys_root = fake_cpufreq(tmp_path / "sys", [3_000_000, 3_400_000])
+    sink = Sink()
+    c = collector(proc, sink, sys=sys_root)
+    proc.process(20, "python3", 0.0, cmdline="python3 burn.py")
+    c.poll_once()
+    proc.tick()
+    proc.process(20, "python3", 1.0, cmdline="python3 burn.py")
+    c.poll_once()
+    fake_cpufreq(tmp_path / "sys", [1_200_000, 1_200_000])  # capped: rewrites the files
+    proc.tick()
+    proc.process(20, "python3", 2.0, cmdline="python3 burn.py")
+    c.poll_once()
+    c.stop()
+    rows = sink.rows()
+    assert [(r["cpu_freq_mhz"], r["cpu_max_freq_mhz"]) for r in rows] == [
+        (3200.0, 3500.0),
+        (1200.0, 3500.0),
+    ]
+
+
+def test_without_cpufreq_the_frequency_is_null_and_nothing_fails(proc: FakeProc) -> None:
+    sink, metrics = Sink(), ProcfsMetrics(CollectorRegistry())
+    c = collector(proc, sink, sys=proc.root / "no-sys", metrics=metrics)
+    proc.process(20, "python3", 0.0, cmdline="python3 burn.py")
+    c.poll_once()
+    proc.tick()
+    proc.process(20, "python3", 1.0, cmdline="python3 burn.py")
+    c.poll_once()
+    [row] = sink.rows()
+    assert row["cpu_freq_mhz"] is None and row["cpu_cores"] == pytest.approx(1.0)
+    assert metrics.errors.labels("cpufreq")._value.get() == 0
+
+
+def test_a_clamped_host_is_named_for_the_preprocess_it_slowed(
+    proc: FakeProc, tmp_path: Path
+) -> None:
+    """procfs rows through the store to diagnosis: the preprocess growth goes to ``cpu:host``
+    with the frequency's fall as evidence, no process having taken more CPU."""
+    from analysis_frames import FAULT, N, _refresh, masks, windows
+
+    from cotenant.analysis.attribution import attribute
+
+    store = Store(tmp_path / "s.duckdb")
+    writer = Writer(store, flush_interval_s=0.01)
+    sys_root = tmp_path / "sys"
+    c = collector(proc, writer.submit, sys=sys_root)  # type: ignore[arg-type]
+    for k in range(N + 1):
+        clamped = FAULT.start <= k - 1 < FAULT.stop
+        fake_cpufreq(sys_root, [1_300_000 if clamped else 3_300_000 + 10_000 * (k % 3)] * 4)
+        proc.process(80, "tts", 0.5 * k, cmdline="python3 serve.py")
+        c.poll_once()
+        proc.tick()
+    c.stop()
+    writer.close()
+    cpu = host_cpu(StoreSource(store), TimeRange(T0, T0 + N * 1_000_000_000), 1.0, N)
+    store.close()
+    freq = cpu.frequency  # type: ignore[attr-defined]
+    assert freq is not None and freq.mhz[FAULT.start + 5] < 0.5 * freq.mhz[10]
+    w = windows()
+    w.models["tts"]["preprocess_ms"][FAULT] = 15.0
+    _refresh(w)
+    att = attribute(w, "tts", *masks(), host_cpu=cpu)
+    top = att.causes[0]
+    assert (top.kind, top.culprit) == ("cpu", "host")
+    assert top.evidence["series"] == "host CPU frequency"
+    assert top.evidence["during"] < 0.5 * top.evidence["before"]
+    steady = dict(cpu)  # the same cores without the frequency: no culprit, little confidence
+    att2 = attribute(w, "tts", *masks(), host_cpu=steady)
+    assert att2.causes[0].confidence < top.confidence

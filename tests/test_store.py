@@ -1176,3 +1176,20 @@ def test_a_schema_7_store_gains_the_contention_table(tmp_path: Path) -> None:
         upsert_contention(s, [row, row])  # written twice: one row
         assert find_contention(s, "chat", "g0", NOW) == [row]
         assert find_contention(s, "chat", "g0", NOW + 61 * SEC) == []
+
+
+def test_a_schema_8_store_gains_the_cpu_frequency_of_process_samples(tmp_path: Path) -> None:
+    path = tmp_path / "v8.duckdb"
+    with Store(path) as s:
+        fetch(s, "ALTER TABLE process_samples DROP COLUMN cpu_freq_mhz")
+        fetch(s, "ALTER TABLE process_samples DROP COLUMN cpu_max_freq_mhz")
+        fetch(
+            s,
+            "INSERT INTO process_samples (ts_ns, host, pid, process_name, cpu_cores) "
+            "VALUES (1, 'h', 7, 'etl', 2.0)",
+        )
+    _set_version(path, "8")
+    with Store(path) as s:
+        assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
+        rows = fetch(s, "SELECT process_name, cpu_cores, cpu_freq_mhz FROM process_samples")
+        assert rows == [("etl", 2.0, None)]

@@ -16,24 +16,14 @@ from typing import Any, Literal
 
 import yaml
 
+# CAUSE_KINDS is re-exported for callers that import it from here; it lives in core.cause_kinds
+from cotenant.core.cause_kinds import CAUSE_KINDS as CAUSE_KINDS
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.errors import ConfigError
 
 BUNDLED_POLICY = Path(__file__).resolve().parent.parent / "rules" / "policy.yaml"
 """The policy used when ``[actuators] policy`` is empty."""
 
-CAUSE_KINDS = (
-    "cotenant",
-    "bandwidth",
-    "lock",
-    "throttle",
-    "memory",
-    "cpu",
-    "load",
-    "mix",
-    "model_load",
-    "unknown",
-)
-"""The root-cause vocabulary of the analysis (DESIGN.md)."""
 
 ActionKind = Literal["rate_limit", "priority", "reroute", "notify"]
 _ACTIONS: tuple[str, ...] = ("rate_limit", "priority", "reroute", "notify")
@@ -76,7 +66,7 @@ class RerouteRule:
     ``step_settle_s``: wait after each step before judging it; ``max_steps``; ``lookback_s``:
     recent data the headroom is judged on."""
 
-    fallback: tuple[str, ...] = ("cotenant", "bandwidth", "throttle")
+    fallback: tuple[str, ...] = (CauseKind.COTENANT, CauseKind.BANDWIDTH, CauseKind.THROTTLE)
     max_step: float = 0.25
     min_weight: int = 0
     headroom: float = 0.8
@@ -104,7 +94,7 @@ class Policy:
 
     def rule(self, kind: str) -> CauseRule:
         """The rule for ``kind``; an unknown kind is treated as ``unknown``."""
-        return self.rules.get(kind) or self.rules["unknown"]
+        return self.rules.get(kind) or self.rules[CauseKind.UNKNOWN]
 
     @staticmethod
     def size_rate(
@@ -255,7 +245,7 @@ def parse_policy(data: Any, path: str = "<policy>") -> Policy:
                 body["max_wait_s"],
                 f"only for action rate_limit, not {action}",
             )
-        if action == "rate_limit" and kind in ("throttle", "unknown"):
+        if action == "rate_limit" and kind in (CauseKind.THROTTLE, CauseKind.UNKNOWN):
             raise r.fail(f"{where}.action", action, f"a {kind} cause has no model to rate-limit")
         if action == "reroute":
             if "reroute" not in doc:

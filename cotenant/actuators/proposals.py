@@ -16,6 +16,7 @@ import numpy as np
 
 from cotenant.actuators.policy import Policy
 from cotenant.analysis.incident_record import Incident
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.readers import MetricSource
 from cotenant.core.timerange import TimeRange
 
@@ -73,11 +74,11 @@ def propose(
 ) -> Proposal:
     """The action the policy proposes for ``incident`` (always one; ``notify`` at least)."""
     # the cause the incident names (its top named cause, as the dashboard and alerts show it)
-    cause = incident.top or {"kind": "unknown", "culprit": "", "share": 0.0}
-    kind = str(cause.get("kind", "unknown"))
-    culprit = str(cause.get("culprit") or "")
-    share = float(cause.get("share") or 0.0)
-    confidence = float(cause.get("confidence") or 0.0)
+    cause = incident.top
+    kind = str(cause.kind) if cause is not None else CauseKind.UNKNOWN.value
+    culprit = cause.culprit if cause is not None else ""
+    share = cause.share if cause is not None else 0.0
+    confidence = cause.confidence if cause is not None else 0.0
     rule = policy.rule(kind)
     target = incident.model if rule.target == "victim" else culprit
     context: dict[str, Any] = {
@@ -85,7 +86,7 @@ def propose(
         "gpu": incident.gpu,
         "cause": kind,
         "culprit": culprit,
-        "resource": cause.get("resource"),
+        "resource": cause.resource if cause is not None else None,
         "share": share,
         "confidence": confidence,
         "slo_ms": incident.slo_ms,

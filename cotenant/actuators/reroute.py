@@ -1,7 +1,7 @@
 """The ``reroute`` action: move a victim's traffic off its contended replica, step by step.
 
 When an incident names the slow replica of a model (``Incident.replica``) and siblings on
-other GPUs that are fine (``detail["siblings"]``, :mod:`analysis.replicas`), the model's
+other GPUs that are fine (its diagnosis's ``siblings``, :mod:`analysis.replicas`), the model's
 traffic can go there instead of waiting for a culprit that cannot be throttled (a training
 job serves no requests) or whose throttling did not help. :func:`propose_reroute` plans the
 weights: each step takes at most ``max_step`` of the model's traffic off the contended
@@ -32,6 +32,7 @@ import numpy as np
 
 from cotenant.actuators.policy import RerouteRule, VerifyRule
 from cotenant.analysis.incident_record import Incident
+from cotenant.analysis.replicas import listed_siblings
 from cotenant.core.readers import MetricSource
 from cotenant.core.timerange import TimeRange
 
@@ -189,7 +190,7 @@ def propose_reroute(
         return f"the incident names no replica of {victim} the backend routes to"
     sibs = [
         s
-        for s in incident.detail.get("siblings") or []
+        for s in listed_siblings(incident.told.siblings)
         if s.get("replica") in weights and s.get("replica") != replica
     ]
     fine = [s for s in sibs if s.get("fine")]

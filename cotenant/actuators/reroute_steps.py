@@ -20,6 +20,7 @@ from cotenant.actuators.proposals import Proposal
 from cotenant.actuators.records import ActionRecord, moved
 from cotenant.actuators.reroute import Plan, judge_step, propose_reroute
 from cotenant.analysis.incident_record import Incident
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.errors import BackendError
 from cotenant.core.readers import MetricSource
 
@@ -103,7 +104,8 @@ class RerouteSteps:
         """``p``, or a ``reroute`` of the victim's traffic where the policy says so: its
         cause's rule is ``reroute``, or the cause is a ``fallback`` kind and ``p`` cannot act
         (notify) or the same change was already rolled back on this incident."""
-        kind = str((inc.top or {}).get("kind", "unknown"))
+        top = inc.top
+        kind = str(top.kind) if top is not None else CauseKind.UNKNOWN.value
         rule = self._owner.policy.reroute
         if rule is None or not self._owner.policy.reroutes(kind):
             return p

@@ -22,6 +22,8 @@ default configuration (``tests/alerts`` checks that).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from cotenant.alerts.rule_blocks import RuleSettings
 from cotenant.alerts.rules_cotenant import cotenant_groups
 from cotenant.alerts.rules_exporters import exporter_groups
 from cotenant.alerts.rules_fleet import fleet_groups
+from cotenant.core.errors import ConfigError
 
 RULE_FILES = ("cotenant.rules.yml", "exporters.rules.yml", "fleet.rules.yml")
 
@@ -69,16 +72,51 @@ def render_rules(s: RuleSettings) -> dict[str, str]:
     }
 
 
+_LABEL_NAME = re.compile(
+    r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def check_labels(labels: Mapping[str, str], where: str) -> dict[str, str]:
+    """``labels`` when every name and value is a valid Kubernetes label; ConfigError naming
+    ``where`` (the key or option) and the bad one otherwise."""
+    for k, v in labels.items():
+        if not _LABEL_NAME.fullmatch(k) or len(k.rpartition("/")[0]) > 253:
+            raise ConfigError(f"{where}: {k!r} is not a Kubernetes label name")
+        if not _LABEL_VALUE.fullmatch(v):
+            raise ConfigError(
+                f"{where}: {v!r} (label {k}) is not a Kubernetes label value (at most 63 "
+                "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+            )
+    return dict(labels)
+
+
+def check_namespace(namespace: str, where: str) -> str:
+    """``namespace`` when it is a valid Kubernetes namespace name; ConfigError otherwise."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(
+            f"{where}: {namespace!r} is not a Kubernetes namespace (lower-case letters, digits "
+            "and '-', at most 63)"
+        )
+    return namespace
+
+
 def prometheus_rule(
     s: RuleSettings,
     *,
     name: str = "cotenant",
     namespace: str = "cotenant",
+    labels: Mapping[str, str] | None = None,
     files: tuple[str, ...] = ("cotenant.rules.yml", "fleet.rules.yml"),
     flag: str = "--prometheus-rule",
 ) -> str:
     """The rule files ``files`` as one Prometheus Operator ``PrometheusRule`` manifest (the
-    groups of each, in order), for ``deploy/k8s/``; ``flag`` is the ``cotenant rules render``
+    groups of each, in order), for ``deploy/k8s/``, in ``namespace`` and labelled
+    ``app.kubernetes.io/name: cotenant`` plus ``labels`` (what your Prometheus'
+    ``ruleSelector`` matches, e.g. ``release``); ``flag`` is the ``cotenant rules render``
     option its header names for re-rendering."""
     groups: dict[str, list[dict[str, Any]]] = {
         "cotenant.rules.yml": cotenant_groups(s),
@@ -91,7 +129,7 @@ def prometheus_rule(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/name": "cotenant", "release": "prometheus"},
+            "labels": {"app.kubernetes.io/name": "cotenant", **(labels or {})},
         },
         "spec": {"groups": [g for f in files for g in groups[f]]},
     }
@@ -99,13 +137,20 @@ def prometheus_rule(
     return HEADER.replace("re-render", f"re-render ({flag})") + body
 
 
-def exporters_rule(s: RuleSettings) -> str:
+def exporters_rule(
+    s: RuleSettings, *, namespace: str = "cotenant", labels: Mapping[str, str] | None = None
+) -> str:
     """``exporters.rules.yml`` as its own ``PrometheusRule`` (``cotenant-exporters``), for
     ``deploy/k8s/optional/``: the alerts on the engines' and DCGM's own metrics, for models no
     cotenant agent sees. Not for models cotenant's rules already watch: both sets name their
     alerts alike (``ModelLatencySLOBreach``, ``GPUClockThrottled``, …) and would page twice."""
     return prometheus_rule(
-        s, name="cotenant-exporters", files=("exporters.rules.yml",), flag="--exporters-rule"
+        s,
+        name="cotenant-exporters",
+        namespace=namespace,
+        labels=labels,
+        files=("exporters.rules.yml",),
+        flag="--exporters-rule",
     )
 
 

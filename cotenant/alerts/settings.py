@@ -48,3 +48,13 @@ class RuleThresholds:
         "https://github.com/cotenant/cotenant/blob/main/docs/runbooks.md",
         "base of the runbook_url annotations",
     )
+    labels: dict[str, str] = key(
+        {},
+        "labels added to the rendered PrometheusRule manifests, e.g. { release = "
+        '"kube-prometheus-stack" } where your Prometheus selects rules by its Helm release '
+        "(cotenant rules render --label adds more)",
+    )
+    namespace: str = key(
+        "cotenant",
+        "namespace of the rendered PrometheusRule manifests (cotenant rules render --namespace)",
+    )

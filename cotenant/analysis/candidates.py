@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cotenant.analysis.host_cpu import HostCpu
 from cotenant.analysis.windows import GpuWindows
+from cotenant.core.cause_kinds import CauseKind
 
-NON_CULPRIT = "unknown"
+NON_CULPRIT = CauseKind.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,15 @@ def candidate_series(
     victim: str,
     host: dict[str, np.ndarray] | None = None,
 ) -> dict[Candidate, np.ndarray]:
-    """Every candidate cause with the series whose rise would reveal it.
+    """Every candidate cause with the series whose rise would reveal it (oriented so that a
+    rise hurts: a clock or frequency enters as what it lost).
 
     * ``cotenant:<x>`` — x's SM activity; ``bandwidth:<x>:dram`` — x's DRAM activity;
       ``bandwidth:<x>:pcie`` — x's total activity while the GPU's PCIe traffic is high;
     * ``throttle:<gpu>`` — lost clock (1 - clock / max clock);
     * ``memory:<x>`` — x's GPU memory, when the GPU is nearly full;
     * ``lock:<victim locks>`` — the victim's lock wait; ``cpu:<x>`` — host CPU use of x;
+      ``cpu:host`` — the host's lost CPU frequency (1 - frequency / maximum), where read;
     * ``load:<victim>`` — the victim's own arrival rate.
     """
     v = w.models[victim]
@@ -85,17 +89,17 @@ def candidate_series(
         else np.nan_to_num(pcie) + np.nan_to_num(w.counters.get("pcie_rx_bps", np.zeros(w.n)))
     )
     for name, (sm, dram) in act.items():
-        out[Candidate("cotenant", name)] = sm
-        out[Candidate("bandwidth", name, "dram")] = dram
+        out[Candidate(CauseKind.COTENANT, name)] = sm
+        out[Candidate(CauseKind.BANDWIDTH, name, "dram")] = dram
         if pcie_total is not None:
             scale = float(np.nanmax(pcie_total)) or 1.0
             act = np.nan_to_num(sm) + np.nan_to_num(dram) + 0.01
-            out[Candidate("bandwidth", name, "pcie")] = act * pcie_total / scale
+            out[Candidate(CauseKind.BANDWIDTH, name, "pcie")] = act * pcie_total / scale
     clock = w.counters.get("sm_clock_mhz")
     max_clock = w.counters.get("max_sm_clock_mhz")
     if clock is not None and max_clock is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
-            out[Candidate("throttle", w.gpu)] = np.nan_to_num(1.0 - clock / max_clock)
+            out[Candidate(CauseKind.THROTTLE, w.gpu)] = np.nan_to_num(1.0 - clock / max_clock)
     used = w.counters.get("mem_used_bytes")
     total = w.counters.get("mem_total_bytes")
     if used is not None and total is not None:
@@ -103,11 +107,13 @@ def candidate_series(
             full = np.nan_to_num(used / total)
         for name, ps in w.processes.items():
             mem = np.nan_to_num(ps["mem_used_bytes"])
-            out[Candidate("memory", w.process_model.get(name) or name)] = (
+            out[Candidate(CauseKind.MEMORY, w.process_model.get(name) or name)] = (
                 mem / (np.nanmax(total) or 1.0) * (full >= 0.95)
             )
-    out[Candidate("lock", "lock")] = np.nan_to_num(v["lock_wait_ms"])
+    out[Candidate(CauseKind.LOCK, "lock")] = np.nan_to_num(v["lock_wait_ms"])
     for name, cpu in (host or {}).items():
-        out[Candidate("cpu", name)] = np.nan_to_num(cpu)
-    out[Candidate("load", victim)] = np.nan_to_num(v["arrival_rps"])
+        out[Candidate(CauseKind.CPU, name)] = np.nan_to_num(cpu)
+    if isinstance(host, HostCpu) and host.frequency is not None:
+        out[Candidate(CauseKind.CPU, "host")] = np.nan_to_num(1.0 - host.frequency.ratio)
+    out[Candidate(CauseKind.LOAD, victim)] = np.nan_to_num(v["arrival_rps"])
     return out

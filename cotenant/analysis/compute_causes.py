@@ -1,11 +1,23 @@
-"""The physical explanations of a victim's compute excess (and who drove its PCIe traffic).
+"""The GPU-side explainers of a victim's compute excess, and who drove its PCIe traffic.
 
-:func:`compute_causes` shares the compute excess (ms per request) among what the physics we
-know predicts — a lower clock, co-tenants and processes whose demand rose (their SM or DRAM
-activity), memory that grew into a full GPU, the victim's own bigger batches — trusting the
-predictions within a factor of :data:`TRUST`; what they leave unexplained goes to the host
-process whose CPU use rose most. :func:`pcie_culprit` names the process most active while PCIe
-traffic rose. Both skip co-tenants whose demand did not rise (:mod:`analysis.demand`).
+Each predicts what its cause would add to the victim's compute time per request, from the
+physics we know, relative to ``compute_before`` (the victim's compute per request in its
+normal windows); :mod:`analysis.apportion` shares the excess in proportion to the predictions:
+
+* :class:`ThrottleExplainer` — the SM clock while the GPU is busy fell: ``compute_before x
+  (clock_before / clock_during - 1)``. Whatever the clock-event reasons say: a clock held under
+  its maximum by an operator or a driver policy (locked clocks) slows kernels like a thermal
+  slowdown, and is said so in the evidence;
+* :class:`CotenantExplainer` — a co-tenant (model or process) whose own demand rose
+  (:mod:`analysis.demand`) and whose SM activity rose: ``compute_before x`` its rise;
+* :class:`BandwidthExplainer` — the same when the rise is mostly memory traffic (DRAM
+  ``bandwidth``), and the transfers' growth to the process most active while PCIe traffic rose;
+* :class:`MemoryExplainer` — a nearly full GPU into which some process's memory *grew*: the
+  whole excess, to that process.
+
+Every rise is a one-sided test on enrichment (:mod:`analysis.enrichment`): a co-tenant as busy
+in the victim's normal windows as in its slow ones, or a clock as low, names nothing. A
+co-tenant idle in every normal window (a base rate of zero) is enriched by any activity.
 """
 
 from __future__ import annotations
@@ -16,17 +28,37 @@ from typing import Any
 import numpy as np
 
 from cotenant.analysis.candidates import Candidate, activity
-from cotenant.analysis.change import confidence, mean_over, rise, wmean_over
+from cotenant.analysis.change import absent_as_zero, confidence, mean_over, rise
 from cotenant.analysis.change import evidence as change_evidence
-from cotenant.analysis.cpu_causes import CpuRiser
-from cotenant.analysis.demand import Demand, arrival_surge
+from cotenant.analysis.claims import Claim, Context, Phase, Stage
+from cotenant.analysis.enrichment import rate_enrichment, shift_enrichment
+from cotenant.analysis.metric_direction import Direction
 from cotenant.analysis.windows import GpuWindows
-
-TRUST = 2.0
-"""Predictions are trusted within this factor: at most TRUST x their sum is allocated."""
+from cotenant.core.cause_kinds import CauseKind
 
 SAMPLE_LAG_WINDOWS = 3
 """Windows after an incident that still count as 'during' for per-process samples."""
+
+CLOCK_DROP = 1.03
+"""Busy clock before over busy clock during above this: the clock fell."""
+UNDER_MAX = 0.9
+"""A busy window whose SM clock is under this fraction of its maximum is a throttled one."""
+BUSY_PCT = 10.0
+"""GPU SM utilisation (%) from which a window counts as busy (idle GPUs lower their clocks)."""
+MIN_RISE = 0.02
+"""Activity (0-1) a co-tenant's SM or DRAM use must rise by to be weighed at all."""
+DRAM_OVER_SM = 1.5
+"""A co-tenant whose DRAM activity rose this many times its SM activity is DRAM bandwidth."""
+ACTIVITY_SE = 0.01
+"""Activity (0-1): the least standard error of a rise (a flat series is not a certain one)."""
+IDLE = 0.005
+"""Activity (0-1) under which a co-tenant is idle."""
+MIN_IDLE_WINDOWS = 20
+"""Normal windows a co-tenant must have been idle in for any rise to count as enriched."""
+NEARLY_FULL = 0.95
+"""Share of GPU memory in use from which memory that grew into it is a cause."""
+MEM_GROWTH = 0.02
+"""...grown by at least this share of the GPU's memory."""
 
 
 def widen(mask: np.ndarray, after: int) -> np.ndarray:
@@ -37,147 +69,204 @@ def widen(mask: np.ndarray, after: int) -> np.ndarray:
     return out
 
 
-@dataclass
-class Context:
-    """One attribution's inputs and the confidence / evidence / notes it fills in."""
-
-    w: GpuWindows
-    victim: str
-    before: np.ndarray
-    during: np.ndarray
-    near: np.ndarray  # during, widened for per-process samples stamped after the work
-    flat: set[str]  # co-tenant models whose own demand did not rise
-    demands: dict[str, Demand]
-    conf: dict[Candidate, float]
-    evidence: dict[Candidate, dict[str, Any]]
-    notes: list[str]
+def busy_windows(w: GpuWindows) -> np.ndarray:
+    """Windows where the GPU was busy (SM utilisation at least :data:`BUSY_PCT`); every
+    window where its utilisation is not known."""
+    sm = w.counters.get("sm_util")
+    if sm is None:
+        return np.ones(w.n, dtype=bool)
+    out: np.ndarray = ~(np.isfinite(sm) & (sm < BUSY_PCT))
+    return out
 
 
-def cpu_candidate(name: str, victim: str) -> Candidate:
-    """The cause a rise in ``name``'s host CPU use points at: the victim's own ``load`` when it
-    is the victim (its arrivals surged), else ``cpu``."""
-    return Candidate("load", victim) if name == victim else Candidate("cpu", name)
+@dataclass(frozen=True)
+class ThrottleExplainer:
+    kind: CauseKind = CauseKind.THROTTLE
 
-
-def cpu_evidence(
-    ctx: Context, cand: Candidate, top: CpuRiser, series: np.ndarray, risers: list[CpuRiser]
-) -> None:
-    """Confidence and evidence of the host CPU cause ``cand``: ``top``'s series (cores), and
-    the next processes whose CPU use rose too."""
-    ctx.conf[cand] = confidence(series, ctx.before, ctx.during)
-    ev = change_evidence(series, ctx.before, ctx.during, f"{top.name} host CPU", "cores")
-    if len(risers) > 1:
-        ev["also_rose"] = [
-            {"process": r.name, "before": round(r.before, 3), "during": round(r.during, 3)}
-            for r in risers[1:6]
-        ]
-    ctx.evidence[cand] = ev
-
-
-def compute_causes(
-    ctx: Context, comp_excess: float, risers: list[CpuRiser], host_cpu: dict[str, np.ndarray]
-) -> dict[Candidate, float]:
-    """Compute excess (ms per request) shared among physical explanations.
-
-    GPU-side explanations first (clock, co-tenants and processes whose demand rose, memory, own
-    bigger batches); what they leave unexplained goes to the host process whose CPU use rose
-    most, up to ``TRUST x`` its prediction ``compute_before x cores it took`` (compute spans
-    hold host work too: kernel launches, CPU-side inference) — to the victim's own ``load``
-    when that process is the victim itself, whose arrivals surged."""
-    if comp_excess <= 0:
-        return {}
-    w, victim, before, during = ctx.w, ctx.victim, ctx.before, ctx.during
-    conf, evidence = ctx.conf, ctx.evidence
-    v = w.models[victim]
-    cnt = v["count"]
-    comp_b = wmean_over(v["compute_ms"], cnt, before)
-    if not np.isfinite(comp_b) or comp_b <= 0:
-        comp_b = comp_excess
-    pred: dict[Candidate, float] = {}
-    clock = w.counters.get("sm_clock_mhz")
-    if clock is not None:
+    def claims(self, ctx: Context) -> list[Claim]:
+        w = ctx.w
+        clock = w.counters.get("sm_clock_mhz")
+        comp = ctx.excess.get(Phase.COMPUTE, 0.0)
+        if clock is None or comp <= 0:
+            return []
+        busy = busy_windows(w)
+        before, during = ctx.before & busy, ctx.during & busy
+        if not (np.isfinite(clock[before]).any() and np.isfinite(clock[during]).any()):
+            before, during = ctx.before, ctx.during
         cb, cd = mean_over(clock, before), mean_over(clock, during)
-        if np.isfinite(cb) and np.isfinite(cd) and cd > 0 and cb / cd > 1.03:
-            cand = Candidate("throttle", w.gpu)
-            pred[cand] = comp_b * (cb / cd - 1)
-            conf[cand] = confidence(-clock, before, during)
-            ev = change_evidence(clock, before, during, f"{w.gpu} SM clock", "MHz")
-            reasons = w.counters.get("clock_event_reasons")
-            if reasons is not None:
-                r = np.nan_to_num(reasons[during]).astype(np.int64)
-                ev["clock_event_reasons"] = int(np.bitwise_or.reduce(r)) if len(r) else 0
-            evidence[cand] = ev
-    near = ctx.near
-    for name, (sm, dram) in activity(w, victim).items():
+        if not (np.isfinite(cb) and np.isfinite(cd) and cd > 0 and cb / cd > CLOCK_DROP):
+            return []
+        drop = shift_enrichment(clock, before, during, Direction.FALL, se_floor=0.01 * cb)
+        if not drop.named:
+            return []
+        ev = change_evidence(clock, ctx.before, ctx.during, f"{w.gpu} SM clock", "MHz")
+        ev["busy_clock_mhz"] = {"before": round(cb, 1), "during": round(cd, 1)}
+        ev["clock_drop"] = drop.to_evidence()
+        ev.update(_clock_level(w, clock, before, during))
+        return [
+            Claim(
+                Candidate(CauseKind.THROTTLE, w.gpu),
+                Phase.COMPUTE,
+                Stage.SHARED,
+                ctx.compute_before * (cb / cd - 1),
+                confidence(-clock, ctx.before, ctx.during),
+                ev,
+            )
+        ]
+
+
+def _clock_level(
+    w: GpuWindows, clock: np.ndarray, before: np.ndarray, during: np.ndarray
+) -> dict[str, Any]:
+    """Evidence on the clock against its maximum: the share of busy windows under
+    :data:`UNDER_MAX` of it before and during, the clock-event reasons, and whether the clock
+    sat under its maximum with no reason given (clocks locked)."""
+    out: dict[str, Any] = {}
+    top = w.counters.get("max_sm_clock_mhz")
+    reasons = w.counters.get("clock_event_reasons")
+    bits = 0
+    if reasons is not None:
+        r = np.nan_to_num(reasons[during]).astype(np.int64)
+        bits = int(np.bitwise_or.reduce(r)) if len(r) else 0
+        out["clock_event_reasons"] = bits
+    if top is not None and np.isfinite(top[during]).any():
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = clock / top
+        under = np.where(np.isfinite(ratio), (ratio < UNDER_MAX).astype(float), np.nan)
+        level = rate_enrichment(under, before, during)
+        out["under_max"] = level.to_evidence()
+        out["clock_of_max"] = {
+            "before": _r(mean_over(ratio, before)),
+            "during": _r(mean_over(ratio, during)),
+        }
+        # idle (0x1) and the application-clocks setting (0x2) are no throttle reason
+        if level.during > 0 and not bits & ~0x3:
+            out["locked"] = (
+                "the SM clock sat under its maximum while busy with no throttle reason: "
+                "clocks locked by an operator or a driver policy"
+            )
+    return out
+
+
+def _rises(ctx: Context) -> list[tuple[str, np.ndarray, np.ndarray, float, float]]:
+    """Co-tenants whose own demand rose, with their SM and DRAM activity and its rises over
+    the windows ``near`` the incident (largest activity first, as :func:`activity` lists)."""
+    out = []
+    for name, (sm, dram) in activity(ctx.w, ctx.victim).items():
         if name in ctx.flat:
             continue
-        d_sm, d_dram = rise(sm, before, near), rise(dram, before, near)
-        if d_sm <= 0.02 and d_dram <= 0.02:
+        d_sm, d_dram = rise(sm, ctx.before, ctx.near), rise(dram, ctx.before, ctx.near)
+        if d_sm <= MIN_RISE and d_dram <= MIN_RISE:
             continue
-        if d_dram > 1.5 * d_sm:
-            cand = Candidate("bandwidth", name, "dram")
-            pred[cand] = comp_b * d_dram
-            conf[cand] = confidence(dram, before, near)
-            evidence[cand] = change_evidence(
-                dram * 100, before, near, f"{name} DRAM utilisation", "%"
+        out.append((name, sm, dram, d_sm, d_dram))
+    return out
+
+
+def _activity_claim(
+    ctx: Context, name: str, x: np.ndarray, d: float, cand: Candidate, what: str
+) -> Claim | None:
+    x = absent_as_zero(x, ctx.before)  # a process that appeared was idle before (as rise says)
+    enr = shift_enrichment(x, ctx.before, ctx.near, Direction.RISE, se_floor=ACTIVITY_SE)
+    if not (enr.named or _appeared(x, ctx.before)):
+        return None
+    ev = change_evidence(x * 100, ctx.before, ctx.near, f"{name} {what}", "%")
+    ev["enrichment"] = enr.to_evidence()
+    if name in ctx.demands:  # why this co-tenant is a culprit, not a fellow victim
+        ev["demand_rose"] = ctx.demands[name].reasons
+    return Claim(
+        cand,
+        Phase.COMPUTE,
+        Stage.SHARED,
+        ctx.compute_before * d,
+        confidence(x, ctx.before, ctx.near),
+        ev,
+    )
+
+
+def _appeared(x: np.ndarray, before: np.ndarray) -> bool:
+    """Idle (under :data:`IDLE` activity) in every one of at least :data:`MIN_IDLE_WINDOWS`
+    normal windows: a base rate of zero, which any activity during the slowdown exceeds however
+    few windows it shows in (a short burst of a co-tenant idle until then)."""
+    b = x[before]
+    b = b[np.isfinite(b)]
+    return bool(len(b) >= MIN_IDLE_WINDOWS and b.max() < IDLE)
+
+
+@dataclass(frozen=True)
+class CotenantExplainer:
+    kind: CauseKind = CauseKind.COTENANT
+
+    def claims(self, ctx: Context) -> list[Claim]:
+        if ctx.excess.get(Phase.COMPUTE, 0.0) <= 0:
+            return []
+        out = []
+        for name, sm, _, d_sm, d_dram in _rises(ctx):
+            if d_dram > DRAM_OVER_SM * d_sm:
+                continue
+            c = _activity_claim(
+                ctx, name, sm, d_sm, Candidate(CauseKind.COTENANT, name), "SM utilisation"
             )
-        else:
-            cand = Candidate("cotenant", name)
-            pred[cand] = comp_b * d_sm
-            conf[cand] = confidence(sm, before, near)
-            evidence[cand] = change_evidence(sm * 100, before, near, f"{name} SM utilisation", "%")
-        if name in ctx.demands:  # why this co-tenant is a culprit, not a fellow victim
-            evidence[cand]["demand_rose"] = ctx.demands[name].reasons
-    used, total = w.counters.get("mem_used_bytes"), w.counters.get("mem_total_bytes")
-    if used is not None and total is not None:
+            if c is not None:
+                out.append(c)
+        return out
+
+
+@dataclass(frozen=True)
+class BandwidthExplainer:
+    kind: CauseKind = CauseKind.BANDWIDTH
+
+    def claims(self, ctx: Context) -> list[Claim]:
+        out = []
+        if ctx.excess.get(Phase.COMPUTE, 0.0) > 0:
+            for name, _, dram, d_sm, d_dram in _rises(ctx):
+                if not d_dram > DRAM_OVER_SM * d_sm:
+                    continue
+                cand = Candidate(CauseKind.BANDWIDTH, name, "dram")
+                c = _activity_claim(ctx, name, dram, d_dram, cand, "DRAM utilisation")
+                if c is not None:
+                    out.append(c)
+        if ctx.excess.get(Phase.TRANSFER, 0.0) > 0:
+            cand, conf, ev = pcie_culprit(ctx.w, ctx.victim, ctx.before, ctx.during, ctx.flat)
+            out.append(Claim(cand, Phase.TRANSFER, Stage.FIRST, np.inf, conf, ev))
+        return out
+
+
+@dataclass(frozen=True)
+class MemoryExplainer:
+    kind: CauseKind = CauseKind.MEMORY
+
+    def claims(self, ctx: Context) -> list[Claim]:
+        w = ctx.w
+        comp = ctx.excess.get(Phase.COMPUTE, 0.0)
+        used, total = w.counters.get("mem_used_bytes"), w.counters.get("mem_total_bytes")
+        if comp <= 0 or used is None or total is None:
+            return []
         with np.errstate(invalid="ignore", divide="ignore"):
             full = used / total
         cap = float(np.nanmax(total)) if np.isfinite(total).any() else 0.0
-        if mean_over(full, during) >= 0.95 and cap > 0:
-            # a nearly full GPU alone is normal for KV-cache servers; the cause is memory that
-            # *grew* into it (at least 2 % of the GPU)
-            best, best_rise = None, 0.02 * cap
-            for name, ps in w.processes.items():
-                r = rise(ps["mem_used_bytes"], before, during)
-                if r > best_rise:
-                    best, best_rise = w.process_model.get(name) or name, r
-            if best is not None:
-                cand = Candidate("memory", best)
-                pred[cand] = comp_excess
-                conf[cand] = confidence(full, before, during)
-                evidence[cand] = change_evidence(
-                    full * 100, before, during, f"{w.gpu} memory used", "%"
-                )
-                evidence[cand]["grew_gib"] = round(best_rise / 1024**3, 2)
-    bb = wmean_over(v["batch_size_mean"], cnt, before)
-    bd = wmean_over(v["batch_size_mean"], cnt, during)
-    # bigger batches from a queue alone are a symptom, not a cause
-    if (
-        arrival_surge(v, before, during, w.step_ns)
-        and np.isfinite(bb)
-        and np.isfinite(bd)
-        and bb > 0
-        and bd > 1.1 * bb
-    ):
-        cand = Candidate("load", victim)
-        pred[cand] = comp_b * (bd / bb - 1) / 2
-        conf[cand] = confidence(v["batch_size_mean"], before, during)
-        evidence[cand] = change_evidence(
-            v["batch_size_mean"], before, during, f"{victim} batch size", "requests"
-        )
-    s = sum(pred.values())
-    out = {c: min(comp_excess, TRUST * s) * p / s for c, p in pred.items()} if s > 0 else {}
-    rest = comp_excess - sum(out.values())
-    if risers and rest > 1e-9:
-        top = risers[0]
-        cand = cpu_candidate(top.name, victim)
-        out[cand] = min(rest, TRUST * comp_b * top.rise)
-        cpu_evidence(ctx, cand, top, host_cpu[top.name], risers)
-    if not out:
-        ctx.notes.append(
-            "compute time grew with no co-tenant, clock, memory or host CPU change to explain it"
-        )
-    return out
+        if not (mean_over(full, ctx.during) >= NEARLY_FULL and cap > 0):
+            return []
+        # a nearly full GPU alone is normal for KV-cache servers; the cause is memory that
+        # *grew* into it
+        best, best_rise = None, MEM_GROWTH * cap
+        for name, ps in w.processes.items():
+            r = rise(ps["mem_used_bytes"], ctx.before, ctx.during)
+            if r > best_rise:
+                best, best_rise = w.process_model.get(name) or name, r
+        if best is None:
+            return []
+        ev = change_evidence(full * 100, ctx.before, ctx.during, f"{w.gpu} memory used", "%")
+        ev["grew_gib"] = round(best_rise / 1024**3, 2)
+        return [
+            Claim(
+                Candidate(CauseKind.MEMORY, best),
+                Phase.COMPUTE,
+                Stage.SHARED,
+                comp - ctx.mix_ms,
+                confidence(full, ctx.before, ctx.during),
+                ev,
+            )
+        ]
 
 
 def pcie_culprit(
@@ -203,8 +292,12 @@ def pcie_culprit(
         )
         if r > best_rise:
             best, best_rise = name, r
-    cand = Candidate("bandwidth", best or "unknown", "pcie")
+    cand = Candidate(CauseKind.BANDWIDTH, best or CauseKind.UNKNOWN, "pcie")
     ev = change_evidence(
         None if pcie is None else pcie / 1e9, before, during, f"{w.gpu} PCIe throughput", "GB/s"
     )
     return cand, confidence(pcie, before, during) if pcie is not None else 0.2, ev
+
+
+def _r(x: float) -> float | None:
+    return round(float(x), 3) if np.isfinite(x) else None

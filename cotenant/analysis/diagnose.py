@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 
 from cotenant.analysis.attribution import attribute
+from cotenant.analysis.cpu_causes import read_host_cpu
 from cotenant.analysis.detector.detect import DetectorParams, Track, detect
 from cotenant.analysis.detector.episode import Carry, Episode
-from cotenant.analysis.detector.verdicts import FirstCause, judge, mark_recurring
+from cotenant.analysis.detector.verdicts import Fellow, FirstCause, judge, mark_recurring
 from cotenant.analysis.diagnosis import Diagnosis, Judged
 from cotenant.analysis.incident_merge import events
 from cotenant.analysis.indicators import indicator_series, indicator_view
@@ -73,47 +73,9 @@ def host_cpu(
     n: int,
     hosts: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, np.ndarray]:
-    """Host CPU use (cores) per process name, on the window grid of ``rng``: the processes
-    sharing a name (eight ``python`` burners) are summed, each (host, pid) counted once however
-    many GPUs it has rows on. Only rows of ``hosts`` when given (a fleet's source holds every
-    node's processes: a CPU hog on another node cannot slow this GPU's models)."""
-    t = source.process_windows(rng, step_s, hosts=sorted(hosts) if hosts else None)
-    if t.num_rows == 0:
-        return {}
-    since = rng.since_ns or 0
-    step = int(step_s * 1e9)
-    idx = (t.column("ts_ns").to_numpy() - since) // step
-    cpu = np.asarray(t.column("cpu_cores").to_numpy(zero_copy_only=False), dtype=np.float64)
-    ok = np.isfinite(cpu) & (idx >= 0) & (idx < n)
-    if not ok.any():
-        return {}
-    pids = t.column("pid").to_pylist()
-    rows = pd.DataFrame(
-        {
-            "w": idx[ok],
-            "host": [h or "" for h in np.asarray(t.column("host").to_pylist(), dtype=object)[ok]],
-            "pid": np.asarray(pids, dtype=object)[ok],
-            "name": [
-                name or f"pid {pid}"
-                for name, pid, keep in zip(
-                    t.column("process_name").to_pylist(), pids, ok, strict=True
-                )
-                if keep
-            ],
-            "cpu": cpu[ok],
-        }
-    )
-    # one process on two GPUs has a row per GPU with the same host CPU: count it once
-    per_pid = rows.groupby(["w", "host", "pid"], sort=False, dropna=False).agg(
-        name=("name", "first"), cpu=("cpu", "max")
-    )
-    per_name = per_pid.groupby(["name", "w"], sort=False)["cpu"].sum()
-    out: dict[str, np.ndarray] = {}
-    for name, series in per_name.groupby(level=0, sort=True):
-        arr = np.full(n, np.nan)
-        arr[series.index.get_level_values(1).to_numpy()] = series.to_numpy()
-        out[str(name)] = arr
-    return out
+    """Host CPU use (cores) per process name on the window grid of ``rng``, with the host's CPU
+    frequency (:func:`analysis.cpu_causes.read_host_cpu`)."""
+    return read_host_cpu(source, rng, step_s, n, hosts)
 
 
 def diagnose(
@@ -186,7 +148,8 @@ def diagnose_windows(
     slos: Mapping[str, float | None] | None = None,
     carries: Mapping[str, Carry] | None = None,
     causes: Sequence[FirstCause] = (),
-    fellow: str | None = None,
+    fellow: Fellow | None = None,
+    young: bool = False,
 ) -> list[Diagnosis]:
     """:func:`diagnose` on windows already read (one read serves every model of a GPU).
 
@@ -196,7 +159,9 @@ def diagnose_windows(
     slowdown. ``carry`` / ``carries``: the episode the live loop has open for this model on
     e2e / on each other indicator (judged on against its frozen normal). ``causes`` and
     ``fellow``: what may make a weak slowdown a fellow victim
-    (:func:`analysis.detector.verdicts.verdict`)."""
+    (:func:`analysis.detector.verdicts.verdict`). ``young``: keep a slowdown within its SLO
+    still open but younger than ``degradation_s`` (the live loop's incident book holds it as
+    diagnosing until it has lasted that long; elsewhere it is not an incident yet)."""
     p = params or DetectorParams()
     end = w.n
     if lag_windows > 0:
@@ -225,10 +190,14 @@ def diagnose_windows(
             carry=carry if name == E2E else (carries or {}).get(name),
             indicators=len(series),
         )
+        step_s = w.step_ns / 1e9
         found += [
             (name, e, slo)
             for e in tr.episodes
-            if (e.end >= first or e.open) and (e.strong or near or fellow)
+            if (e.end >= first or e.open)
+            and (e.strong or near or fellow)
+            # a slowdown within its SLO over sooner than degradation_s is a transient
+            and (e.breach or (e.open and young) or (e.until - e.start) * step_s >= p.degradation_s)
         ]
         abnormal |= tr.abnormal
     if not found and not on_demand:
@@ -315,6 +284,8 @@ def _diagnose_span(
     after = v["p99_ms"][e.end + 1 : e.end + 6] if not e.open else np.empty(0)
     after = after[np.isfinite(after)]
     d.open = e.open
+    # it lasted until the next sample (a sparse series' slow sample stands for its interval)
+    d.end_ns = w.since_ns + max(e.until, e.end + 1) * w.step_ns
     d.detected_ns = w.since_ns + (max(e.opened, e.start) + 1) * w.step_ns
     d.peak_p99_ms = float(v["p99_ms"][e.peak])
     d.slo_ms = slo_ms

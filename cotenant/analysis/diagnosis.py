@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.detector.episode import Carry
 from cotenant.analysis.detector.normal import Normal
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.slos import BREACH, E2E
 
 NEWS = "news"
@@ -79,6 +81,14 @@ class Judged:
         )
 
 
+def judged_from_dict(d: Mapping[str, Any] | None) -> Judged | None:
+    """:meth:`Judged.from_dict` of a stored ``judged_on``; None for none, or for one an
+    earlier detector wrote (without the normal it was judged against)."""
+    if not d or "normal" not in d:
+        return None
+    return Judged.from_dict(dict(d))
+
+
 @dataclass
 class Diagnosis:
     model: str
@@ -99,7 +109,7 @@ class Diagnosis:
     during_windows: int = 0  # windows with requests inside it (what attribution had)
     after_p99_ms: float | None = None  # median p99 of the windows after it ended
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
-    siblings: list[dict[str, Any]] = field(default_factory=list)  # analysis.replicas
+    siblings: dict[str, Any] = field(default_factory=dict)  # analysis.replicas.summarise
     indicator: str = E2E  # the series that slowed: e2e | ttft | tpot (analysis.indicators)
     judged: Judged | None = None  # how the detector judged it (None: a quiet range)
     verdict: str = NEWS  # what it is to the people paged (analysis.detector.verdicts)
@@ -113,7 +123,7 @@ class Diagnosis:
 
     @property
     def top(self) -> Cause | None:
-        return next((c for c in self.causes if c.kind != "unknown"), None)
+        return next((c for c in self.causes if c.kind != CauseKind.UNKNOWN), None)
 
     @property
     def is_incident(self) -> bool:
@@ -145,6 +155,45 @@ class Diagnosis:
             "judged_on": None if self.judged is None else self.judged.to_dict(),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Diagnosis:
+        """The inverse of :meth:`to_dict` (an incident's diagnosis read back from the store),
+        tolerant of what earlier versions stored: a key they did not write takes its default,
+        a latency they stored as null is NaN, a ``judged_on`` of an earlier detector is None,
+        siblings stored as a plain list become ``{"listed": [...]}``. What ``to_dict`` does not
+        write (``carried``, ``during_windows``) takes its default. Raises KeyError without
+        ``model``, ``gpu``, ``start_ns`` or ``end_ns``."""
+        start = int(d["start_ns"])
+        sibs = d.get("siblings") or {}
+        after = d.get("resolved_p99_ms")
+        return cls(
+            model=str(d["model"]),
+            gpu=str(d["gpu"]),
+            start_ns=start,
+            end_ns=int(d["end_ns"]),
+            open=bool(d.get("open", True)),
+            detected_ns=int(d.get("detected_ns") or start),
+            peak_p99_ms=_ms(d.get("peak_p99_ms")),
+            baseline_p99_ms=_ms(d.get("baseline_p99_ms")),
+            slo_ms=None if d.get("slo_ms") is None else float(d["slo_ms"]),
+            phases_ms={str(k): float(v) for k, v in (d.get("phases_ms") or {}).items()},
+            causes=[Cause.from_dict(c) for c in d.get("causes") or []],
+            notes=[str(n) for n in d.get("notes") or []],
+            incident=bool(d.get("incident", True)),
+            severity=str(d.get("severity") or BREACH),
+            after_p99_ms=None if after is None else float(after),
+            replica=d.get("replica"),
+            siblings=dict(sibs) if isinstance(sibs, Mapping) else {"listed": list(sibs)},
+            indicator=str(d.get("indicator") or E2E),
+            judged=judged_from_dict(d.get("judged_on")),
+            verdict=str(d.get("verdict") or NEWS),
+        )
+
 
 def rounded(x: float) -> float | None:
     return None if not math.isfinite(x) else round(float(x), 3)
+
+
+def _ms(x: Any) -> float:
+    """A stored latency: NaN where it was not finite (stored as null)."""
+    return math.nan if x is None else float(x)

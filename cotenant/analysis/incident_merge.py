@@ -5,9 +5,9 @@ continue an incident."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-from cotenant.analysis.diagnosis import Diagnosis
+from cotenant.analysis.diagnosis import Diagnosis, rounded
+from cotenant.analysis.incident_record import IndicatorEntry
 from cotenant.core.slos import BREACH
 
 
@@ -24,34 +24,34 @@ def lead(ds: list[Diagnosis], current: str | None) -> str:
     return min(ds, key=lambda d: d.start_ns).indicator
 
 
-def indicator_entry(d: Diagnosis, frozen: dict[str, Any] | None) -> dict[str, Any]:
-    """What an incident shows of one indicator: extent, severity, before / during, SLO; the
-    baseline and threshold stay as frozen when the indicator joined."""
-    out: dict[str, Any] = {
-        "start_ns": d.start_ns,
-        "end_ns": d.end_ns,
-        "open": d.open,
-        "severity": d.severity,
-        "baseline_p99_ms": num(d.baseline_p99_ms),
-        "peak_p99_ms": num(d.peak_p99_ms),
-        "slo_ms": d.slo_ms,
-        "judged_on": None if d.judged is None else d.judged.to_dict(),
-        "carried": d.carried,
-    }
-    if frozen:
-        for k in ("baseline_p99_ms", "judged_on"):
-            if k in frozen:
-                out[k] = frozen[k]
-        out["start_ns"] = min(d.start_ns, int(frozen.get("start_ns", d.start_ns)))
-        if frozen.get("severity") == BREACH:
-            out["severity"] = BREACH
-        peaks = [float(x) for x in (frozen.get("peak_p99_ms"), out["peak_p99_ms"]) if x is not None]
-        out["peak_p99_ms"] = max(peaks) if peaks else None
-    return out
-
-
-def num(x: float) -> float | None:
-    return None if x != x else round(float(x), 3)
+def indicator_entry(d: Diagnosis, frozen: IndicatorEntry | None) -> IndicatorEntry:
+    """What an incident shows of one indicator, from its merged diagnosis ``d``: extent,
+    severity, before / during, SLO. With ``frozen`` (its entry so far) the baseline and how it
+    was judged stay as they were when the indicator joined (unless an earlier detector judged
+    it: then ``d``'s), it starts at the earlier start, peaks at the higher peak, and stays a
+    breach once it was one."""
+    out = IndicatorEntry(
+        start_ns=d.start_ns,
+        end_ns=d.end_ns,
+        open=d.open,
+        severity=d.severity,
+        baseline_p99_ms=rounded(d.baseline_p99_ms),
+        peak_p99_ms=rounded(d.peak_p99_ms),
+        slo_ms=d.slo_ms,
+        judged=d.judged,
+        carried=d.carried,
+    )
+    if frozen is None:
+        return out
+    peaks = [x for x in (frozen.peak_p99_ms, out.peak_p99_ms) if x is not None]
+    return replace(
+        out,
+        start_ns=min(d.start_ns, frozen.start_ns),
+        severity=BREACH if frozen.severity == BREACH else out.severity,
+        baseline_p99_ms=frozen.baseline_p99_ms,
+        peak_p99_ms=max(peaks) if peaks else None,
+        judged=frozen.judged if frozen.judged is not None else d.judged,
+    )
 
 
 def merged(ds: list[Diagnosis]) -> Diagnosis:

@@ -10,7 +10,7 @@ a person should read them:
   generative models ``ttft`` and ``tpot``) that overlap an incident, or start within
   ``cooldown_ns`` after it ended naming no other cause, continue it (a re-breach within the
   cool-down re-opens a resolved incident instead of opening a new one). The incident lists
-  every indicator affected (``detail["indicators"]``); its ``indicator`` is the *lead* one —
+  every indicator affected (``Incident.by_indicator``); its ``indicator`` is the *lead* one —
   the first that breached its SLO, else the first found — whose attribution gives the causes;
 * ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
   (and a named cause, or a minute of windows), then ``open``, then ``resolved`` when every
@@ -18,7 +18,7 @@ a person should read them:
   no diagnosis holds any more (rows landed late) is withdrawn, never published;
 * ``severity``: ``breach`` or ``degradation``; a degradation that crosses an SLO on any
   indicator is escalated; each indicator's normal is frozen when it joins the incident, and the
-  top cause's history is kept (``detail["cause_history"]``);
+  top cause's history is kept (``Incident.cause_history``);
 * a diagnosis whose verdict is ordinary contention (own load, recurring bursts) opens no
   incident: it is recorded in the ``contention`` table for the weekly report, or continues an
   incident that already holds its windows.
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Any
 
 from cotenant.analysis import incident_merge
-from cotenant.analysis.diagnosis import ORDINARY_VERDICTS, Diagnosis
+from cotenant.analysis.attribution import Cause
+from cotenant.analysis.diagnosis import ORDINARY_VERDICTS, Diagnosis, rounded
 from cotenant.analysis.incident_merge import indicator_entry
 from cotenant.analysis.incident_record import (
     DIAGNOSING,
@@ -39,8 +39,10 @@ from cotenant.analysis.incident_record import (
     OPEN,
     RESOLVED,
     UNNAMED_PUBLISH_WINDOWS,
+    CauseStep,
     Incident,
     IncidentEvent,
+    IndicatorEntry,
     from_stored,
     to_stored,
 )
@@ -55,8 +57,9 @@ from cotenant.store.incident_rows import (
 )
 
 
-def _cause_key(c: dict[str, Any] | None) -> tuple[str, str] | None:
-    return None if c is None or c.get("kind") == "unknown" else (str(c["kind"]), str(c["culprit"]))
+def _cause_key(c: Cause | None) -> tuple[str, str] | None:
+    """A named cause's (kind, culprit); None for none (``top`` is never ``unknown``)."""
+    return None if c is None else (c.kind, c.culprit)
 
 
 def _same_cause(i: Incident, d: Diagnosis) -> bool:
@@ -77,7 +80,8 @@ class IncidentBook:
     ``gap_ns``: an open incident no diagnosis continues any more is resolved once its end is
     this far behind the pass. ``cooldown_ns``: a slowdown starting within this time after an
     incident ended continues it. ``publish_windows``: windows of the slowdown attribution
-    needs before the incident is published as ``open``."""
+    needs before the incident is published as ``open``; ``degradation_s``: how long a slowdown
+    within its SLO must have lasted before it is."""
 
     def __init__(
         self,
@@ -86,8 +90,10 @@ class IncidentBook:
         *,
         cooldown_ns: int = 30_000_000_000,
         publish_windows: int = 5,
+        degradation_s: float = 30.0,
     ) -> None:
         self._store = store
+        self._degradation_ns = int(degradation_s * 1e9)
         self._gap_ns = gap_ns
         self._cooldown_ns = cooldown_ns
         self._publish = publish_windows
@@ -216,18 +222,20 @@ class IncidentBook:
             known = [row, *(k for k in known if k.id != row.id)]
         upsert_contention(self._store, list(rows.values()))
 
-    def _told(self, inc: Incident, ds: list[Diagnosis]) -> tuple[Diagnosis, str, dict[str, Any]]:
+    def _told(
+        self, inc: Incident, ds: list[Diagnosis]
+    ) -> tuple[Diagnosis, str, dict[str, IndicatorEntry]]:
         """The diagnoses of one incident (any indicators) as one: the lead indicator's
         merged diagnosis (its causes) over the extent of all, open while any is; each
-        indicator's own entry goes to ``detail["indicators"]``."""
-        entries = dict(inc.detail.get("indicators") or {})
+        indicator's own entry (for ``Incident.by_indicator``)."""
+        entries = dict(inc.by_indicator)
         per: dict[str, list[Diagnosis]] = {}
         for d in ds:
             per.setdefault(d.indicator, []).append(d)
         merged = {ind: incident_merge.merged(group) for ind, group in per.items()}
         for ind, d in merged.items():
             entries[ind] = indicator_entry(d, entries.get(ind))
-        current = inc.indicator if inc.detail.get("indicators") else None
+        current = inc.indicator if inc.by_indicator else None
         lead = incident_merge.lead(list(merged.values()), current)
         told = replace(
             merged[lead],
@@ -261,8 +269,6 @@ class IncidentBook:
         return max(cands, key=lambda i: extent[i.id][1]) if cands else None
 
     def _new(self, d: Diagnosis, model: str, gpu: str, now_ns: int) -> Incident:
-        detail = d.to_dict()
-        detail["cause_history"] = []
         return Incident(
             d.id,
             model,
@@ -271,10 +277,10 @@ class IncidentBook:
             d.start_ns,
             d.end_ns,
             now_ns,
-            detail["peak_p99_ms"],
-            detail["baseline_p99_ms"],
+            rounded(d.peak_p99_ms),
+            rounded(d.baseline_p99_ms),
             d.slo_ms,
-            detail,
+            d,
             d.severity,
             d.replica,
             d.indicator,
@@ -284,6 +290,8 @@ class IncidentBook:
         """Whether attribution has seen enough of the slowdown to publish its cause: it is
         over, or it has ``publish_windows`` windows and a named cause (an unknown one after a
         minute of trying: most name their cause once the co-tenants' counters have landed)."""
+        if d.severity == DEGRADATION and d.end_ns - d.start_ns < self._degradation_ns:
+            return False  # not yet longer than a transient
         if d.carried or not d.open:
             return True
         return d.during_windows >= self._publish and (
@@ -295,22 +303,22 @@ class IncidentBook:
         inc: Incident,
         d: Diagnosis,
         lead: str,
-        entries: dict[str, Any],
+        entries: dict[str, IndicatorEntry],
         now_ns: int,
         created: bool,
     ) -> list[IncidentEvent]:
         """Fold the merged diagnosis ``d`` (told by ``lead``; each indicator's ``entries``)
         into ``inc``; the events of what changed."""
         prev_state, prev_top, prev_sev = inc.state, inc.top, inc.severity
-        mine = entries.get(lead, {})
+        mine = entries[lead]
         if lead != inc.indicator:  # another indicator breached first: the incident follows it
             inc.indicator = lead
             inc.peak_p99_ms = None
-            inc.baseline_p99_ms = mine.get("baseline_p99_ms", inc.baseline_p99_ms)
+            inc.baseline_p99_ms = mine.baseline_p99_ms
             inc.slo_ms = d.slo_ms
         grew = d.end_ns > inc.end_ns
         # a resolved incident is continued by a later slowdown, not by its own episode again
-        again = d.open or (grew and d.start_ns >= inc.detail.get("resolved_at_end_ns", 0))
+        again = d.open or (grew and d.start_ns >= (inc.resolved_at_end_ns or 0))
         inc.start_ns = min(inc.start_ns, d.start_ns)
         inc.end_ns = max(inc.end_ns, d.end_ns)
         if d.peak_p99_ms == d.peak_p99_ms:  # not NaN
@@ -320,22 +328,13 @@ class IncidentBook:
         if d.replica is not None:
             inc.replica = d.replica
         if not d.carried:
-            keep = {k: mine[k] for k in ("baseline_p99_ms", "judged_on") if k in mine}
-            inc.detail = {**d.to_dict(), **keep, "cause_history": inc.cause_history}
-        if entries:
-            inc.detail["indicators"] = entries
-        inc.detail.update(
-            id=inc.id,
-            start_ns=inc.start_ns,
-            end_ns=inc.end_ns,
-            open=d.open,
-            peak_p99_ms=inc.peak_p99_ms,
-            severity=inc.severity,
-            indicator=inc.indicator,
-            baseline_p99_ms=inc.baseline_p99_ms,
-        )
-        if d.after_p99_ms is not None:
-            inc.detail["resolved_p99_ms"] = round(d.after_p99_ms, 3)
+            # judged against the lead indicator's normal as frozen when it joined
+            inc.told = replace(d, judged=mine.judged)
+            inc.resolved_at_end_ns = None  # a fresh diagnosis tells it from here
+        else:  # began before the windows read: its causes stay those found when it was seen
+            after = inc.told.after_p99_ms if d.after_p99_ms is None else d.after_p99_ms
+            inc.told = replace(inc.told, open=d.open, after_p99_ms=after)
+        inc.by_indicator = entries
         out: list[IncidentEvent] = []
         if prev_state == DIAGNOSING:
             if self._ready(d, inc.top is not None):
@@ -364,14 +363,9 @@ class IncidentBook:
         """Append the top cause to the history when it differs from the last one noted."""
         history = inc.cause_history
         top = inc.top
-        last = history[-1] if history else None
-        if last is not None and _cause_key(last) == _cause_key(top):
+        if history and history[-1].named == _cause_key(top):
             return False
-        entry = {"at_ns": now_ns, "kind": "unknown", "culprit": "—", "share": None}
-        if top is not None:
-            entry.update(kind=top["kind"], culprit=top["culprit"], share=top["share"])
-        history.append(entry)
-        inc.detail["cause_history"] = history
+        history.append(CauseStep.of(now_ns, top))
         return True
 
     def _resolve(self, inc: Incident, now_ns: int) -> list[IncidentEvent]:
@@ -381,6 +375,6 @@ class IncidentBook:
             inc.state = OPEN
             self._note_cause(inc, now_ns)
         inc.state = RESOLVED
-        inc.detail["resolved_at_end_ns"] = inc.end_ns
+        inc.resolved_at_end_ns = inc.end_ns
         inc.updated_ns = now_ns
         return [IncidentEvent("resolved", inc, now_ns)]

@@ -11,17 +11,17 @@ victim's own before baseline (which holds its ordinary loads):
   average) waited at least :data:`SLOW_RATIO` x as long as the before's windows with a load;
 * **frequent**: the share of windows with a load (its load rate, loads per window as the
   windows can tell it) is at least :data:`FREQUENT_RATIO` x the before's, and beyond chance
-  (binomial z >= :data:`FREQUENT_Z` against the before's rate); once loads touch most windows
-  (a usual rate above ``1 / FREQUENT_RATIO``) a rise in frequency cannot show in windows,
-  and only slowness or the wait per request can;
+  (binomial z >= :data:`FREQUENT_Z` against the before's rate, :mod:`analysis.enrichment`);
+  once loads touch most windows (a usual rate above ``1 / FREQUENT_RATIO``) a rise in
+  frequency cannot show in windows, and only slowness or the wait per request can;
 * or the load wait per request rose :data:`SLOW_RATIO` x overall (both a little).
 
 In every case the wait per request must have risen by :data:`MIN_LOAD_MS` or more and be a
 fair part of the excess (:data:`MIN_PART`), so a jitter of time no span covers names nothing.
 
-Share (given by :func:`analysis.attribution.attribute`): the excess of ``other_ms``, plus the
-queue excess nothing else explains (the backlog that built up behind the loads: arrivals did
-not surge and no batch got slower). Evidence: which of slow / frequent, load time per request
+Share (claimed by :class:`ModelLoadExplainer`): the excess of ``other_ms``, plus the queue
+excess nothing else explains (the backlog that built up behind the loads: arrivals did not
+surge and no batch got slower). Evidence: which of slow / frequent, load time per request
 before / during, the wait of a window with a load before / during, how often a window's
 requests waited for a load (fraction of windows) and that rate's z, the longest per-window
 mean wait, and where to find what was loaded (the spans' ``cotenant.load.kind`` / ``.name``).
@@ -34,7 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from cotenant.analysis.candidates import Candidate
 from cotenant.analysis.change import strength, wmean_over
+from cotenant.analysis.claims import Claim, Context, Phase, Stage
+from cotenant.analysis.enrichment import binomial_z
+from cotenant.core.cause_kinds import CauseKind
 
 SLOW_RATIO = 2.0
 """Wait per loaded window (slow), or per request overall, during the incident over its
@@ -95,17 +99,6 @@ def _round(x: float, digits: int) -> float | None:
     return round(x, digits) if np.isfinite(x) else None
 
 
-def rate_z(k: int, n: int, p: float, n_before: int) -> float:
-    """Binomial z of ``k`` windows with a load out of ``n`` at the usual rate ``p`` (clipped
-    to ``[1 / (n_before + 1), 1 - 1 / (n_before + 1)]``: a rate from ``n_before`` windows is
-    never known to be exactly 0 or 1)."""
-    if n <= 0:
-        return 0.0
-    eps = 1.0 / (n_before + 1)
-    q = min(max(p, eps), 1.0 - eps)
-    return float((k - n * q) / np.sqrt(n * q * (1.0 - q)))
-
-
 def load_finding(
     v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, total_excess_ms: float
 ) -> LoadFinding | None:
@@ -131,7 +124,7 @@ def load_finding(
     per_d = wmean_over(other, cnt, loaded & during)
     # no load before: none was slow by its standard; the new loads are frequent (z)
     slow = bool(np.isfinite(per_b) and np.isfinite(per_d) and per_d >= SLOW_RATIO * per_b)
-    z = rate_z(kd, nd, pb, nb)
+    z = binomial_z(kd, nd, pb, nb)
     frequent = pd >= FREQUENT_RATIO * pb and z >= FREQUENT_Z
     if not (slow or frequent or d >= SLOW_RATIO * b):
         return None
@@ -149,3 +142,21 @@ def load_finding(
         slow=slow,
         frequent=frequent,
     )
+
+
+@dataclass(frozen=True)
+class ModelLoadExplainer:
+    kind: CauseKind = CauseKind.MODEL_LOAD
+
+    def claims(self, ctx: Context) -> list[Claim]:
+        if not ctx.has_phases:
+            return []
+        found = load_finding(ctx.v, ctx.before, ctx.during, ctx.total)
+        if found is None:
+            return []
+        cand = Candidate(CauseKind.MODEL_LOAD, ctx.victim)
+        ev = found.evidence(ctx.victim)
+        return [
+            Claim(cand, Phase.OTHER, Stage.FIRST, np.inf, found.confidence, ev),
+            Claim(cand, Phase.QUEUE, Stage.LEFTOVER, np.inf, found.confidence, ev),
+        ]

@@ -19,15 +19,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.analysis.detector.episode import Carry
-from cotenant.analysis.detector.verdicts import FirstCause, corroborator, incident_causes
+from cotenant.analysis.detector.verdicts import FirstCause, fellow_incident, incident_causes
 from cotenant.analysis.diagnose import diagnose_windows, history_range
-from cotenant.analysis.diagnosis import Diagnosis, Judged
-from cotenant.analysis.incident_record import Incident, IncidentEvent
+from cotenant.analysis.diagnosis import Diagnosis
+from cotenant.analysis.incident_record import NO_CULPRIT, OPEN, Incident, IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.pass_reads import PassReads
 from cotenant.analysis.replicas import annotate_replicas
 from cotenant.analysis.settings import AnalysisSettings
 from cotenant.analysis.windows import GpuWindows, WindowCache, gpus_of
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.errors import CotenantError, SourceError
 from cotenant.core.periodic import Periodic
 from cotenant.core.readers import MetricSource
@@ -161,7 +162,8 @@ class AnalysisLoop:
                         slos=self._slos.token_slos(model),
                         carries=carries,
                         causes=causes.get(gpu, []),
-                        fellow=corroborator(mine),
+                        fellow=fellow_incident(mine),
+                        young=True,
                     )
                 except CotenantError as exc:
                     log.debug("no diagnosis for %s on %s: %s", model, gpu, exc)
@@ -188,17 +190,21 @@ class AnalysisLoop:
         learning a new one."""
         if inc is None:
             return None
-        entry = (inc.detail.get("indicators") or {}).get(indicator)
-        if entry is None:
-            if indicator != inc.indicator:
-                return None
-            entry = {**inc.detail, "start_ns": inc.start_ns, "open": True}
-        start, judged = entry.get("start_ns"), entry.get("judged_on")
-        if start is None or start >= since_ns or not judged or not entry.get("open", True):
+        entry = inc.by_indicator.get(indicator)
+        if entry is not None:
+            start, judged, still, severity = (
+                entry.start_ns,
+                entry.judged,
+                entry.open,
+                entry.severity,
+            )
+        elif indicator == inc.indicator:  # stored before it listed its indicators
+            start, judged, still, severity = inc.start_ns, inc.told.judged, True, inc.severity
+        else:
             return None
-        return Judged.from_dict(judged).carry(
-            int((start - since_ns) // self._step_ns), str(entry.get("severity", inc.severity))
-        )
+        if start >= since_ns or judged is None or not still:
+            return None
+        return judged.carry(int((start - since_ns) // self._step_ns), severity)
 
     def collect(self) -> Iterator[Metric]:
         active = GaugeMetricFamily(
@@ -212,23 +218,23 @@ class AnalysisLoop:
             labels=["victim", "gpu", "cause", "culprit", "indicator"],
         )
         for inc in self._active:
-            if inc.state != "open":
+            if inc.state != OPEN:
                 continue  # diagnosing: not published until attribution has its data
             top = inc.top
             active.add_metric(
                 [
                     inc.model,
                     inc.gpu,
-                    top["kind"] if top else "unknown",
-                    top["culprit"] if top else "—",
+                    str(top.kind if top else CauseKind.UNKNOWN),
+                    top.culprit if top else NO_CULPRIT,
                     inc.severity,
                     inc.indicator,
                 ],
                 1.0,
             )
-            for c in inc.detail.get("causes", []):
+            for c in inc.causes:
                 share.add_metric(
-                    [inc.model, inc.gpu, c["kind"], c["culprit"], inc.indicator], float(c["share"])
+                    [inc.model, inc.gpu, str(c.kind), c.culprit, inc.indicator], c.share
                 )
         yield active
         yield share

@@ -5,7 +5,7 @@ GPU use no co-tenant that serves no requests, and so on. :func:`missing_notes` l
 phases that grew, the series absent (no column, or no finite value in the windows before and
 during the incident) on the victim's GPU, what each absence prevents and where the series come
 from; :func:`analysis.attribution.attribute` appends them to the diagnosis' ``notes``, which
-incidents keep (``detail["notes"]``). Only what could have explained the excess is named: a
+incidents keep (``Incident.told.notes``). Only what could have explained the excess is named: a
 missing PCIe series matters when transfers grew, not when compute did.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from cotenant.analysis.windows import GpuWindows
+from cotenant.core.cause_kinds import CauseKind
 
 CLOCK = (
     "no SM clock series on {gpu} (NVML's clocks, or DCGM_FI_DEV_SM_CLOCK): a throttle "
@@ -76,7 +77,7 @@ def missing_notes(
         else:
             if _missing(w, ("max_sm_clock_mhz",), span):
                 notes.append(MAX_CLOCK)
-            if "throttle" in set(kinds) and _missing(w, ("clock_event_reasons",), span):
+            if CauseKind.THROTTLE in set(kinds) and _missing(w, ("clock_event_reasons",), span):
                 notes.append(REASONS)
         seen = any(np.isfinite(s["sm_util"][span]).any() for s in w.processes.values())
         if not seen:

@@ -1,10 +1,10 @@
-"""The ``mix`` cause: latency that the request mix explains, not contention.
+"""The ``mix`` cause: latency that the victim's own heavier requests explain, not contention.
 
-A generative model's end-to-end latency is ``TTFT + TPOT x (output tokens - 1)`` and its TTFT
-grows with the prompt (prefill). When a tenant starts sending longer prompts or asking for
-longer completions, e2e rises with no co-tenant involved. :func:`mix_excess` predicts what the
-windows *during* an incident would have cost at the *before* windows' per-token rates with the
-token counts seen during it:
+**Token counts (LLMs).** A generative model's end-to-end latency is ``TTFT + TPOT x (output
+tokens - 1)`` and its TTFT grows with the prompt (prefill). When a tenant starts sending longer
+prompts or asking for longer completions, e2e rises with no co-tenant involved.
+:func:`mix_excess` predicts what the windows *during* an incident would have cost at the
+*before* windows' per-token rates with the token counts seen during it:
 
 * decode: ``TPOT_before x (output_during - output_before)`` (mean output tokens per request);
 * prefill: ``slope x (prompt_during - prompt_before)``, ``slope`` the least-squares slope of
@@ -15,6 +15,20 @@ Means are exact here (a mean of sums is the sum of means), so the prediction is 
 request, the unit of the attribution's phase excess. The caller gives the predicted excess to
 ``mix`` (culprit: the model whose requests changed) before the co-tenant counterfactual sees
 the rest, so a co-tenant is only blamed for what the token counts do not explain.
+
+**Work per request (any model).** Where the requests say how much work each was (a
+:class:`WorkSeries`: work units per request, e.g. images or diffusion steps from the spans'
+``cotenant.work_units``) the cost per unit is held at its normal level: the heavier requests
+predict ``compute_before x (units_during / units_before - 1)``, taken first like the tokens'. Where
+only the time of the work itself is known (the victim's pure inference time per request, or its
+compute time per request, which stands in where the given work series has no value before or
+during the slowdown), the same ratio is the victim's own heavier work only when nothing else
+claims the compute excess and no other actor is in sight: no co-tenant whose demand rose or that
+slowed alongside it (that is contention), no host process whose CPU use rose, no clock or memory
+evidence, and per-process GPU series that would have shown a co-tenant. In both cases the work per
+request must have risen beyond its normal spread (a one-sided test, :mod:`analysis.enrichment`) by
+at least :data:`MIN_WORK_RISE`.
+:class:`MixExplainer` makes these claims.
 """
 
 from __future__ import annotations
@@ -24,7 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from cotenant.analysis.change import wmean_over
+from cotenant.analysis.candidates import Candidate
+from cotenant.analysis.change import strength, wmean_over
+from cotenant.analysis.claims import Claim, Context, Phase, Stage
+from cotenant.analysis.demand import fellow_victims
+from cotenant.analysis.enrichment import shift_enrichment
+from cotenant.analysis.metric_direction import Direction
+from cotenant.analysis.work import MixExcess as MixExcess  # re-exported
+from cotenant.analysis.work import WorkSeries as WorkSeries  # re-exported
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.slos import E2E, TPOT
 
 MIN_BEFORE_WINDOWS = 5
@@ -36,13 +58,10 @@ standard errors (Welch); a change within the windows' ordinary spread explains n
 contention incident on a model whose lengths merely wander is not a mix change)."""
 
 
-@dataclass(frozen=True)
-class MixExcess:
-    """What the token counts explain of an indicator's mean (ms per request), and the
-    evidence: token-length distributions and per-token rates before and during."""
-
-    ms: float
-    evidence: dict[str, Any]
+MIN_WORK_RISE = 0.1
+"""Work per request must rise by at least this fraction of its normal level to be heavier."""
+WORK_SE = 0.01
+"""Fraction of the normal work per request: the least standard error of its rise."""
 
 
 def mix_excess(
@@ -144,3 +163,76 @@ def _dist(
 
 def _r(x: float) -> float | None:
     return round(float(x), 3) if np.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class MixExplainer:
+    kind: CauseKind = CauseKind.MIX
+
+    def claims(self, ctx: Context) -> list[Claim]:
+        comp = ctx.excess.get(Phase.COMPUTE, 0.0)
+        if comp <= 0:
+            return []
+        cand = Candidate(CauseKind.MIX, ctx.victim)
+        out = []
+        if ctx.mix is not None and ctx.mix_ms > 0:
+            conf = min(1.0, ctx.mix_ms / comp)
+            out.append(Claim(cand, Phase.COMPUTE, Stage.FIRST, ctx.mix.ms, conf, ctx.mix.evidence))
+        work = ctx.work if ctx.work is not None and _known(ctx, ctx.work) else _compute_time(ctx)
+        heavier = _heavier(ctx, work)
+        if heavier is not None:
+            ms, conf, ev = heavier
+            if work.kind == "units":
+                out.append(Claim(cand, Phase.COMPUTE, Stage.FIRST, ms, conf, ev))
+            elif _alone_on_gpu(ctx):
+                out.append(Claim(cand, Phase.COMPUTE, Stage.LEFTOVER, ms, conf, ev, alone=True))
+        return out
+
+
+def _known(ctx: Context, work: WorkSeries) -> bool:
+    """Whether ``work`` has a value in both the normal and the slow windows with requests."""
+    ok = np.isfinite(work.per_request) & (ctx.v["count"] > 0)
+    return bool((ok & ctx.before).any() and (ok & ctx.during).any())
+
+
+def _compute_time(ctx: Context) -> WorkSeries:
+    return WorkSeries(ctx.v["compute_ms"], "time", f"{ctx.victim} compute time per request", "ms")
+
+
+def _heavier(ctx: Context, work: WorkSeries) -> tuple[float, float, dict[str, Any]] | None:
+    """What heavier requests predict of the compute excess (ms per request), a confidence and
+    the evidence, or None when the work per request did not rise beyond its spread."""
+    x, cnt = work.per_request, ctx.v["count"]
+    wb, wd = wmean_over(x, cnt, ctx.before), wmean_over(x, cnt, ctx.during)
+    if not (np.isfinite(wb) and np.isfinite(wd) and wb > 0 and wd > (1 + MIN_WORK_RISE) * wb):
+        return None
+    ok = cnt > 0
+    test = shift_enrichment(x, ctx.before & ok, ctx.during & ok, Direction.RISE, WORK_SE * wb)
+    if not test.named:
+        return None
+    ms = ctx.compute_before * (wd / wb - 1)
+    ev: dict[str, Any] = {
+        "series": work.label,
+        "unit": work.unit,
+        "work": work.kind,
+        "before": _r(wb),
+        "during": _r(wd),
+        "ratio": _r(wd / wb),
+        "explained_ms": _r(ms),
+        "enrichment": test.to_evidence(),
+    }
+    return ms, strength(test.z), ev
+
+
+def _alone_on_gpu(ctx: Context) -> bool:
+    """Whether nothing but the victim's own work is in sight: no co-tenant model whose demand
+    rose or that slowed alongside it with flat demand (contention), no other host process whose
+    CPU use rose, and per-process GPU series that would have shown a co-tenant process (or no
+    other model on the GPU)."""
+    if any(d.rose for d in ctx.demands.values()) or fellow_victims(ctx.demands):
+        return False
+    if any(r.name != ctx.victim for r in ctx.risers):
+        return False
+    others = [m for m in ctx.w.models if m != ctx.victim]
+    seen = any(np.isfinite(s["sm_util"]).any() for s in ctx.w.processes.values())
+    return seen or not others

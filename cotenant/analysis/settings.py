@@ -47,6 +47,13 @@ class AnalysisSettings:
         "re-opens that incident instead of opening another",
         min=0.0,
     )
+    degradation_s: float = key(
+        30.0,
+        "a slowdown within its SLO (or of a model without one) is an incident once it has "
+        "lasted this long; one over sooner is a transient, recorded nowhere (a breach needs no "
+        "such wait)",
+        min=0.0,
+    )
     false_alarms_per_hour: float = key(
         0.05,
         "false incidents per model-hour accepted on a model that is fine: the detector's one "
@@ -100,4 +107,5 @@ class AnalysisSettings:
             min_samples=self.warmup_windows,
             fellow=self.fellow_factor,
             quiet_s=self.cooldown_s,
+            degradation_s=self.degradation_s,
         )

@@ -1,4 +1,6 @@
-"""``cotenant_process_cpu_cores{host,pid,process,model}``: host CPU per process for ``/metrics``.
+"""``cotenant_process_cpu_cores{host,pid,process,model}``: host CPU per process for ``/metrics``,
+and ``cotenant_host_cpu_frequency_hertz{host}`` / ``cotenant_host_cpu_max_frequency_hertz{host}``:
+the host's mean current and maximum CPU frequency where procfs read cpufreq.
 
 :class:`HostCpuGauge` sits between :class:`collectors.procfs.ProcfsCollector` and the store's
 writer (:meth:`HostCpuGauge.tee`): it keeps a reference to the latest batch of host-level
@@ -47,9 +49,33 @@ class HostCpuGauge:
         )
         with self._lock:
             t = self._latest
+        freq = GaugeMetricFamily(
+            "cotenant_host_cpu_frequency_hertz",
+            "Mean current frequency of the host's CPUs (cpufreq scaling_cur_freq)",
+            labels=["host"],
+        )
+        top = GaugeMetricFamily(
+            "cotenant_host_cpu_max_frequency_hertz",
+            "Mean hardware maximum frequency of the host's CPUs (cpufreq cpuinfo_max_freq)",
+            labels=["host"],
+        )
         if t is not None:
             cols = [t[c].to_pylist() for c in ("host", "pid", "process_name", "model", "cpu_cores")]
             for host, pid, name, model, cores in zip(*cols, strict=True):
                 if cores is not None:
                     fam.add_metric([host or "", str(pid), name or "", model or ""], cores)
+            hosts: dict[str, tuple[float, float]] = {}
+            for host, mhz, max_mhz in zip(
+                t["host"].to_pylist(),
+                t["cpu_freq_mhz"].to_pylist(),
+                t["cpu_max_freq_mhz"].to_pylist(),
+                strict=True,
+            ):
+                if mhz is not None and max_mhz is not None:
+                    hosts.setdefault(host or "", (mhz, max_mhz))
+            for host, (mhz, max_mhz) in hosts.items():
+                freq.add_metric([host], mhz * 1e6)
+                top.add_metric([host], max_mhz * 1e6)
         yield fam
+        yield freq
+        yield top

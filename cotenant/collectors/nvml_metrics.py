@@ -87,7 +87,8 @@ DCGM_SERIES: tuple[tuple[str, str, float, str], ...] = (
 )  # fmt: skip
 """The GPU series an agent also exposes under the DCGM exporter's names and units (so the
 central ``PrometheusSource`` reads agents and DCGM exporters with one query), labelled like
-the exporter: ``gpu`` (index), ``UUID``, ``device``, ``modelName``, ``Hostname``."""
+the exporter: ``gpu`` (index), ``UUID``, ``device``, ``modelName``, ``hostname`` (its name
+since dcgm-exporter 4.8; earlier releases called it ``Hostname``, which central reads too)."""
 
 Row = Sequence[Any]
 
@@ -222,7 +223,7 @@ def _dcgm_families(
 ) -> Iterator[Metric]:
     """:data:`DCGM_SERIES` of the live GPUs' latest rows, with ``DCGM_FI_DEV_FB_FREE``."""
     info = {uuid: (str(index), name) for uuid, index, name, _ in devices}
-    labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
+    labels = ["gpu", "UUID", "device", "modelName", "hostname"]
     keys = []
     for r in rows:
         index, name = info.get(r[_GPU_COLS["gpu"]], ("", ""))

@@ -9,6 +9,7 @@ exporters back off and retry.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -95,9 +96,15 @@ class OtlpGrpcServer:
         port: int,
         max_message_bytes: int,
         workers: int = OtlpSettings.grpc_workers,
+        interceptors: Sequence[Any] = (),
+        credentials: Any | None = None,
     ) -> None:
+        """``interceptors``: gRPC server interceptors run before each call (the ingest
+        token's check); ``credentials``: ``grpc.ssl_server_credentials`` to serve TLS with
+        (None: plaintext)."""
         self._server: Any = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+            interceptors=list(interceptors),
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.so_reuseport", 0),
@@ -107,7 +114,10 @@ class OtlpGrpcServer:
             TraceServicer(pipeline), self._server
         )
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port: int = self._server.add_insecure_port(addr)
+        if credentials is None:
+            self.port: int = self._server.add_insecure_port(addr)
+        else:
+            self.port = self._server.add_secure_port(addr, credentials)
         if self.port == 0:
             raise OSError(f"cannot listen for OTLP/gRPC on {addr} (port in use?)")
 

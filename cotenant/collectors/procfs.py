@@ -21,6 +21,11 @@ and ``Worker_N`` under its API server) serve its model too (:func:`collectors.pr
 descendants`, from each process's parent pid; :meth:`collectors.gpu_resolve.GpuResolver.
 set_families`), from the next poll on, so an engine's own processes are never its co-tenants.
 
+Each row of a poll also carries the host's CPU frequency then (``cpu_freq_mhz``, the mean over
+its CPUs, and ``cpu_max_freq_mhz``, their hardware maximum: :class:`collectors.cpufreq.
+CpuFrequency`, from ``<sys>/devices/system/cpu/cpu*/cpufreq/``), NULL where cpufreq is not
+readable, so a clamped frequency is seen by the diagnosis (the ``cpu`` cause, culprit ``host``).
+
 A process's first read gives no rate (and no row); a pid reused by a new process (another
 start time) starts over. Cost per poll: one directory listing, one read of ``stat`` per
 process and one of ``cmdline`` for each new busy process, linear in the process count, which
@@ -41,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable
@@ -52,8 +56,12 @@ from typing import Any
 import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from cotenant.collectors.cpufreq import CpuFrequency
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.pod_identity import PodIdentity, PodRef
+from cotenant.collectors.proc_stat import fd_budget, parse_stat_bytes, read_small
+from cotenant.collectors.proc_stat import parse_stat as parse_stat  # re-exported
+from cotenant.collectors.proc_stat import program_name as program_name  # re-exported
 from cotenant.collectors.process_tree import descendants
 from cotenant.core.errors import CotenantError
 from cotenant.core.periodic import Periodic
@@ -62,8 +70,6 @@ from cotenant.store.schema import arrow_schema
 log = logging.getLogger(__name__)
 
 SCHEMA = arrow_schema("process_samples")
-INTERPRETERS = frozenset(("node", "java", "ruby", "perl", "php", "bash", "sh", "dotnet"))
-NAME_MAX = 80
 
 _Key = tuple[int, int]  # (pid, start time in clock ticks): one process, even if a pid is reused
 
@@ -112,59 +118,6 @@ class ProcfsMetrics:
         )
 
 
-def _read(path: str) -> bytes:
-    """A small procfs file in one read (os calls: pathlib costs more than the read itself)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 65536)
-    finally:
-        os.close(fd)
-
-
-def _parse_stat_bytes(raw: bytes) -> tuple[bytes, int, int, int]:
-    """:func:`parse_stat` of the undecoded line (``comm`` as bytes), and the parent pid
-    (field 4): the poll's hot path. Splits only up to starttime (field 22) of the 52 fields."""
-    open_, close = raw.find(b"("), raw.rfind(b")")
-    if open_ < 0 or close < open_:
-        raise ValueError("no (comm) in stat")
-    rest = raw[close + 2 :].split(None, 20)
-    return raw[open_ + 1 : close], int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[1])
-
-
-def _fd_budget() -> int:
-    """How many ``stat`` descriptors a collector may hold: a quarter of the soft
-    ``RLIMIT_NOFILE`` (the receivers' sockets and DuckDB need the rest)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return 1 << 20 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
-
-
-def parse_stat(text: str) -> tuple[str, int, int]:
-    """``(comm, utime + stime, starttime)`` from the text of ``/proc/<pid>/stat`` (times in
-    clock ticks). ``comm`` may hold spaces and parentheses, so fields are counted after its
-    last ``)``. Raises ValueError on a malformed line."""
-    open_, close = text.find("("), text.rfind(")")
-    if open_ < 0 or close < open_:
-        raise ValueError("no (comm) in stat")
-    rest = text[close + 2 :].split()
-    # rest[0] is field 3 (state): utime, stime and starttime are fields 14, 15 and 22
-    return text[open_ + 1 : close], int(rest[11]) + int(rest[12]), int(rest[19])
-
-
-def program_name(comm: str, cmdline: bytes) -> str:
-    """A readable name: ``comm``, or for an interpreter its script or ``-m`` module too."""
-    if not (comm.startswith("python") or comm in INTERPRETERS):
-        return comm[:NAME_MAX]
-    args = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a][1:]
-    for i, a in enumerate(args):
-        if a == "-m" and i + 1 < len(args):
-            return f"{comm} {args[i + 1]}"[:NAME_MAX]
-        if a == "-c":
-            return f"{comm} -c"
-        if not a.startswith("-"):
-            return f"{comm} {os.path.basename(a)}"[:NAME_MAX]
-    return comm[:NAME_MAX]
-
-
 class ProcfsCollector:
     """Samples host CPU per process; see the module docstring. Thread-safe :meth:`poll_once`."""
 
@@ -175,6 +128,7 @@ class ProcfsCollector:
         resolver: GpuResolver,
         host: str,
         proc: str | Path = "/proc",
+        sys: str | Path = "/sys",
         metrics: ProcfsMetrics | None = None,
         clock: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
@@ -185,14 +139,15 @@ class ProcfsCollector:
         clock_ticks: int | None = None,
         pods: PodIdentity | None = None,
     ) -> None:
-        """``proc``: the procfs root (tests pass a fake tree). ``clock``: what rows are
-        stamped with (ns); ``monotonic``: what rates are measured with (s). ``pods``: names
-        processes in Kubernetes pods by pod (None: by program only)."""
+        """``proc`` and ``sys``: the procfs and sysfs roots (tests pass fake trees).
+        ``clock``: what rows are stamped with (ns); ``monotonic``: what rates are measured with
+        (s). ``pods``: names processes in Kubernetes pods by pod (None: by program only)."""
         self._sink = sink
         self._resolver = resolver
         self.host = host
         self._hosts = (host, "") if host else ("",)
         self._proc = str(proc)
+        self._freq = CpuFrequency(sys)
         self._metrics = metrics
         self._clock = clock
         self._monotonic = monotonic
@@ -207,7 +162,7 @@ class ProcfsCollector:
         self._names: dict[_Key, tuple[str, PodRef | None]] = {}
         self._fds: dict[int, int] = {}  # pid -> open descriptor of its stat
         self._had_family = False
-        self._fd_budget = min(max_pids, _fd_budget())
+        self.fd_budget = min(max_pids, fd_budget())
         self._logged: set[str] = set()
         self._lock = threading.Lock()
         self._worker: Periodic | None = None
@@ -234,10 +189,11 @@ class ProcfsCollector:
             self.close()
 
     def close(self) -> None:
-        """Close the ``stat`` descriptors held between polls."""
+        """Close the ``stat`` and cpufreq descriptors held between polls."""
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
+        self._freq.close()
 
     # ---- polling ---------------------------------------------------------------------
 
@@ -270,7 +226,7 @@ class ProcfsCollector:
         self._forget_gone(pids)
         for pid in pids:
             try:
-                comm, used, start, parents[pid] = _parse_stat_bytes(self._stat(pid))
+                comm, used, start, parents[pid] = parse_stat_bytes(self._stat(pid))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between the listing and the read
             except (OSError, ValueError, IndexError) as exc:
@@ -310,8 +266,16 @@ class ProcfsCollector:
         )
         keep = busy[: self.top_n] + [n for n, g in groups.items() if g.model is not None]
         if keep:
-            self._submit(ts, keep, [groups[n] for n in keep])
+            self._submit(ts, keep, [groups[n] for n in keep], self._frequency())
         return len(ticks)
+
+    def _frequency(self) -> tuple[float, float] | tuple[None, None]:
+        try:
+            got = self._freq.read()
+        except OSError as exc:
+            self._fail("cpufreq", f"cannot read the CPU frequency: {exc}")
+            return None, None
+        return got if got is not None else (None, None)
 
     def _stat(self, pid: int) -> bytes:
         """The text of ``<proc>/<pid>/stat``: ``pread`` on the descriptor held for ``pid``,
@@ -326,8 +290,8 @@ class ProcfsCollector:
                 del self._fds[pid]
                 os.close(fd)
         path = f"{self._proc}/{pid}/stat"
-        if len(self._fds) >= self._fd_budget:
-            return _read(path)
+        if len(self._fds) >= self.fd_budget:
+            return read_small(path)
         fd = os.open(path, os.O_RDONLY)
         try:
             raw = os.pread(fd, 4096, 0)
@@ -361,7 +325,7 @@ class ProcfsCollector:
             found = None if self._pods is None else self._pods.lookup(key[0])
             if found is None or found.name is None:
                 try:
-                    cmdline = _read(f"{self._proc}/{key[0]}/cmdline")
+                    cmdline = read_small(f"{self._proc}/{key[0]}/cmdline")
                 except OSError:
                     cmdline = b""
                 name = program_name(comm.decode(errors="replace"), cmdline)
@@ -372,7 +336,13 @@ class ProcfsCollector:
                 self._names[key] = known
         return known
 
-    def _submit(self, ts: int, names: list[str], groups: list[_Group]) -> None:
+    def _submit(
+        self,
+        ts: int,
+        names: list[str],
+        groups: list[_Group],
+        freq: tuple[float, float] | tuple[None, None],
+    ) -> None:
         n = len(names)
         cols: dict[str, list[Any]] = {
             "ts_ns": [ts] * n,
@@ -381,6 +351,8 @@ class ProcfsCollector:
             "process_name": names,
             "model": [g.model for g in groups],
             "cpu_cores": [g.cores for g in groups],
+            "cpu_freq_mhz": [freq[0]] * n,
+            "cpu_max_freq_mhz": [freq[1]] * n,
         }
         arrays = [
             pa.array(cols[f.name], type=f.type) if f.name in cols else pa.nulls(n, type=f.type)

@@ -34,16 +34,32 @@ GPU_BY = ("UUID", "uuid", "gpu", "Hostname", "hostname", "instance")
 """Labels identifying a GPU in DCGM series (see :func:`host_of`, :func:`gpu_of`): dcgm-exporter
 names the UUID ``uuid`` under ``--use-old-namespace``, and the host ``hostname`` from its
 releases after 4.8."""
-POD_BY = ("namespace", "pod", "container", "pod_namespace", "pod_name", "container_name")
-"""Labels naming the pod of a DCGM series (see :func:`pod_of`): dcgm-exporter's, then the same
-under ``--use-old-namespace``."""
-DEVICE_SERIES = ('pod="",pod_name=""', "")
+POD_BY = (
+    "exported_namespace",
+    "exported_pod",
+    "exported_container",
+    "namespace",
+    "pod",
+    "container",
+    "pod_namespace",
+    "pod_name",
+    "container_name",
+)
+"""Labels naming the pod of a DCGM series (see :func:`pod_of`), as three triples: the
+``exported_*`` ones Prometheus makes of the exporter's labels when its scrape has
+``honor_labels: false`` (the dcgm-exporter chart's ServiceMonitor default; ``pod`` is then the
+exporter's own pod), dcgm-exporter's own, then the same under ``--use-old-namespace``."""
+EXPORTED_POD = 1
+"""Index of ``exported_pod`` in :data:`POD_BY`."""
+DEVICE_SERIES = ('pod="",pod_name=""', 'exported_pod=""', "")
 """Alternatives selecting a GPU's own series: those of no pod where there are (with
 ``KUBERNETES_VIRTUAL_GPUS``, dcgm-exporter adds per-pod series of ``DCGM_FI_DEV_GPU_UTIL`` and
-``DCGM_FI_DEV_FB_USED`` beside the GPU's), else its copies labelled with a pod (every other
-field; the GPU's value, whoever it is labelled with)."""
-POD_SERIES = ('pod!=""', 'pod_name!=""')
-"""Alternatives selecting the series labelled with a pod, under either label set."""
+``DCGM_FI_DEV_FB_USED`` beside the GPU's), else those not renamed ``exported_pod`` (a scrape
+with ``honor_labels: false`` gives every series the exporter's own ``pod``: the GPU's are
+those that had none to rename), else its copies labelled with a pod (every other field; the
+GPU's value, whoever it is labelled with)."""
+POD_SERIES = ('exported_pod!=""', 'pod!=""', 'pod_name!=""')
+"""Alternatives selecting the series labelled with a pod, under each label set."""
 SPANS_PROBE = f'group(last_over_time({OWN}_count{{phase!="total"}}[1h]))'
 
 
@@ -267,8 +283,11 @@ def gpu_of(ident: tuple[str, ...]) -> str:
 def pod_of(labels: tuple[str, ...]) -> PodName | None:
     """The pod of a :data:`POD_BY` tuple of label values, named as agents name processes
     (``str()`` gives ``namespace/pod (container)``); None when no pod is named."""
-    ns, pod, container = (labels[i] or labels[i + 3] for i in range(3))
-    return PodName(ns, pod, container or None) if pod else None
+    for i in range(0, len(labels) - 2, 3):
+        ns, pod, container = labels[i : i + 3]
+        if pod:
+            return PodName(ns, pod, container or None)
+    return None
 
 
 # -- request latency families ----------------------------------------------------------------

@@ -4,17 +4,33 @@ their DCGM rows, and the OR of raw clock-event-reason samples."""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from cotenant.collectors import promql, promql_engines
-from cotenant.collectors.promql import GPU_BY, MAX_POINTS, POD_BY, Grid
+from cotenant.collectors.promql import EXPORTED_POD, GPU_BY, MAX_POINTS, POD_BY, Grid
 from cotenant.collectors.promql_client import Fields, PromQLClient
 from cotenant.collectors.promql_engines import MODEL
 from cotenant.collectors.promql_frames import windows_with_data
+
+log = logging.getLogger(__name__)
+
+_INSTANCE = GPU_BY.index("instance")
+
+
+def exporters_own(idents: Sequence[Sequence[str]]) -> set[int]:
+    """Which of ``idents`` (:data:`GPU_BY` + :data:`POD_BY` label values) are a DCGM
+    exporter's own series scraped with ``honor_labels: false``: Prometheus then names the
+    workload's pod ``exported_pod`` and puts the exporter's own pod in ``pod``, so a series of
+    such a scrape target (``instance``) without ``exported_pod`` names the exporter, not a
+    workload. Returns their indexes."""
+    at = len(GPU_BY) + EXPORTED_POD
+    renamed = {i[_INSTANCE] for i in idents if i[at]}
+    return {n for n, i in enumerate(idents) if i[_INSTANCE] in renamed and not i[at]}
 
 
 class Joins:
@@ -27,6 +43,21 @@ class Joins:
         self._api = api
         self._model_gpu = dict(model_gpu or {})
         self._default_gpu = default_gpu
+        self._warned_exported = False
+
+    def _warn_exported(self, idents: Sequence[Sequence[str]]) -> None:
+        """Once: say that a DCGM exporter is scraped with ``honor_labels: false``."""
+        at = len(GPU_BY) + EXPORTED_POD
+        if self._warned_exported or not any(i[at] for i in idents):
+            return
+        self._warned_exported = True
+        log.warning(
+            "DCGM series carry exported_pod / exported_namespace: Prometheus scrapes the "
+            "exporter with honor_labels false (the dcgm-exporter chart's ServiceMonitor "
+            "default), so `pod` names the exporter. cotenant reads the exported_* labels; set "
+            "honorLabels: true on that ServiceMonitor (serviceMonitor.honorLabels in the "
+            "chart's values) to keep the workloads' labels as they are"
+        )
 
     def clock_reasons(self, g: Grid, sel: str = "") -> dict[tuple[str, str], np.ndarray]:
         """(host, gpu) -> OR of the raw clock-event-reason samples in each window (NaN where
@@ -60,8 +91,12 @@ class Joins:
         """(namespace, pod) -> the GPU its DCGM series name (the first, when several)."""
         found: dict[tuple[str, str], list[str]] = defaultdict(list)
         query = promql.pod_gpus_query(promql.duration(g.end - g.w0))
-        for labels, _ in self._api.instant(query, g.end):
-            name = promql.pod_of(tuple(labels.get(b, "") for b in POD_BY))
+        answer = self._api.instant(query, g.end)
+        idents = [tuple(lb.get(b, "") for b in GPU_BY + POD_BY) for lb, _ in answer]
+        self._warn_exported(idents)
+        own = exporters_own(idents)
+        for n, (labels, _) in enumerate(answer):
+            name = None if n in own else promql.pod_of(idents[n][len(GPU_BY) :])
             if name is not None:
                 dev = labels.get("UUID") or labels.get("uuid") or labels.get("gpu", "")
                 found[(name.namespace, name.pod)].append(dev)
@@ -93,7 +128,12 @@ class Joins:
                 break
         pods: dict[tuple[str, str], set[str]] = defaultdict(set)
         rows = []
-        for ident, f in blocks.items():
+        idents = list(blocks)
+        self._warn_exported(idents)
+        own = exporters_own(idents)
+        for n, (ident, f) in enumerate(blocks.items()):
+            if n in own:
+                continue
             dev, pod = promql.gpu_of(ident), promql.pod_of(ident[len(GPU_BY) :])
             if pod is not None and (gpu is None or dev == gpu):
                 host = promql.host_of(ident)

@@ -82,6 +82,18 @@ class PrometheusSettings:
     """``[prometheus]``: the fleet path (:class:`collectors.prometheus.PrometheusSource`)."""
 
     url: str = key("", "Prometheus-compatible query URL for the fleet path ('' = not used)")
+    required: bool = key(
+        False,
+        "refuse to start without url (central serve on a cluster, whose every series comes "
+        "through Prometheus: an unset url is a miswiring, not single-node mode)",
+    )
+    agents_missing_after_s: float = key(
+        600.0,
+        "with url set: when Prometheus has held no series of any cotenant agent for this "
+        "long, log an error and set cotenant_fleet_agents_missing to 1 (its scrape "
+        "configuration or ServiceMonitor is not selected)",
+        min=30.0,
+    )
     timeout_s: float = key(10.0, "timeout of one PromQL query", min=0.1, max=600.0)
     scrape_interval_s: float = key(
         15.0,

@@ -67,10 +67,13 @@ PROCESS_WINDOWS = pa.schema(
         ("mem_util", pa.float64()),
         ("mem_used_bytes", pa.float64()),
         ("cpu_cores", pa.float64()),
+        ("cpu_freq_mhz", pa.float64()),
+        ("cpu_max_freq_mhz", pa.float64()),
     ]
 )
-"""Per (window, GPU, process): mean SM / memory utilisation (percent), memory used, and host CPU
-use in cores where sampled. Host-only processes have a null ``gpu``."""
+"""Per (window, GPU, process): mean SM / memory utilisation (percent), memory used, host CPU
+use in cores where sampled, and the host's mean and maximum CPU frequency (MHz) where read.
+Host-only processes have a null ``gpu``."""
 
 SERVING_WINDOWS = pa.schema(
     [

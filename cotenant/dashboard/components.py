@@ -10,6 +10,7 @@ from dash import dcc, html
 
 from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.indicators import UNITS
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.timespec import format_ns
 from cotenant.dashboard.timerange import incident_range
 
@@ -77,7 +78,7 @@ def incident_table(incidents: Sequence[Incident], *, id_: str) -> html.Table:
     each links to its page with the range around it (a link that can be pasted)."""
     rows = []
     for i in incidents:
-        top = i.top or {}
+        top = i.top
         around = incident_range(i.start_ns, i.end_ns).text
         link = dcc.Link(i.id, href=f"/incident?id={i.id}&range={around}")
         rows.append(
@@ -92,9 +93,9 @@ def incident_table(incidents: Sequence[Incident], *, id_: str) -> html.Table:
                 f"{(i.end_ns - i.start_ns) / 1e9:.0f} s",
                 fmt(i.peak_p99_ms, UNITS.get(i.indicator, "ms"))
                 + (f" (SLO {fmt(i.slo_ms, UNITS.get(i.indicator, 'ms'), 0)})" if i.slo_ms else ""),
-                top.get("kind", "unknown"),
-                top.get("culprit", "–"),
-                fmt(100 * float(top["share"]), "%", 0) if "share" in top else "–",
+                str(top.kind) if top is not None else CauseKind.UNKNOWN.value,
+                top.culprit if top is not None else "–",
+                fmt(100 * top.share, "%", 0) if top is not None else "–",
             ]
         )
     header = (

@@ -11,14 +11,16 @@ shorter ranges are windowed from the raw rows.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
 
+from cotenant.analysis.attribution import Cause
 from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.incidents import IncidentBook
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.readers import MetricSource
 from cotenant.core.slos import TPOT, TTFT, Slos
 from cotenant.core.timerange import TimeRange
@@ -292,16 +294,14 @@ class DashboardData:
     def incident(self, incident_id: str) -> Incident | None:
         return self.book.get(incident_id)
 
-    def evidence(
-        self, inc: Incident, cause: Mapping[str, Any], rng: Range
-    ) -> dict[str, Any] | None:
+    def evidence(self, inc: Incident, cause: Cause, rng: Range) -> dict[str, Any] | None:
         """The series behind one cause over ``rng``: ``{"name", "unit", "x", "y"}``, or None
         when the store has no series for it (e.g. ``unknown``)."""
-        kind, culprit = str(cause.get("kind")), str(cause.get("culprit"))
+        kind, culprit = cause.kind, cause.culprit
         gpu = inc.gpu or None
-        if kind in ("cotenant", "cpu"):
-            col = "sm_util" if kind == "cotenant" else "cpu_cores"
-            p = self.processes(rng, gpu=gpu if kind == "cotenant" else None)
+        if kind in (CauseKind.COTENANT, CauseKind.CPU):
+            col = "sm_util" if kind == CauseKind.COTENANT else "cpu_cores"
+            p = self.processes(rng, gpu=gpu if kind == CauseKind.COTENANT else None)
             sel = [
                 i
                 for i, (n, m) in enumerate(zip(p["process_name"], p["model"], strict=True))
@@ -311,14 +311,14 @@ class DashboardData:
                 unit = "%" if col == "sm_util" else "cores"
                 label = "SM utilisation" if col == "sm_util" else "host CPU"
                 return _series(f"{culprit} {label}", unit, p, col, sel)
-            if kind == "cotenant":
+            if kind == CauseKind.COTENANT:
                 r = self.latency(rng, model=culprit)
                 if len(r):
                     return _series(f"{culprit} requests/s", "req/s", r, "rate_rps")
             return None
-        if kind == "bandwidth":
+        if kind == CauseKind.BANDWIDTH:
             g = self.gpus(rng, gpu=gpu)
-            res = cause.get("resource") or "dram"
+            res = cause.resource or "dram"
             if res == "pcie":
                 y = [_sum(a, b) for a, b in zip(g["pcie_tx_bps"], g["pcie_rx_bps"], strict=True)]
                 return {
@@ -338,16 +338,16 @@ class DashboardData:
                     "y": [None if v is None else v / 1e9 for v in y],
                 }
             return _series(f"{gpu} memory-controller busy", "%", g, "mem_util")
-        if kind == "mix":  # the token count whose change explains more of the excess
-            ev = cause.get("evidence") or {}
+        if kind == CauseKind.MIX:  # the token count whose change explains more of the excess
+            ev = cause.evidence
             which = "prompt" if ev.get("prefill_ms", 0) > ev.get("decode_ms", 0) else "output"
             t = self.tokens(rng, model=inc.model, gpu=gpu)
             if not len(t):
                 return None
             return _series(f"{inc.model} mean {which} tokens", "tokens", t, f"{which}_tokens_mean")
-        if kind == "throttle":
+        if kind == CauseKind.THROTTLE:
             return _series(f"{gpu} SM clock", "MHz", self.gpus(rng, gpu=gpu), "sm_clock_mhz")
-        if kind == "memory":
+        if kind == CauseKind.MEMORY:
             g = self.gpus(rng, gpu=gpu)
             return {
                 "name": f"{gpu} memory used",
@@ -355,14 +355,14 @@ class DashboardData:
                 "x": g["ts_ns"],
                 "y": [None if v is None else v / 2**30 for v in g["mem_used_bytes"]],
             }
-        if kind == "lock":
+        if kind == CauseKind.LOCK:
             return _series(
                 f"{inc.model} wait on lock {culprit}",
                 "ms/request",
                 self.latency(rng, model=inc.model, gpu=gpu),
                 "lock_wait_ms",
             )
-        if kind == "load":
+        if kind == CauseKind.LOAD:
             return _series(
                 f"{inc.model} arrivals",
                 "req/s",

@@ -29,6 +29,7 @@ from cotenant.actuators.settings import ActuatorSettings
 from cotenant.analysis.incident_record import IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.evaluation.sim_backend import BackendEvent, SimulatorBackend
 from cotenant.simulator.engine import Simulation
 from cotenant.simulator.output import requests_table, samples_tables
@@ -113,14 +114,14 @@ def run_closed_loop(
     def on_incident(e: IncidentEvent) -> None:
         if e.kind == "opened":  # published with its cause (not while diagnosing)
             inc = e.incident
-            top = inc.top or {}
+            top = inc.top
             detections.append(
                 Detection(
                     clock(),
                     inc.id,
                     inc.model,
-                    str(top.get("kind", "unknown")),
-                    str(top.get("culprit", "")),
+                    str(top.kind) if top is not None else CauseKind.UNKNOWN.value,
+                    top.culprit if top is not None else "",
                 )
             )
 

@@ -31,11 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from cotenant.analysis.attribution import Cause
 from cotenant.analysis.detector.detect import DetectorParams
 from cotenant.analysis.incident_record import IncidentEvent
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop
 from cotenant.analysis.windows import gpu_windows
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.timerange import TimeRange
 from cotenant.evaluation.accuracy import load_outputs
 from cotenant.evaluation.goal import (
@@ -76,11 +78,7 @@ class Seen:
 
 def _seen(e: IncidentEvent) -> Seen:
     i = e.incident
-    causes = tuple(
-        f"{c['kind']}:{c['culprit']}"
-        for c in i.detail.get("causes", [])
-        if c.get("kind") != "unknown"
-    )
+    causes = tuple(f"{c.kind}:{c.culprit}" for c in i.causes if c.kind != CauseKind.UNKNOWN)
     return Seen(
         e.kind,
         i.id,
@@ -161,8 +159,8 @@ class LiveResult:
     events: list[str] = field(default_factory=list)
 
 
-def _cause(c: dict[str, Any] | None) -> str | None:
-    return None if c is None else f"{c['kind']}:{c['culprit']}"
+def _cause(c: Cause | None) -> str | None:
+    return None if c is None else f"{c.kind}:{c.culprit}"
 
 
 def replay(
@@ -235,7 +233,7 @@ def run_scenario(s: Scenario, progress: Callable[[str], None] = lambda _: None) 
     lines = [
         f"[{(e.at_ns - START_NS) / 1e9:5.0f} s] {e.kind} {e.model} {e.severity} "
         f"{(e.start_ns - START_NS) / 1e9:.0f}-{(e.end_ns - START_NS) / 1e9:.0f} s "
-        f"{e.cause or 'unknown'}"
+        f"{e.cause or CauseKind.UNKNOWN}"
         for e in events
     ]
     progress(

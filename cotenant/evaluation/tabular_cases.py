@@ -11,7 +11,16 @@ where none is found counts as a miss for every method), and then:
   (:func:`analysis.tabular.candidate_series`) from the same start; an entity's rank is that of
   its best column.
 
-AC@k is the share of cases whose root cause is among the top k; Avg@5 the mean of AC@1..AC@5.
+AC@k is the share of cases whose root cause is among the top k; Avg@5 the mean of AC@1..AC@5;
+AC@1 and AC@3 come with a 95 % Wilson interval. A case whose table cannot be read, or whose
+anomaly start cannot be placed, counts as a miss for every method (its reason in ``start_from``).
+
+**Halves.** The cases, in name order, are split into a *development* half (the 1st, 3rd, 5th,
+... case) and a *test* half (the 2nd, 4th, ...): rules are tuned looking at the development half
+only, and the test half is reported, not looked at. Interleaving keeps both halves alike when
+cases are numbered in injection order (fault types and services come in runs). The summary is
+given for all cases and for each half.
+
 The results are a JSON-ready dict; :func:`render_tabular` prints them.
 """
 
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +46,7 @@ from cotenant.core.errors import TabularError
 
 OURS = "cotenant"
 KS = (1, 2, 3, 4, 5)
+HALVES = ("dev", "test")
 
 
 def entity_order(ranked: Sequence[tuple[str, float]]) -> list[str]:
@@ -58,11 +69,37 @@ def _label(folder: Path) -> dict[str, Any]:
     return label
 
 
-def summarize(ranks: Sequence[int | None]) -> dict[str, float]:
-    """AC@1, AC@3, AC@5 and Avg@5 of the root cause's ranks (None: not ranked)."""
-    n = max(len(ranks), 1)
-    ac = {k: sum(r is not None and r <= k for r in ranks) / n for k in KS}
-    return {"AC@1": ac[1], "AC@3": ac[3], "AC@5": ac[5], "Avg@5": sum(ac.values()) / len(KS)}
+def half_of(index: int) -> str:
+    """The half of the case at ``index`` (0-based, name order): ``dev`` for even indices (the
+    1st, 3rd, ... case), ``test`` for odd ones."""
+    return HALVES[index % 2]
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of ``hits`` out of ``n`` (``(0, 1)`` when ``n`` is 0)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summarize(ranks: Sequence[int | None]) -> dict[str, Any]:
+    """AC@1, AC@3, AC@5 and Avg@5 of the root cause's ranks (None: not ranked), the number of
+    cases ``n``, and 95 % Wilson intervals of AC@1 and AC@3."""
+    n = len(ranks)
+    hits = {k: sum(r is not None and r <= k for r in ranks) for k in KS}
+    ac = {k: hits[k] / max(n, 1) for k in KS}
+    return {
+        "n": n,
+        "AC@1": ac[1],
+        "AC@3": ac[3],
+        "AC@5": ac[5],
+        "Avg@5": sum(ac.values()) / len(KS),
+        "AC@1_ci": [round(x, 3) for x in wilson(hits[1], n)],
+        "AC@3_ci": [round(x, 3) for x in wilson(hits[3], n)],
+    }
 
 
 def bench_tabular(
@@ -76,7 +113,9 @@ def bench_tabular(
     NSigma) on every case folder under ``root``. Returns ``{"dir", "start", "methods",
     "summary": {method: {"AC@1", "AC@3", "AC@5", "Avg@5"}}, "cases": [{"case", "root_cause",
     "fault", "anomaly_start", "start_from", "ranks": {method: rank or None}}]}``.
-    Raises :class:`TabularError` when ``root`` holds no case or a case cannot be read."""
+    Each case also has ``"half"`` (``dev`` | ``test``, :func:`half_of`) and ``"notes"`` (what its
+    table's loading read leniently); ``"halves"`` holds the summary of each half. Raises
+    :class:`TabularError` when ``root`` holds no case or a ``label.json`` cannot be read."""
     folder = Path(root)
     rankers: list[Ranker] = list(baselines) if baselines is not None else [Baro(), NSigma()]
     methods = [OURS, *(r.name for r in rankers)]
@@ -88,26 +127,27 @@ def bench_tabular(
     if not dirs:
         raise TabularError(f"{folder}: no case folders (with label.json) in it")
     cases: list[dict[str, Any]] = []
-    for d in dirs:
+    for i, d in enumerate(dirs):
         label = _label(d)
-        case = load_case(d)
         truth = label["root_cause"]
         row: dict[str, Any] = {
             "case": d.name,
+            "half": half_of(i),
             "root_cause": truth,
             "fault": label.get("fault"),
             "anomaly_start": None,
             "start_from": None,
+            "notes": [],
             "ranks": dict.fromkeys(methods),
         }
         cases.append(row)
         try:
+            case = load_case(d)
+            row["notes"] = list(case.notes)
             if detect_start:
                 case = dataclasses.replace(case, inject_time=None)
             start, how, _ = find_start(case)
         except TabularError as exc:
-            if not detect_start:
-                raise
             row["start_from"] = f"none ({exc})"
             continue
         row["anomaly_start"] = float(case.time[start])
@@ -118,11 +158,16 @@ def bench_tabular(
         for r in rankers:
             row["ranks"][r.name] = _rank(entity_order(r.rank(series, start)), truth)
     summary = {m: summarize([c["ranks"][m] for c in cases]) for m in methods}
+    halves = {
+        h: {m: summarize([c["ranks"][m] for c in cases if c["half"] == h]) for m in methods}
+        for h in HALVES
+    }
     return {
         "dir": str(folder),
         "start": "change-point" if detect_start else "inject-time",
         "methods": methods,
         "summary": summary,
+        "halves": halves,
         "cases": cases,
     }
 
@@ -131,17 +176,32 @@ def render_tabular(results: dict[str, Any]) -> str:
     """The per-case ranks and the summary of :func:`bench_tabular` as a text table."""
     methods: list[str] = results["methods"]
     lines = [
-        f"{'case':30s} {'fault':16s} {'root cause':24s} " + " ".join(f"{m:>9s}" for m in methods)
+        f"{'case':30s} {'half':4s} {'fault':16s} {'root cause':24s} "
+        + " ".join(f"{m:>9s}" for m in methods)
     ]
     for c in results["cases"]:
         ranks = " ".join(f"{c['ranks'][m] or 'miss'!s:>9s}" for m in methods)
         fault = str(c.get("fault") or "")
-        lines.append(f"{c['case'][:30]:30s} {fault[:16]:16s} {c['root_cause'][:24]:24s} {ranks}")
-    lines.append("")
-    lines.append(f"{len(results['cases'])} cases, anomaly start from {results['start']}")
-    for m in methods:
-        s = results["summary"][m]
         lines.append(
-            f"{m:>10s}: AC@1 {s['AC@1']:.3f}  AC@3 {s['AC@3']:.3f}  Avg@5 {s['Avg@5']:.3f}"
+            f"{c['case'][:30]:30s} {c['half']:4s} {fault[:16]:16s} {c['root_cause'][:24]:24s} "
+            f"{ranks}"
         )
+    refused = [c for c in results["cases"] if str(c["start_from"]).startswith("none")]
+    lines.append("")
+    lines.append(
+        f"{len(results['cases'])} cases, anomaly start from {results['start']}"
+        + (f"; {len(refused)} without a start (a miss for every method)" if refused else "")
+    )
+    for title, summary in (("all", results["summary"]), *results["halves"].items()):
+        lines.append(f"{title} (n = {next(iter(summary.values()))['n']}):")
+        for m in methods:
+            s = summary[m]
+            lines.append(
+                f"{m:>10s}: AC@1 {s['AC@1']:.3f} {_ci(s['AC@1_ci'])}  AC@3 {s['AC@3']:.3f} "
+                f"{_ci(s['AC@3_ci'])}  Avg@5 {s['Avg@5']:.3f}"
+            )
     return "\n".join(lines)
+
+
+def _ci(ci: list[float]) -> str:
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]"

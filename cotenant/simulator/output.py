@@ -77,6 +77,8 @@ def samples_tables(
     for table, data in (("gpu_samples", rows[0]), ("process_samples", rows[1])):
         schema = arrow_schema(table)
         cols: list[Any] = list(zip(*data, strict=True)) if data else [[] for _ in schema]
+        n = len(data)
+        cols += [[None] * n for _ in range(len(schema) - len(cols))]  # columns it does not give
         out.append(
             pa.table(
                 [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)], schema=schema

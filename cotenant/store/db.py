@@ -15,12 +15,13 @@ from cotenant.store.settings import StoreSettings
 log = logging.getLogger(__name__)
 
 
-_ADDITIVE_UPGRADES = frozenset({"2", "3", "4", "5", "6", "7"})
+_ADDITIVE_UPGRADES = frozenset({"2", "3", "4", "5", "6", "7", "8"})
 """Older schema versions this one only adds tables and columns to (2 -> 3: ``alerts``; 3 -> 4:
 ``incidents.severity``; 4 -> 5: ``requests.replica``, ``incidents.replica``; 5 -> 6:
 ``incidents.indicator``, ``request_rollup_1m.ttft_p99_ms`` and ``tpot_p99_ms``; 6 -> 7:
-``model_loads`` and ``load_rollup_1m``; 7 -> 8: ``contention``); opened for
-writing, such a file is upgraded in place."""
+``model_loads`` and ``load_rollup_1m``; 7 -> 8: ``contention``; 8 -> 9:
+``process_samples.cpu_freq_mhz`` and ``cpu_max_freq_mhz``); opened for writing, such a file is
+upgraded in place."""
 
 _ADDED_COLUMNS = (
     ("incidents", "severity", "VARCHAR"),
@@ -29,6 +30,8 @@ _ADDED_COLUMNS = (
     ("incidents", "indicator", "VARCHAR"),
     ("request_rollup_1m", "ttft_p99_ms", "DOUBLE"),
     ("request_rollup_1m", "tpot_p99_ms", "DOUBLE"),
+    ("process_samples", "cpu_freq_mhz", "DOUBLE"),
+    ("process_samples", "cpu_max_freq_mhz", "DOUBLE"),
 )
 """Columns added since schema 3, created on an older file (new files get them from the DDL)."""
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from cotenant.core.phases import PHASE_COLUMNS
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 REQUESTS: list[tuple[str, str]] = [
@@ -69,10 +69,14 @@ PROCESS_SAMPLES: list[tuple[str, str]] = [
     ("mem_util", "DOUBLE"),
     ("mem_used_bytes", "BIGINT"),
     ("cpu_cores", "DOUBLE"),
+    ("cpu_freq_mhz", "DOUBLE"),
+    ("cpu_max_freq_mhz", "DOUBLE"),
 ]
 """Per-process samples: GPU processes from NVML (``sm_util``/``mem_util`` in percent, memory
 used); host CPU use in cores (``cpu_cores``) where sampled. Host-only processes have no ``gpu``.
-Schema 2 added ``cpu_cores``."""
+Procfs rows also carry the host's CPU frequency at the poll (``cpu_freq_mhz``: the mean of its
+CPUs' current frequency; ``cpu_max_freq_mhz``: the mean of their hardware maximum) where cpufreq
+is readable. Schema 2 added ``cpu_cores``, schema 9 the two frequencies."""
 
 MODEL_LOADS: list[tuple[str, str]] = [
     ("ts_ns", "BIGINT"),

@@ -191,7 +191,8 @@ class StoreSource:
                 SELECT (minute_ns // $step) * $step AS ts_ns, host, gpu, pid,
                        any_value(process_name) AS process_name, any_value(model) AS model,
                        avg(sm_util) AS sm_util, avg(mem_util) AS mem_util,
-                       max(mem_used_bytes_max) AS mem_used_bytes, avg(cpu_cores) AS cpu_cores
+                       max(mem_used_bytes_max) AS mem_used_bytes, avg(cpu_cores) AS cpu_cores,
+                       NULL::DOUBLE AS cpu_freq_mhz, NULL::DOUBLE AS cpu_max_freq_mhz
                 FROM process_rollup_1m WHERE minute_ns >= $lo AND minute_ns < $hi {gf}
                 GROUP BY ts_ns, host, gpu, pid ORDER BY ts_ns, host, gpu, pid"""
         else:
@@ -199,7 +200,8 @@ class StoreSource:
                 SELECT (ts_ns // $step) * $step AS ts_ns, host, gpu, pid,
                        any_value(process_name) AS process_name, any_value(model) AS model,
                        avg(sm_util) AS sm_util, avg(mem_util) AS mem_util,
-                       avg(mem_used_bytes) AS mem_used_bytes, avg(cpu_cores) AS cpu_cores
+                       avg(mem_used_bytes) AS mem_used_bytes, avg(cpu_cores) AS cpu_cores,
+                       avg(cpu_freq_mhz) AS cpu_freq_mhz, avg(cpu_max_freq_mhz) AS cpu_max_freq_mhz
                 FROM process_samples WHERE ts_ns >= $lo AND ts_ns < $hi {gf}
                 GROUP BY 1, host, gpu, pid ORDER BY ts_ns, host, gpu, pid"""
         return self._query(sql, p, PROCESS_WINDOWS)

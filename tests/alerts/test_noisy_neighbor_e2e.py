@@ -31,6 +31,9 @@ def test_cotenant_burst_fires_noisy_neighbor_naming_victim_and_culprit(tmp_path:
         "COTENANT_OTLP_HTTP_PORT": "0",
         "COTENANT_OTLP_GRPC_PORT": "0",
         "COTENANT_DASHBOARD_ENABLED": "false",
+        # 20 s of baseline: the detector judges tts after 15 windows with requests (a test
+        # of the alert's wiring, not of how long a warm-up should be)
+        "COTENANT_ANALYSIS_WARMUP_WINDOWS": "15",
     }
     with log.open("w") as out:
         demo = subprocess.Popen(

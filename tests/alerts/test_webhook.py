@@ -32,13 +32,16 @@ SERVE_ENV = {
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, int]]:
-    """A serve holding the burst scenario, streamed as if it ran from 90 s ago (the burst:
-    85 s to 45 s ago); yields it and the scenario's start in ns."""
+    """A serve holding the burst scenario, streamed as if it ran from 140 s ago (the burst:
+    65 s to 25 s ago, after a baseline the detector learns tts's normal from); yields it and
+    the scenario's start in ns."""
     tmp = tmp_path_factory.mktemp("webhook")
     served = start_serve(tmp, tmp / "store.duckdb", SERVE_ENV)
     try:
-        start_ns = time.time_ns() - 90_000_000_000
-        stream_scenario(served.otlp_http, "sdxl-burst-slows-tts", start_ns=start_ns, speed=None)
+        start_ns = time.time_ns() - 140_000_000_000
+        stream_scenario(
+            served.otlp_http, "sdxl-burst-after-baseline", start_ns=start_ns, speed=None
+        )
         yield served, start_ns
     finally:
         served.stop()
@@ -84,7 +87,7 @@ def test_alert_is_diagnosed_once_and_linked_to_its_incident(fed: tuple[Served, i
         60,
     )
     before = diagnoses_run(served)
-    starts = start_ns + 15_000_000_000
+    starts = start_ns + 75_000_000_000
     body = webhook_body(alert("a1b2c3d4e5f60718", starts, model="tts", gpu="gpu0"))
     first = post(served, body)
     assert first.status_code == 202, first.text

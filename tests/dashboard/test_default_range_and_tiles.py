@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from test_dashboard_app import _callback
 
+from cotenant.analysis.diagnosis import Diagnosis
 from cotenant.analysis.incident_record import Incident, to_stored
 from cotenant.dashboard.app import create_app
 from cotenant.dashboard.data import DashboardData
@@ -74,18 +75,20 @@ def _requests(store: Store, model: str, ends_ns: list[int]) -> None:
 
 
 def _incident(iid: str, model: str, state: str) -> Incident:
+    start, end = NOW - 2 * MIN, NOW - 10 * S
+    told = Diagnosis(model, "gpu0", start, end, False, start, 155.0, 60.0, 100.0, {}, [])
     return Incident(
         id=iid,
         model=model,
         gpu="gpu0",
         state=state,
-        start_ns=NOW - 2 * MIN,
-        end_ns=NOW - 10 * S,
-        updated_ns=NOW - 10 * S,
+        start_ns=start,
+        end_ns=end,
+        updated_ns=end,
         peak_p99_ms=155.0,
         baseline_p99_ms=60.0,
         slo_ms=100.0,
-        detail={"causes": []},
+        told=told,
     )
 
 

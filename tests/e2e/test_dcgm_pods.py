@@ -178,3 +178,69 @@ def test_pods_sharing_a_gpu_are_named_as_agents_name_them_and_one_pod_per_gpu_is
 
 def test_the_one_pod_label_still_places_its_models_requests_on_the_gpu(fleet: Fleet) -> None:
     assert fleet.source.model_gpus(fleet.rng) == [("llama-8b", "GPU-vvvv"), ("qwen-7b", "GPU-1111")]
+
+
+EXPORTER_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x1", "container": "exporter"}
+
+
+@pytest.fixture(scope="module")
+def renamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The same exposition, the DCGM series scraped as the dcgm-exporter chart's ServiceMonitor
+    scrapes them by default (``honorLabels: false``): Prometheus adds the exporter pod's own
+    namespace/pod/container as target labels, and renames the series' own ``exported_*``. The
+    vLLM and agent series come from targets of their own (the old-namespace GPU is left out:
+    one exporter has one label set)."""
+    source = DcgmExporter()
+
+    def dcgm() -> str:
+        lines = source.render().splitlines()
+        return "".join(x + "\n" for x in lines if x.startswith("DCGM") and "GPU-oooo" not in x)
+
+    def rest() -> str:
+        return "".join(x + "\n" for x in source.render().splitlines() if not x.startswith("DCGM"))
+
+    with (
+        TextExporter(dcgm) as d,
+        TextExporter(rest) as r,
+        start_prometheus(
+            tmp_path_factory.mktemp("prom-renamed"),
+            [d.target, r.target],
+            labels={d.target: EXPORTER_POD},
+        ) as prom,
+    ):
+        wait_until(
+            lambda: prom.query(
+                'count_over_time(DCGM_FI_DEV_GPU_UTIL{gpu="2",exported_pod="vllm-2"}[1m]) >= 9'
+            ),
+            "nine scrapes of the exporter, its pod labels renamed",
+        )
+        latest_s = float(prom.query("max(timestamp(DCGM_FI_DEV_GPU_UTIL))")[0]["value"][1])
+        until = int(latest_s * 1e9) // STEP_NS * STEP_NS
+        with PrometheusSource(prom.url, timeout_s=10, scrape_interval_s=1.0) as src:
+            yield Fleet(src, TimeRange(until - 2 * STEP_NS, until))
+
+
+def test_exported_pod_labels_name_the_pods_when_the_scrape_does_not_honor_labels(
+    renamed: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    g = by_gpu(renamed.source.gpu_windows(renamed.rng, STEP_S).to_pylist())
+    assert g["GPU-vvvv"]["sm_util"] == pytest.approx(80.0)  # the GPU's own, not its pods' mean
+    assert g["GPU-1111"]["sm_util"] == pytest.approx(90.0)
+    with caplog.at_level("WARNING", logger="cotenant.collectors.promql_joins"):
+        rows = renamed.source.process_windows(renamed.rng, STEP_S).to_pylist()
+        renamed.source.process_windows(renamed.rng, STEP_S)
+    got = {(r["gpu"], r["process_name"]): r for r in rows}
+    # the workloads, never the exporter's own pod
+    assert set(got) == {
+        ("GPU-vvvv", "serving/vllm-1 (vllm)"),
+        ("GPU-vvvv", "research/trainer-0 (trainer)"),
+    }
+    assert got[("GPU-vvvv", "serving/vllm-1 (vllm)")]["sm_util"] == pytest.approx(30.0)
+    assert got[("GPU-vvvv", "serving/vllm-1 (vllm)")]["model"] == "llama-8b"
+    warned = [r.message for r in caplog.records if "exported_pod" in r.message]
+    assert len(warned) == 1 and "honorLabels: true" in warned[0]
+    # the one-pod label still places qwen's requests on its GPU
+    assert renamed.source.model_gpus(renamed.rng) == [
+        ("llama-8b", "GPU-vvvv"),
+        ("qwen-7b", "GPU-1111"),
+    ]

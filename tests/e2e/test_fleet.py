@@ -76,7 +76,7 @@ def test_central_serve_over_prometheus_diagnoses_drills_down_and_survives_outage
     assert ev["before"] < 10.0 and 20.0 < ev["during"] <= top_pct + 1, (ev, top_pct)
     # every node's simulated GPU, under the DCGM exporter's names
     dcgm = _query(prom_url, "DCGM_FI_DEV_GPU_UTIL")
-    assert {(r["metric"]["Hostname"], r["metric"]["UUID"]) for r in dcgm} == {
+    assert {(r["metric"]["hostname"], r["metric"]["UUID"]) for r in dcgm} == {
         ("node-a", GPU_A), ("node-b", "GPU-gpu-b0"), ("node-c", "GPU-gpu-c0"),
     }, dcgm  # fmt: skip
     # the quiet nodes raised nothing

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -45,7 +46,14 @@ def arl0(h: float, delta: float) -> float:
 
 
 def threshold(arl: float, delta: float) -> float:
-    """The ``h`` whose :func:`arl0` is ``arl`` windows (bisection; ``arl`` >= 1)."""
+    """The ``h`` whose :func:`arl0` is ``arl`` windows (``arl`` >= 1; to 0.1 % of it)."""
+    return _threshold(round(math.log(max(arl, 1.0)), 3), delta)
+
+
+@lru_cache(maxsize=4096)
+def _threshold(log_arl: float, delta: float) -> float:
+    """Bisection on :func:`arl0` (cached: the live loop asks the same few values)."""
+    arl = math.exp(log_arl)
     lo, hi = 0.0, 200.0
     for _ in range(60):
         mid = (lo + hi) / 2

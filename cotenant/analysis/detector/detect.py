@@ -35,6 +35,8 @@ ODD_SCORE = 3.0
 CLOSE_SHARE = 0.5
 """A slowdown is over when its windows look closer to normal than to this share of the shift
 it showed until it was found (a fault that eases off to a third of its worst is still on)."""
+MIN_STRETCH = 16
+"""Fewest windows judged at a time (one-minute rollups are judged in stretches of 16 minutes)."""
 REFIT_SHARE = 0.05
 """The normal is fitted again once this share of its samples has arrived since (and at the
 clock's refit boundaries only: every reader of the same windows refits alike)."""
@@ -56,6 +58,7 @@ class DetectorParams:
     fellow: float = 20.0  # times the false alarms accepted for a fellow victim's episode
     refit_s: float = 60.0  # how often the normal is refitted (aligned to the clock)
     quiet_s: float = 30.0  # a slowdown ends only after this long with no slow-looking window
+    degradation_s: float = 30.0  # a slowdown within its SLO shorter than this is a transient
 
     def baseline_windows(self, step_s: float) -> int:
         """Windows the normal is fitted on: ``baseline_s``, and never fewer than twice the
@@ -63,7 +66,8 @@ class DetectorParams:
         return max(math.ceil(self.baseline_s / step_s), 2 * self.min_samples)
 
     def refit_windows(self, step_s: float) -> int:
-        return max(1, round(self.refit_s / step_s))
+        """Windows of one stretch judged against one normal (at least :data:`MIN_STRETCH`)."""
+        return max(MIN_STRETCH, round(self.refit_s / step_s))
 
     def history_windows(self, step_s: float) -> int:
         """Windows read before the first one judged, so that it has its whole baseline."""
@@ -151,15 +155,20 @@ def detect(
             if seen[pos] - seen[lo] < need:
                 back = int(np.searchsorted(seen, seen[pos] - need, side="right")) - 1
                 lo = max(0, min(lo, back), pos - MAX_BASELINE * base)
+            # the rate is over the time the samples cover (not windows read before them)
+            lo = max(lo, int(np.searchsorted(seen, seen[lo], side="right")) - 1)
             normals = {
-                c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s)
+                c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s, c == TAIL)
                 for c, (x, m) in ch.items()
             }
             fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]))
         if fitted.cal is None:
             for mb in members:
                 mb.s, mb.since = 0.0, end
-            pos = end
+            # judged from the window its warm-up completes, not from the next boundary (a
+            # stretch that began before would be learnt as normal, slow or not)
+            ready = int(np.searchsorted(seen, seen[max(0, pos - base)] + p.min_samples))
+            pos, fitted = (ready, None) if pos < ready < end else (end, fitted)
             continue
         hit = run.scan(members, fitted.normals, fitted.cal, pos, end)
         if hit is None:
@@ -391,7 +400,10 @@ class _Run:
         enough = cnt >= min(MIN_TAIL_COUNT, max(1.0, float(cnt.max()) if len(cnt) else 1.0))
         crossed = bool((breach(p99, self.slo) & enough).any())
         x = self.ch[c][0][start : end + 1]
-        ratio = math.exp(float(np.nanmedian(x)) - normal.loc) if np.isfinite(x).any() else math.nan
+        rel = x - normal.center(self.ch[c][1][start : end + 1])
+        ratio = math.exp(float(np.nanmedian(rel))) if np.isfinite(rel).any() else math.nan
+        after = np.flatnonzero(np.isfinite(self.ch[TYPICAL][0][end + 1 : self.n_eval]))
+        until = end + 1 + int(after[0]) if len(after) else max(end + 1, self.n_eval)
         return Episode(
             start,
             end,
@@ -406,6 +418,7 @@ class _Run:
             carried,
             ratio,
             dfl,
+            until=until,
         )
 
     def keep(self, ep: Episode) -> None:

@@ -41,6 +41,7 @@ class Episode:
     ratio: float = math.nan  # the channel's median during over its normal's (a slowdown's size)
     deflate: float = 1.0  # the long-run deflation of its evidence (the closing test's too)
     like: int = 0  # earlier slowdowns as high in the baseline's memory (ordinary contention)
+    until: int = -1  # the first window with a sample after it (how long it lasted, at least)
 
     @property
     def baseline_ms(self) -> float:

@@ -48,9 +48,10 @@ PRIOR_TAIL = (10, 0.5)
 normal distribution's 0.37) as if 10 such excesses had been seen: a baseline of a few dozen
 samples, with one or two beyond its last knot, does not make every slow request look
 impossible."""
-MEDIAN_CHI2 = 0.4549
-"""The median of a squared standard normal: a robust variance is the median squared
-deviation over it."""
+SPREAD_Q = 0.1
+"""The spread of a group is that of its middle ``1 - 2 * SPREAD_Q`` (as a normal's standard
+deviation): robust to the slowest tenth, yet wide enough where the body has shoulders."""
+_G_HI = float(ndtri(1.0 - SPREAD_Q))
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Normal:
     tau: tuple[float, ...]
     rate: float
     samples: int
+    slope: float = 0.0  # log ms per log request: where a window's value sits grows with n
+    ref_n: float = 1.0  # ... from this many requests (``loc`` is there)
 
     @property
     def baseline_ms(self) -> float:
@@ -77,9 +80,14 @@ class Normal:
         nn = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
         return np.asarray(np.sqrt(np.maximum(self.a + self.b / nn, FLOOR**2)), dtype=np.float64)
 
+    def center(self, n: np.ndarray) -> np.ndarray:
+        """Where a window of ``n`` requests sits (log ms)."""
+        nn = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
+        return np.asarray(self.loc + self.slope * (np.log(nn) - math.log(self.ref_n)))
+
     def z(self, x: np.ndarray, n: np.ndarray) -> np.ndarray:
-        """Standardised values: ``(x - loc) / sd(n)``."""
-        out: np.ndarray = (np.asarray(x, dtype=np.float64) - self.loc) / self.sd(n)
+        """Standardised values: ``(x - center(n)) / sd(n)``."""
+        out: np.ndarray = (np.asarray(x, dtype=np.float64) - self.center(n)) / self.sd(n)
         return out
 
     def score(self, x: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -123,20 +131,28 @@ class Normal:
             tuple(float(v) for v in d["tau"]),
             float(d["rate"]),
             int(d["samples"]),
+            float(d.get("slope", 0.0)),
+            float(d.get("ref_n", 1.0)),
         )
 
 
-def fit(x: np.ndarray, n: np.ndarray, use: np.ndarray, span_s: float) -> Normal | None:
+def fit(
+    x: np.ndarray, n: np.ndarray, use: np.ndarray, span_s: float, by_count: bool = False
+) -> Normal | None:
     """The normal of ``x`` (log ms) with ``n`` requests per window over the windows ``use``
     selects (in time order), which cover ``span_s`` seconds; None when fewer than 8 of them
-    hold a sample (the caller asks for more before judging)."""
+    hold a sample (the caller asks for more before judging). ``by_count``: where a window
+    sits grows with its requests (a tail: the p99 of 50 requests is above that of 5 from the
+    same distribution), fitted as a slope over the log of the count."""
     sel = use & np.isfinite(x) & (n > 0)
-    xs, ns = x[sel], np.asarray(n[sel], dtype=np.float64)
+    xs, ns = x[sel], np.maximum(np.asarray(n[sel], dtype=np.float64), 1.0)
     m = len(xs)
     if m < 8:
         return None
+    slope, ref = _count_slope(xs, ns) if by_count else (0.0, 1.0)
+    xs = xs - slope * (np.log(ns) - math.log(ref))
     loc = float(np.median(xs))
-    a, b = _variance((xs - loc) ** 2, np.maximum(ns, 1.0))
+    a, b = _variance(xs - loc, ns)
     sd = np.sqrt(np.maximum(a + b / np.maximum(ns, 1.0), FLOOR**2))
     z = (xs - loc) / sd
     knots = np.quantile(z, KNOTS)
@@ -147,36 +163,73 @@ def fit(x: np.ndarray, n: np.ndarray, use: np.ndarray, span_s: float) -> Normal 
     tail = max(MIN_TAIL, (float(above.sum()) + k * prior) / (len(above) + k))
     shape = Normal(loc, a, b, tuple(knots), tail, (1.0,) * len(MEMORIES), 0.0, m)
     g = shape.calibrate(z)
-    return Normal(loc, a, b, tuple(knots), tail, _taus(g), m / max(span_s, 1e-9), m)
+    return Normal(loc, a, b, tuple(knots), tail, _taus(g), m / max(span_s, 1e-9), m, slope, ref)
 
 
-def _variance(dev2: np.ndarray, n: np.ndarray) -> tuple[float, float]:
-    """``(a, b)`` >= 0 with a window of ``n`` requests varying by ``a + b / n``, fitted
-    robustly: per group of windows with similar counts (powers of two), the median squared
-    deviation (over 0.455, a normal's), then least squares over the groups; all in ``a`` when
-    the counts hardly differ (then the two cannot be told apart, and a variance that does not
-    shrink with more requests is the cautious reading). The tails are the calibration's
-    business (:meth:`Normal.calibrate`), not the scale's."""
+def _count_slope(x: np.ndarray, n: np.ndarray) -> tuple[float, float]:
+    """``(slope, reference count)``: how ``x`` grows per log of the requests behind it — the
+    median of each group of windows with similar counts (powers of two), then least squares
+    over the groups (clipped to [0, 1/2]); 0 where the counts hardly differ."""
     group = np.floor(np.log2(n)).astype(np.int64)
+    if group.min() == group.max():
+        return 0.0, float(np.median(n))
+    med, logn, weight = [], [], []
+    for g in np.unique(group):
+        sel = group == g
+        if sel.sum() >= 5:
+            med.append(float(np.median(x[sel])))
+            logn.append(float(np.median(np.log(n[sel]))))
+            weight.append(float(sel.sum()))
+    ref = float(np.median(n))
+    if len(med) < 2:
+        return 0.0, ref
+    slope, _ = _line(np.asarray(logn), np.asarray(med), np.asarray(weight))
+    return float(np.clip(slope, 0.0, 0.5)), ref
+
+
+def _variance(dev: np.ndarray, n: np.ndarray) -> tuple[float, float]:
+    """``(a, b)`` >= 0 with a window of ``n`` requests varying by ``a + b / n``, fitted
+    robustly: per group of windows with similar counts (powers of two), the spread of the
+    middle 80 % of the deviations ``dev`` (as a normal distribution's standard deviation), then
+    least squares over the groups; all in ``a`` when the counts hardly differ (then the two
+    cannot be told apart, and a variance that does not shrink with more requests is the
+    cautious reading). The tails beyond are the calibration's business
+    (:meth:`Normal.calibrate`), not the scale's."""
+    group = np.floor(np.log2(n)).astype(np.int64)
+    if group.min() == group.max():  # one group (a steady rate): the common case, and cheap
+        return _spread(dev) ** 2, 0.0
     var, inv, weight = [], [], []
     for g in np.unique(group):
         sel = group == g
         if sel.sum() >= 5:
-            var.append(float(np.median(dev2[sel])) / MEDIAN_CHI2)
+            var.append(_spread(dev[sel]) ** 2)
             inv.append(float(np.median(1.0 / n[sel])))
             weight.append(float(sel.sum()))
     if not var:
-        return float(np.median(dev2)) / MEDIAN_CHI2, 0.0
+        return _spread(dev) ** 2, 0.0
     v, x, w = np.asarray(var), np.asarray(inv), np.asarray(weight)
     total = float(np.average(v, weights=w))
     if len(v) < 2 or x.max() < 1.5 * x.min():
         return total, 0.0
-    slope, icpt = np.polyfit(x, v, 1, w=np.sqrt(w))
+    slope, icpt = _line(x, v, w)
     if slope <= 0:
         return total, 0.0
     if icpt < 0:
         return 0.0, float(np.average(v / x, weights=w))
-    return float(icpt), float(slope)
+    return icpt, slope
+
+
+def _line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """``(slope, intercept)`` of the weighted least-squares line through ``(x, y)``."""
+    mx, my = np.average(x, weights=w), np.average(y, weights=w)
+    sxx = float(np.sum(w * (x - mx) ** 2))
+    slope = float(np.sum(w * (x - mx) * (y - my))) / sxx if sxx > 0 else 0.0
+    return slope, float(my - slope * mx)
+
+
+def _spread(dev: np.ndarray) -> float:
+    lo, hi = np.quantile(dev, (SPREAD_Q, 1.0 - SPREAD_Q))
+    return float(hi - lo) / (2.0 * _G_HI)
 
 
 def _taus(g: np.ndarray) -> tuple[float, ...]:

@@ -6,9 +6,10 @@ same for the live loop, on-demand diagnosis, the alert receiver, fleet mode and 
 
 * **news** (an incident): every strong slowdown that crossed its SLO, and every other one not
   below;
-* **own load** (ordinary contention, recorded for the weekly report, not raised): within its
-  SLO, its first cause is its own arrival surge explaining at least :data:`OWN_LOAD_SHARE` of
-  the excess — a bursty tenant is not paged for its own bursts;
+* **own load** (ordinary contention, recorded for the weekly report, not raised): its first
+  cause is its own arrival surge explaining at least :data:`OWN_LOAD_SHARE` of the excess — a
+  bursty tenant is not paged for its own bursts, within its SLO or over it (its SLO alert
+  rule still fires: what that page needs is capacity, not a culprit);
 * **recurring** (ordinary contention): within its SLO, and slowed as much at least
   :data:`MIN_LIKE` times before within its baseline's memory, or every named cause is a
   co-tenant's burst like at least two it had lately (:mod:`analysis.recurring`) or the
@@ -29,6 +30,7 @@ from cotenant.analysis.diagnosis import FELLOW, NEWS, OWN_LOAD, RECURRING, Diagn
 from cotenant.analysis.incident_record import OPEN, RESOLVED, Incident
 from cotenant.analysis.recurring import earlier_bursts
 from cotenant.analysis.windows import GpuWindows
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.slos import BREACH
 
 OWN_LOAD_SHARE = 0.5
@@ -84,7 +86,7 @@ def own_load(d: Diagnosis) -> bool:
     top = d.top
     return (
         top is not None
-        and top.kind == "load"
+        and top.kind == CauseKind.LOAD
         and top.culprit == d.model
         and top.share >= OWN_LOAD_SHARE
     )
@@ -93,7 +95,7 @@ def own_load(d: Diagnosis) -> bool:
 def recurring(d: Diagnosis) -> bool:
     if d.judged is not None and d.judged.like >= MIN_LIKE:
         return True
-    named = [c for c in d.causes if c.kind != "unknown"]
+    named = [c for c in d.causes if c.kind != CauseKind.UNKNOWN]
     mine = [c for c in named if c.culprit == d.model]  # its own load or request mix
     bursts = [c for c in named if "recurring" in c.evidence]
     return (
@@ -103,14 +105,20 @@ def recurring(d: Diagnosis) -> bool:
     )
 
 
-def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: str | None = None) -> str | None:
+Fellow = tuple[str, int, int]
+"""The model that corroborated a live incident found as a fellow victim, and that incident's
+extent (ns): what continues it stays a fellow victim while its cause moves on."""
+
+
+def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: Fellow | None = None) -> str | None:
     """``d``'s verdict (:mod:`analysis.diagnosis`), or None when it is nothing to record (a
     weak slowdown that is no fellow victim). ``causes``: other models' incidents' first
-    causes; ``fellow``: the corroborator of ``d``'s model's live incident when that one is a
-    fellow victim (what continues it stays one while its cause moves on)."""
+    causes; ``fellow``: ``d``'s model's live incident when it is a fellow victim."""
     strong = d.judged is None or d.judged.strong
     if not strong:
-        by = fellow_of(d, causes) or fellow
+        by = fellow_of(d, causes)
+        if by is None and fellow is not None and d.start_ns <= fellow[2] and d.end_ns >= fellow[1]:
+            by = fellow[0]
         if by is None:
             return None
         if d.judged is not None:
@@ -120,17 +128,17 @@ def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: str | None = Non
             "incident with the same first cause at the time."
         )
         return FELLOW
-    if d.severity == BREACH:
-        return NEWS
     if own_load(d):
         return OWN_LOAD
+    if d.severity == BREACH:
+        return NEWS
     if recurring(d):
         return RECURRING
     return NEWS
 
 
 def judge(
-    diags: list[Diagnosis], causes: Sequence[FirstCause], fellow: str | None = None
+    diags: list[Diagnosis], causes: Sequence[FirstCause], fellow: Fellow | None = None
 ) -> list[Diagnosis]:
     """Each of ``diags`` with its verdict; those that are nothing to record left out."""
     out = []
@@ -147,7 +155,7 @@ def mark_recurring(
 ) -> None:
     """Add ``recurring`` to the evidence of each cause naming a co-tenant model that was in a
     burst during windows ``[start, end]`` like the ones it had already had lately."""
-    top = next((x for x in causes if x.kind != "unknown"), None)
+    top = next((x for x in causes if x.kind != CauseKind.UNKNOWN), None)
     for c in causes:
         other = w.models.get(c.culprit)
         if c.culprit == model or other is None or "arrival_rps" not in other:
@@ -176,16 +184,22 @@ def incident_causes(incidents: Iterable[Incident], now_ns: int | None = None) ->
         if top is None or inc.state not in wanted or corroborator(inc) is not None:
             continue
         end = inc.end_ns
-        if now_ns is not None and inc.detail.get("open", True):
+        if now_ns is not None and inc.told.open:
             end = max(end, now_ns)
-        out.append(
-            FirstCause(inc.model, inc.gpu, str(top["kind"]), str(top["culprit"]), inc.start_ns, end)
-        )
+        out.append(FirstCause(inc.model, inc.gpu, top.kind, top.culprit, inc.start_ns, end))
     return out
 
 
 def corroborator(inc: Incident | None) -> str | None:
     """Whose incident made ``inc`` a fellow victim; None when none did."""
-    judged = (inc.detail.get("judged_on") if inc is not None else None) or {}
-    got = judged.get("fellow_of")
-    return str(got) if got else None
+    judged = inc.told.judged if inc is not None else None
+    return None if judged is None else judged.fellow_of or None
+
+
+def fellow_incident(inc: Incident | None) -> Fellow | None:
+    """``inc`` as a :data:`Fellow` when it is a fellow victim (its slowdown taken to last
+    while it is open)."""
+    by = corroborator(inc)
+    if inc is None or by is None:
+        return None
+    return by, inc.start_ns, inc.end_ns if not inc.told.open else 2**62

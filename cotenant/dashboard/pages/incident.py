@@ -10,8 +10,10 @@ from typing import Any
 
 from dash import Dash, Input, Output, dcc, html
 
+from cotenant.analysis.attribution import Cause
 from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.indicators import UNITS
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.errors import CotenantError, QueryError
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.core.slos import E2E
@@ -119,9 +121,9 @@ _INDICATOR_NAMES = {"e2e": "latency", "ttft": "time to first token", "tpot": "ti
 
 
 def _summary(inc: Incident) -> html.Div:
-    top = inc.top or {}
+    top = inc.top
     unit = UNITS.get(inc.indicator, "ms")
-    notes = inc.detail.get("notes") or []
+    notes = inc.told.notes
     return html.Div(
         [
             html.P(
@@ -137,8 +139,9 @@ def _summary(inc: Incident) -> html.Div:
                 ]
             ),
             html.P(
-                f"Top cause: {top.get('kind', 'unknown')} — {top.get('culprit', 'not found')}"
-                + (f", {100 * float(top['share']):.0f} % of the excess" if "share" in top else ""),
+                f"Top cause: {top.kind} — {top.culprit}, {100 * top.share:.0f} % of the excess"
+                if top is not None
+                else f"Top cause: {CauseKind.UNKNOWN} — not found",
                 id="inc-top",
             ),
             *[html.P(n, className="note") for n in notes],
@@ -233,34 +236,35 @@ def _drill(pc: PageContext, inc: Incident) -> Any:
     return html.Div(parts, id="inc-drill-box")
 
 
-def _label(rank: int, c: dict[str, Any]) -> str:
-    res = f" ({c['resource']})" if c.get("resource") else ""
-    return f"{rank}. {c['kind']}{res} · {c['culprit']}"
+def _label(rank: int, c: Cause) -> str:
+    res = f" ({c.resource})" if c.resource else ""
+    return f"{rank}. {c.kind}{res} · {c.culprit}"
 
 
 def _causes(inc: Incident) -> Fig | None:
-    causes = inc.detail.get("causes") or []
+    causes = inc.causes
     if not causes:
         return None
-    shares = [100 * float(c["share"]) for c in causes]
+    shares = [100 * c.share for c in causes]
     bar = {
         "type": "bar",
         "orientation": "h",
         "x": shares,
         "y": [_label(i + 1, c) for i, c in enumerate(causes)],
-        "customdata": [c["culprit"] for c in causes],
+        "customdata": [c.culprit for c in causes],
         "name": "share of the excess (bar opacity: confidence)",
         "showlegend": True,
         "text": [
-            f"{s:.0f} % · confidence {float(c['confidence']):.2f}"
+            f"{s:.0f} % · confidence {c.confidence:.2f}"
             for s, c in zip(shares, causes, strict=True)
         ],
         "textposition": "auto",
         "marker": {
             "color": [
-                theme.PROCESS_COLOUR if c["kind"] == "unknown" else theme.SLO_COLOUR for c in causes
+                theme.PROCESS_COLOUR if c.kind == CauseKind.UNKNOWN else theme.SLO_COLOUR
+                for c in causes
             ],
-            "opacity": [0.4 + 0.6 * float(c["confidence"]) for c in causes],
+            "opacity": [0.4 + 0.6 * c.confidence for c in causes],
         },
     }
     fig = figures.figure(
@@ -278,8 +282,8 @@ def _causes(inc: Incident) -> Fig | None:
 def _evidence(pc: PageContext, inc: Incident, w: Cols, rng: Range) -> Fig | None:
     """Each top cause's series (left axis, its unit) against the victim's excess p99 over its
     baseline (right axis, ms), one panel per cause."""
-    top = [c for c in inc.detail.get("causes") or [] if c["kind"] != "unknown"][:2]
-    series: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    top = [c for c in inc.causes if c.kind != CauseKind.UNKNOWN][:2]
+    series: list[tuple[Cause, dict[str, Any]]] = []
     for c in top:
         s = pc.data.evidence(inc, c, rng)
         if s is not None and s["x"]:
@@ -292,7 +296,7 @@ def _evidence(pc: PageContext, inc: Incident, w: Cols, rng: Range) -> Fig | None
     models = pc.data.colours.models()
     traces = []
     for row, (c, s) in enumerate(series, start=1):
-        colour = pc.data.colours(c["culprit"], model=c["culprit"] in models)
+        colour = pc.data.colours(c.culprit, model=c.culprit in models)
         left = figures.axis_ref(row, with_secondary=True)
         right = figures.axis_ref(row, secondary=True, with_secondary=True)
         traces.append(figures.line(times(s["x"]), s["y"], s["name"], colour, yaxis=left))
