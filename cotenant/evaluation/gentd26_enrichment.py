@@ -150,16 +150,13 @@ class Evidence:
     def spike_reference(self, panels: Panels, split: int, columns: Sequence[int]) -> dict[str, Any]:
         """Each evidence's enrichment in the windows of the second half's unambiguous spike
         events (whatever a detector did): how far the evidence goes with spikes at all."""
-        out = {}
-        for name in self.masks:
-            windows = [
-                (c, max(0, a - 1), b)
-                for c in columns
-                for a, b in runs(panels.spike[:, c])
-                if a >= split
-            ]
-            out[name] = _ratio(self, (name,), windows)
-        return out
+        windows = [
+            (c, max(0, a - 1), b)
+            for c in columns
+            for a, b in runs(panels.spike[:, c])
+            if a >= split
+        ]
+        return {name: _ratio(self, (name,), windows) for name in self.masks}
 
 
 def _ratio(
@@ -189,12 +186,9 @@ def _ratio(
     return out
 
 
-def enrichment(
-    ev: Evidence, panels: Panels, scored: Sequence[Scored], split: int
-) -> dict[str, dict[str, Any]]:
+def enrichment(ev: Evidence, scored: Sequence[Scored], split: int) -> dict[str, dict[str, Any]]:
     """Per cause key named by an incident of the second half: its enrichment (see the
     module), or ``untestable`` when the trace has no evidence for it."""
-    del panels  # the windows come from the incidents
     by_cause: dict[str, list[tuple[int, int, int]]] = {}
     names: dict[str, tuple[str, ...]] = {}
     for s in scored:

@@ -158,7 +158,7 @@ def measure(
     models = np.asarray(trace.models())
     serving = np.flatnonzero(models != "sd-idle").tolist()
     evidence = Evidence.of(trace, p, cut)
-    causes = enrichment(evidence, panels, scored, cut)
+    causes = enrichment(evidence, scored, cut)
     enriched = {k for k, e in causes.items() if (e.get("enrichment") or 0.0) >= p.enriched}
     return {
         "halves": {
