@@ -47,12 +47,15 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import detectability_oracle as oracle
 
 from cotenant.evaluation.live import SETTLE_S, START_NS, Seen, replay
 from cotenant.simulator.scenario import (
@@ -68,7 +71,7 @@ from cotenant.simulator.scenario import (
 )
 from cotenant.simulator.scenario_load import TRACES_DIR
 
-RATES = (0.1, 0.5, 2.0, 20.0, 200.0)
+RATES = (0.1, 0.5, 1.0, 2.0, 20.0, 200.0)
 SLOWDOWNS = (1.1, 1.2, 1.5, 2.0)
 FAULT_START_S = 300.0
 FAULT_S = 120.0
@@ -260,11 +263,14 @@ def _latencies(store: Any, model: str, lo_s: float, hi_s: float) -> list[float]:
     return [float(r[0]) for r in rows.fetchall()]
 
 
-def run_case(c: Case) -> dict[str, Any]:
+def run_case(c: Case, oracle_only: bool = False) -> dict[str, Any]:
     """Replay one case through the live loop; what it found, per victim (slowdown cases) or
-    in all (controls)."""
+    in all (controls), and the victims' request latencies (``series``: the oracle's input).
+    ``oracle_only``: simulate only (no replay, nothing found)."""
     s = _scenario(c)
     t0 = time.process_time()
+    if oracle_only:
+        return _simulated(c, s, t0)
     events, _, store, _, passes = replay(s, with_truth=False)
     final = _final(events)
     out: dict[str, Any] = {
@@ -274,6 +280,7 @@ def run_case(c: Case) -> dict[str, Any]:
         "slowdown": c.slowdown,
         "seed": c.seed,
         "hours": s.duration_s / 3600,
+        "duration_s": s.duration_s,
         "incidents": len(final),
         "incident_list": [
             {
@@ -302,9 +309,33 @@ def run_case(c: Case) -> dict[str, Any]:
                 "before_ms": _latencies(store, v, FAULT_START_S - FAULT_S, FAULT_START_S),
                 "during_ms": _latencies(store, v, FAULT_START_S, FAULT_START_S + FAULT_S),
             }
+    if c.name.startswith(("rate", "poisson-")):
+        out["series"] = oracle.series(
+            store.cursor()
+            .sql("SELECT model, ts_end_ns, latency_ms FROM requests")
+            .to_arrow_table(),
+            VICTIMS,
+        )
     store.close()
     out["cpu_s"] = time.process_time() - t0
     out["passes"] = passes
+    return out
+
+
+def _simulated(c: Case, s: Scenario, t0: float) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "kind": c.kind,
+        "name": c.name,
+        "rate": c.rate,
+        "slowdown": c.slowdown,
+        "seed": c.seed,
+        "hours": s.duration_s / 3600,
+        "duration_s": s.duration_s,
+        "passes": 0,
+    }
+    fault = (FAULT_START_S, FAULT_START_S + FAULT_S)
+    out |= oracle.simulated(s, VICTIMS, fault if c.kind == "slowdown" else None)
+    out["cpu_s"] = time.process_time() - t0
     return out
 
 
@@ -428,14 +459,38 @@ def main() -> int:
         action="store_true",
         help="only the fault-free controls (false incidents; the cells' table stays empty)",
     )
+    ap.add_argument("--no-oracle", action="store_true", help="skip the oracle limit")
+    ap.add_argument(
+        "--oracle-only",
+        action="store_true",
+        help="only the oracle: simulate the cells without replaying the live loop (our "
+        "detector's columns stay empty, or come from --ours)",
+    )
+    ap.add_argument(
+        "--ours",
+        type=Path,
+        metavar="FILE",
+        help="with --oracle-only: our detector's findings from a full run's --json (same "
+        "seeds), to score the oracle against them without replaying again",
+    )
     args = ap.parse_args()
+    if args.ours and not args.oracle_only:
+        ap.error("--ours applies only to --oracle-only")
     todo = cases(args.seeds, args.seeds_200, args.control_seeds)
     if args.controls_only:
         todo = [c for c in todo if c.kind == "control"]
+    if args.oracle_only:
+        todo = [c for c in todo if c.name.startswith(("rate", "poisson-"))]
+    with_oracle = not (args.no_oracle or args.controls_only)
     t0 = time.perf_counter()
     results: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for r in pool.map(run_case, todo):
+        fault = (FAULT_START_S, FAULT_START_S + FAULT_S)
+        fits = [
+            pool.submit(oracle.fit_rate, rate, SLOWDOWNS, VICTIMS, slowdown_scenario, fault)
+            for rate in (sorted(RATES, reverse=True) if with_oracle else ())
+        ]
+        for r in pool.map(partial(run_case, oracle_only=args.oracle_only), todo):
             results.append(r)
             print(
                 f"[{time.perf_counter() - t0:6.0f} s] {r['name']} seed {r['seed']}: "
@@ -443,13 +498,21 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        fitted = [f.result() for f in fits]
+    if args.ours:
+        oracle.take_ours(results, json.loads(args.ours.read_text())["runs"], VICTIMS)
     summary = summarize(results)
+    if with_oracle:
+        summary["oracle"] = oracle.score(results, fitted, VICTIMS, fault, SETTLE_S, models=4)
+        summary["oracle"]["fit_wall_s"] = {f"{f['rate']:g}": f["wall_s"] for f in fitted}
     wall = time.perf_counter() - t0
     print(render(summary))
+    if with_oracle:
+        print(oracle.render(summary["oracle"], RATES, SLOWDOWNS, VICTIMS))
     print(f"\n{len(results)} runs in {wall:.0f} s wall on {os.cpu_count()} CPUs, {args.jobs} jobs")
     if args.json:
         slim = [
-            {k: v for k, v in r.items() if k not in VICTIMS}
+            {k: v for k, v in r.items() if k not in VICTIMS and k != "series"}
             | {
                 v: {k: x for k, x in r[v].items() if not k.endswith("_ms")}
                 for v in VICTIMS
@@ -466,6 +529,7 @@ def main() -> int:
                     "runs": slim,
                 },
                 indent=1,
+                default=str,
             )
         )
     return 0

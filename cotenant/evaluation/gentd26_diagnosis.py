@@ -57,7 +57,6 @@ class Params:
     min_ratio: float = 2.0
     merge_gap: int = 3  # spike steps closer than this many steps are one incident
     slow_ratio: float = 2.0  # a load this many times its usual time is unusually slow
-    ordinary_ratio: float = 1.2  # every load within this: ordinary (goal 2)
     queue_ratio: float = 1.5
 
 
@@ -310,11 +309,9 @@ def diagnose(trace: Trace, params: Params | None = None) -> Diagnosis:
 
 
 def summarize(dg: Diagnosis, run_s: float | None = None) -> dict[str, Any]:
-    """Counts, the excess-weighted share of each cause kind, and the issue's two goal rates:
-    of incidents with a load of their own container >= ``slow_ratio`` x its usual time, the
-    fraction naming ``model_load`` (goal >= 0.8); of incidents with at least one load and every
-    load <= ``ordinary_ratio`` x, the fraction naming it (goal <= 0.1)."""
-    incs, p = dg.incidents, dg.params
+    """Counts and the excess-weighted share of each cause kind. How far the incidents and
+    their causes hold is measured by :mod:`cotenant.evaluation.gentd26_measures`."""
+    incs = dg.incidents
     total = sum(i.excess_ms for i in incs) or 1.0
     kinds = sorted({c.kind for i in incs for c in i.causes})
     explained = {
@@ -326,13 +323,6 @@ def summarize(dg: Diagnosis, run_s: float | None = None) -> dict[str, Any]:
         }
         for k in kinds
     }
-    slow = [i for i in incs if i.load_ratio and max(i.load_ratio.values()) >= p.slow_ratio]
-    ordinary = [i for i in incs if i.load_ratio and max(i.load_ratio.values()) <= p.ordinary_ratio]
-
-    def rate(group: list[Incident]) -> dict[str, Any]:
-        n = sum(i.names("model_load") for i in group)
-        return {"incidents": len(group), "naming_model_load": n, "rate": _div(n, len(group))}
-
     return {
         "judged_steps": dg.judged_steps,
         "spikes": dg.spikes,
@@ -345,8 +335,6 @@ def summarize(dg: Diagnosis, run_s: float | None = None) -> dict[str, Any]:
         "explained": explained,
         "unexplained_share": explained.get("unknown", {}).get("excess_share", 0.0),
         "only_unknown": sum(all(c.kind == "unknown" for c in i.causes) for i in incs),
-        "goal_slow_load_names_model_load": {**rate(slow), "goal": ">= 0.8"},
-        "goal_ordinary_loads_name_model_load": {**rate(ordinary), "goal": "<= 0.1"},
         "incidents_without_loads": sum(not i.load_ratio for i in incs),
         "run_s": None if run_s is None else round(run_s, 3),
         "params": dg.params.__dict__,
@@ -379,8 +367,6 @@ def bench(folder: Path | str | None = None) -> dict[str, Any]:
 
 def render(summary: dict[str, Any]) -> str:
     """A few lines for the terminal."""
-    g1 = summary["goal_slow_load_names_model_load"]
-    g2 = summary["goal_ordinary_loads_name_model_load"]
     lines = [
         f"GenTD26 {summary['trace']['start']} .. {summary['trace']['end']}: "
         f"{summary['trace']['containers']} containers, {summary['trace']['steps']} steps",
@@ -396,10 +382,6 @@ def render(summary: dict[str, Any]) -> str:
     lines += [
         f"unexplained {100 * summary['unexplained_share']:.1f} % of the excess; "
         f"{summary['only_unknown']} incidents with no named cause",
-        f"slow load (>= 2x usual) -> model_load: {g1['naming_model_load']}/{g1['incidents']} "
-        f"= {g1['rate']} (goal >= 0.8)",
-        f"ordinary loads (<= 1.2x) -> model_load: {g2['naming_model_load']}/{g2['incidents']} "
-        f"= {g2['rate']} (goal <= 0.1)",
         f"run time {summary['run_s']} s (load {summary['load_s']} s)",
     ]
     return "\n".join(lines)
