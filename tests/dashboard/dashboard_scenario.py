@@ -25,8 +25,10 @@ from cotenant.store.source import StoreSource
 SCENARIO = "process-active-training-job-slows-chat-mps"
 VICTIM = "chat"
 CULPRIT = "train-job"
-NOW_S = 205.0
-"""Virtual seconds into the run that the service's clock stands at (inside the fault)."""
+NOW_S = 240.0
+"""Virtual seconds into the run that the service's clock stands at: inside the fault, and
+late enough that ``embed``'s slowdown within its SLO has lasted ``degradation_s`` (30 s)
+and is a degradation."""
 
 
 @dataclass(frozen=True)
