@@ -48,10 +48,10 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from cotenant.app.config import AgentSettings, load_config  # noqa: E402
+from cotenant.app.service import Service  # noqa: E402
 from cotenant.collectors.fake_nvml import FakeNvml  # noqa: E402
-from cotenant.config import AgentSettings, load_config  # noqa: E402
 from cotenant.core.phases import PHASE_COLUMNS  # noqa: E402
-from cotenant.service import Service  # noqa: E402
 from cotenant.store.schema import arrow_schema  # noqa: E402
 
 GIB = 1 << 30
@@ -74,7 +74,7 @@ def _agent(
             "COTENANT_LOG_LEVEL": "warning",
             "COTENANT_STORE_ACK": ack,
             # as `cotenant agent` runs it ([agent] rollups = false: hourly, [agent]
-            # flush_interval_s; cotenant/cli.py)
+            # flush_interval_s; cotenant/cli/main.py)
             "COTENANT_STORE_ROLLUP_INTERVAL_S": "3600",
             "COTENANT_STORE_FLUSH_INTERVAL_S": str(AgentSettings.flush_interval_s),
             # (a revision before the spool has no such key: the bench runs against both)

@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cotenant.analysis.diagnose import diagnose
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.config import load_config
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.core.timerange import TimeRange
-from cotenant.service import Service
 from cotenant.store.db import Store
 from cotenant.store.maintenance import Maintenance
 from cotenant.store.schema import arrow_schema

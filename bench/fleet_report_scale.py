@@ -205,10 +205,10 @@ def report_child(url: str, week: str, db: str) -> None:
 
     from prometheus_client import CollectorRegistry
 
+    from cotenant.app.config import load_config
+    from cotenant.app.fleet import Fleet
+    from cotenant.app.report_builder import report_builder
     from cotenant.collectors.prometheus import PrometheusSource
-    from cotenant.config import load_config
-    from cotenant.fleet import Fleet
-    from cotenant.report_cmd import report_builder
     from cotenant.reports.isoweek import parse_week
     from cotenant.store.db import Store
 

@@ -21,8 +21,8 @@ from promserver import PROMETHEUS, start_prometheus
 
 from cotenant.alerts.rules import to_yaml
 from cotenant.alerts.rules_windows import window_group
-from cotenant.config import load_config
-from cotenant.rules_cmd import settings_from
+from cotenant.app.config import load_config
+from cotenant.cli.rules import settings_from
 
 PROMTOOL = str(Path(PROMETHEUS).with_name("promtool"))
 

@@ -1,5 +1,5 @@
 import sys
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 
 sys.exit(main())

@@ -1,8 +1,8 @@
-"""Rewrite the key table in docs/configuration.md from cotenant.config (run after adding keys)."""
+"""Rewrite the key table in docs/configuration.md from cotenant.app.config (after adding keys)."""
 
 from pathlib import Path
 
-from cotenant.config import keys_markdown
+from cotenant.app.config import keys_markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 

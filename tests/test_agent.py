@@ -17,11 +17,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from spans import MS, SpanFactory
 
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.collectors.fleet_histogram import TOTAL_BUCKETS_S, FleetHistogram
-from cotenant.config import load_config
 from cotenant.core.phases import PHASE_COLUMNS
-from cotenant.service import Service
 from cotenant.store.schema import arrow_schema
 
 GIB = 1 << 30
@@ -278,8 +278,8 @@ def test_a_spooled_agent_drills_down_into_every_acknowledged_request(tmp_path: P
     "template", ["http://{host}:8050", "{node}:8050", "http://{node", "ftp://{instance}"]
 )
 def test_a_bad_agent_url_template_is_refused_naming_the_key(template: str) -> None:
+    from cotenant.app.fleet_drill import check_template
     from cotenant.core.errors import ConfigError
-    from cotenant.fleet_drill import check_template
 
     with pytest.raises(ConfigError, match=r"prometheus\.agent_url_template"):
         check_template(template)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from cotenant.argtypes import duration, seconds
+from cotenant.cli.argtypes import duration, seconds
 
 
 @pytest.mark.parametrize(

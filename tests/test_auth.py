@@ -1,4 +1,4 @@
-"""Bearer tokens on a running ``cotenant serve`` and agent (cotenant/auth.py): every endpoint
+"""Bearer tokens on a running ``cotenant serve`` and agent (cotenant/app/auth.py): every endpoint
 but the probes answers 401 without the read token, a token of another scope 403, the act and
 ingest scopes stay apart from the read one, and no token ever reaches the log."""
 
@@ -21,10 +21,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from spans import MS, SpanFactory
 
-from cotenant.auth import presented
+from cotenant.app.auth import presented
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.collectors.fake_nvml import FakeNvml
-from cotenant.config import load_config
-from cotenant.service import Service
 
 READ = "read-token-7f3a9c"
 ACT = "act-token-51d2e8"
@@ -163,7 +163,7 @@ def test_no_token_reaches_the_log(served: Served) -> None:
 
 
 def test_config_show_hides_the_tokens() -> None:
-    from cotenant.config import load_config
+    from cotenant.app.config import load_config
 
     text = load_config(env={"COTENANT_AUTH_TOKEN": READ, "COTENANT_AUTH_OTLP_TOKEN": INGEST})
     shown = text.to_toml()

@@ -1,4 +1,4 @@
-"""cotenant.config: defaults < TOML file < COTENANT_ environment, checked once, and the CLI."""
+"""cotenant.app.config: defaults < TOML file < COTENANT_ environment, checked once, and the CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cotenant.config import Config, load_config
+from cotenant.app.config import Config, load_config
 from cotenant.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

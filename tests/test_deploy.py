@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from cotenant.alerts.rules import exporters_rule, prometheus_rule, render_rules
-from cotenant.central import check_prometheus_url
-from cotenant.config import Config, load_config
+from cotenant.app.central import check_prometheus_url
+from cotenant.app.config import Config, load_config
+from cotenant.cli.rules import settings_from
 from cotenant.core.errors import ConfigError
-from cotenant.rules_cmd import settings_from
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -106,7 +106,7 @@ def test_the_agent_runs_as_its_service_account_allowed_to_list_pods_and_nothing_
 
 
 def test_the_central_config_is_valid_and_reads_prometheus(tmp_path: Path) -> None:
-    from cotenant.config import load_config
+    from cotenant.app.config import load_config
 
     cm = _one("ConfigMap", "cotenant-central")
     p = tmp_path / "c.toml"

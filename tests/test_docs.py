@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from cotenant.config import keys_markdown
+from cotenant.app.config import keys_markdown
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

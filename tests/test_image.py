@@ -24,7 +24,7 @@ import pytest
 import yaml
 from dockerfile_model import Dockerfile, context_files, parse
 
-from cotenant.config import Config
+from cotenant.app.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -141,7 +141,7 @@ def test_the_image_builds_its_wheel_from_the_build_context(tmp_path: Path) -> No
     with zipfile.ZipFile(whl) as z:
         names = set(z.namelist())
     for data in (
-        "cotenant/cli.py",
+        "cotenant/cli/main.py",
         "cotenant/rules/policy.yaml",
         "cotenant/rules/cotenant.rules.yml",
         "cotenant/simulator/scenarios/demo.yaml",
@@ -150,7 +150,7 @@ def test_the_image_builds_its_wheel_from_the_build_context(tmp_path: Path) -> No
         assert data in names, data
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     with zipfile.ZipFile(whl) as z:
-        assert "cotenant = cotenant.cli:main" in z.read(entry).decode()
+        assert "cotenant = cotenant.cli.main:main" in z.read(entry).decode()
 
 
 def _make_image_tag() -> str:

@@ -3,8 +3,9 @@ the ``cotenant`` package (module-level, function-level and ``TYPE_CHECKING`` one
 an allowed arrow between its layers, imports only public names across layers, and no module
 takes part in an import cycle.
 
-A layer is a subpackage (``cotenant.store`` is the layer ``store``); the modules directly in
-``cotenant/`` (CLI, configuration, wiring) are the composition root, the layer ``cotenant``.
+A layer is a subpackage (``cotenant.store`` is the layer ``store``); ``cli`` (the commands) and
+``app`` (configuration, wiring, the running service) are the composition root; the modules
+directly in ``cotenant/`` (only ``__main__``) are the layer ``cotenant``.
 The checker works on a mapping of module -> imports, so the self-checks at the end feed it
 synthetic sources and assert that it reports what it must.
 """
@@ -37,13 +38,19 @@ LAYERS = (
     "reports",
     "simulator",
     "evaluation",
+    "app",
+    "cli",
     "cotenant",
 )
 NOT_IMPORTABLE = ("tests", "bench", "scripts")
 """Folders of ours that no package may import (they hold no library code)."""
 
 ALLOWED: dict[str, frozenset[str]] = {
-    "cotenant": frozenset(LAYERS) - {"cotenant"},
+    "cotenant": frozenset({"cli"}),
+    "cli": frozenset(LAYERS) - {"cli", "cotenant"},
+    "app": frozenset(
+        {"dashboard", "reports", "actuators", "alerts", "collectors", "analysis", "store", "core"}
+    ),
     "evaluation": frozenset({"simulator", "actuators", "analysis", "collectors", "store", "core"}),
     "dashboard": frozenset({"analysis", "store", "core"}),
     "reports": frozenset({"analysis", "store", "core"}),
@@ -62,8 +69,9 @@ table as docs/architecture.md's "Layers" (checked by a test below)."""
 
 def layer_of(dotted: str) -> str | None:
     """The layer a dotted module or name belongs to: ``cotenant.store.db`` -> ``store``,
-    ``cotenant.cli`` -> ``cotenant``; a folder nobody may import (``tests.spans``) -> its
-    name; anything else (the standard library, third parties) -> None."""
+    ``cotenant.cli.main`` -> ``cli``, ``cotenant.__main__`` -> ``cotenant``; a folder nobody
+    may import (``tests.spans``) -> its name; anything else (the standard library, third
+    parties) -> None."""
     parts = dotted.split(".")
     if parts[0] in NOT_IMPORTABLE:
         return parts[0]
@@ -309,9 +317,11 @@ def test_the_table_is_the_one_in_docs_architecture() -> None:
 def test_the_checker_reads_the_repository() -> None:
     # a guard against a checker that silently reads nothing: known arrows are seen
     imports = repository_imports()
-    assert {"cotenant.cli", "cotenant.evaluation.closed_loop", "cotenant.analysis.loop"} <= set(
-        imports
-    )
+    assert {
+        "cotenant.cli.main",
+        "cotenant.evaluation.closed_loop",
+        "cotenant.analysis.loop",
+    } <= set(imports)
     targets = {layer_of(i.target) for i in imports["cotenant.evaluation.closed_loop"]}
     assert {"simulator", "actuators", "analysis", "store"} <= targets
 
@@ -342,9 +352,9 @@ def _synthetic(sources: Mapping[str, str]) -> dict[str, list[Import]]:
         pytest.param(
             {
                 "cotenant.store.db": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                "    from cotenant.config import Config\n"
+                "    from cotenant.app.config import Config\n"
             },
-            ["cotenant/store/db.py:3: forbidden arrow store/ -> cotenant/"],
+            ["cotenant/store/db.py:3: forbidden arrow store/ -> app/"],
             id="type-checking",
         ),
         pytest.param(
@@ -382,7 +392,7 @@ def _synthetic(sources: Mapping[str, str]) -> dict[str, list[Import]]:
             {
                 "cotenant.evaluation.x": "from cotenant.simulator import engine\n"
                 "from cotenant.core.errors import Error\nimport numpy\n",
-                "cotenant.y": "from cotenant.evaluation.x import run\n",
+                "cotenant.cli.y": "from cotenant.evaluation.x import run\n",
                 "cotenant.analysis.z": "from . import windows\nfrom ._math import mad\n",
             },
             [],

@@ -23,16 +23,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from spans import SpanFactory
 
-from cotenant.cli import nvml_report
+from cotenant.app.config import Config, load_config
+from cotenant.app.service import Service
+from cotenant.cli.main import nvml_report
 from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.normalize import Normalizer
 from cotenant.collectors.nvml import NvmlCollector
 from cotenant.collectors.nvml_metrics import NvmlMetrics
 from cotenant.collectors.pod_identity import PodIdentity, PodName, StaticPods
-from cotenant.config import Config, load_config
 from cotenant.core.errors import NvmlUnavailable, Overloaded
-from cotenant.service import Service
 from cotenant.store.db import Store
 from cotenant.store.schema import arrow_schema
 

@@ -18,7 +18,7 @@ from fleet_rig import spawn, started
 from prometheus_client.parser import text_string_to_metric_families
 from promserver import wait_until
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.nvml import NvmlCollector
 from cotenant.core.errors import UsageError

@@ -16,10 +16,10 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cotenant.build_info import register_process_series
+from cotenant.app.build_info import register_process_series
+from cotenant.app.fleet_wiring import AgentSeriesWatch
+from cotenant.app.log_format import configure_logging
 from cotenant.core.errors import SourceError
-from cotenant.fleet_wiring import AgentSeriesWatch
-from cotenant.log_format import configure_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,8 +71,8 @@ def test_a_command_logs_json_when_configured(tmp_path: Path) -> None:
     assert r.returncode == 2 and "does not exist" in r.stderr
     code = (
         "import logging, sys\n"
-        "from cotenant.cli import _configure_logging\n"
-        "from cotenant.config import load_config\n"
+        "from cotenant.cli.main import _configure_logging\n"
+        "from cotenant.app.config import load_config\n"
         "_configure_logging(load_config())\n"
         "logging.getLogger('cotenant.x').warning('hello %d', 1)\n"
     )
@@ -116,7 +116,7 @@ def test_central_says_when_prometheus_holds_no_agent_series(
     watch = AgentSeriesWatch(
         answers, missing_after_s=600, where="Prometheus at http://p", clock=lambda: now[0]
     )
-    caplog.set_level(logging.INFO, logger="cotenant.fleet_wiring")
+    caplog.set_level(logging.INFO, logger="cotenant.app.fleet_wiring")
     for t in (60, 300):
         now[0] = t
         watch.check()
@@ -181,8 +181,8 @@ def test_rules_render_sets_the_manifests_labels_and_namespace(tmp_path: Path) ->
 
 
 def test_a_required_or_malformed_prometheus_url_is_refused_at_start() -> None:
-    from cotenant.central import check_prometheus_url
-    from cotenant.config import load_config
+    from cotenant.app.central import check_prometheus_url
+    from cotenant.app.config import load_config
     from cotenant.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"prometheus\.url: empty, but prometheus\.required"):

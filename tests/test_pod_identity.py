@@ -15,6 +15,8 @@ from analysis_frames import FAULT, N, _refresh, masks, windows
 
 from cotenant.analysis.attribution import attribute
 from cotenant.analysis.cpu_causes import read_host_cpu as host_cpu
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.pod_identity import (
     ContainerRef,
@@ -26,10 +28,8 @@ from cotenant.collectors.pod_identity import (
     pods_from_json,
 )
 from cotenant.collectors.procfs import ProcfsCollector
-from cotenant.config import load_config
 from cotenant.core.errors import SourceError
 from cotenant.core.timerange import TimeRange
-from cotenant.service import Service
 from cotenant.store.db import Store
 from cotenant.store.source import StoreSource
 from cotenant.store.writer import Writer

@@ -12,12 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from cotenant.analysis.cpu_causes import read_host_cpu as host_cpu
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics, parse_stat, program_name
-from cotenant.config import load_config
 from cotenant.core.errors import Overloaded
 from cotenant.core.timerange import TimeRange
-from cotenant.service import Service
 from cotenant.store.db import Store
 from cotenant.store.source import StoreSource
 from cotenant.store.writer import Writer

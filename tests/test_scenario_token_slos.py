@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from cotenant.config import Config
+from cotenant.app.config import Config
+from cotenant.cli.demo import demo_config
 from cotenant.core.errors import ScenarioError
 from cotenant.core.slos import E2E, TPOT, TTFT
-from cotenant.demo_cmd import demo_config
 from cotenant.evaluation.live import START_NS, replay
 from cotenant.simulator.scenario_load import load_scenario, parse_scenario
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cotenant.config import Config
-from cotenant.report_cmd import report_builder
+from cotenant.app.config import Config
+from cotenant.app.report_builder import report_builder
 from cotenant.store.db import Store
 from cotenant.store.slo_record import record_slos, recorded_slos
 

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from cotenant.alerts.rules import write_rules
-from cotenant.config import load_config
+from cotenant.app.config import load_config
+from cotenant.app.report_builder import report_builder
+from cotenant.cli.rules import settings_from
 from cotenant.core.slos import E2E, TPOT, TTFT, Slos, SloTable
-from cotenant.report_cmd import report_builder
-from cotenant.rules_cmd import settings_from
 from cotenant.store.db import Store
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"

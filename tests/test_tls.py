@@ -16,9 +16,9 @@ import pytest
 from conftest import start_serve
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from cotenant.config import load_config
+from cotenant.app.config import load_config
+from cotenant.app.service import tls_files
 from cotenant.core.errors import ConfigError
-from cotenant.service import tls_files
 
 OPENSSL = shutil.which("openssl")
 needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="openssl not installed")

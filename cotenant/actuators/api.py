@@ -3,7 +3,7 @@
 The mutating calls need ``Authorization: Bearer <token>`` (``[actuators] token`` or
 ``token_file``): 401 without it, 403 with a wrong one. The token is never logged or echoed.
 Errors are the exception tree's; the app that includes this router maps them to statuses
-(``cotenant.api``): unknown action 404, wrong state 409, backend down 502.
+(``cotenant.app.api``): unknown action 404, wrong state 409, backend down 502.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each package declares the ``cotenant.toml`` keys it reads as a frozen dataclass in its own
 ``settings`` module (``store/settings.py``, ``collectors/settings.py``, …); each field is made
-by :func:`key`. ``cotenant/config.py`` composes those dataclasses into the configuration (one
+by :func:`key`. ``cotenant/app/config.py`` composes those dataclasses into the configuration (one
 TOML section each), reads the file and the ``COTENANT_…`` environment, and checks every value
 against the metadata written here: ``help`` (one line, shown by ``cotenant config show``),
 ``min`` / ``max`` (inclusive bounds of a number), ``choices`` (the accepted strings) and

@@ -1,7 +1,7 @@
 """The SLOs: p99 latency objectives per model and indicator, and the one definition of breach.
 
 Built once from configuration (``[analysis] slo_ms``, ``slo_ttft_ms``, ``slo_tpot_ms`` and
-``[rules] slo_default_ms``, by ``cotenant.config.slos_of``) or from a scenario, and handed to
+``[rules] slo_default_ms``, by ``cotenant.app.config.slos_of``) or from a scenario, and handed to
 every reader of SLOs: the live detector and on-demand diagnoses, the rendered alert rules,
 the weekly report, the actuators' verification, the dashboard. So a model pages in Prometheus
 exactly when its incident says ``breach``.

@@ -95,7 +95,7 @@ class Cols:
 
 class RequestDrill(Protocol):
     """The slowest requests of a (model, GPU) in a range, from wherever they are kept (fleet
-    mode: the agent that owns the GPU; ``cotenant.fleet_drill.AgentDrill``). The answer has
+    mode: the agent that owns the GPU; ``cotenant.app.fleet_drill.AgentDrill``). The answer has
     ``requests`` (dicts of the ``requests`` columns plus ``node``), ``agents`` and ``note``
     (why some are missing, e.g. a node unreachable; None when nothing is)."""
 

@@ -30,7 +30,7 @@ from cotenant.actuators.controller import ActionController
 from cotenant.actuators.policy import load_policy
 from cotenant.actuators.settings import ActuatorSettings
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.api import create_api
+from cotenant.app.api import create_api
 from cotenant.store.db import Store
 from cotenant.store.source import StoreSource
 

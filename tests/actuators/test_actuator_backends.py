@@ -471,7 +471,7 @@ def test_webhook_posts_signed_json() -> None:
 
 
 def _cfg(**env: str) -> Any:
-    from cotenant.config import load_config
+    from cotenant.app.config import load_config
 
     return load_config(env={f"COTENANT_ACTUATORS_{k.upper()}": v for k, v in env.items()}).actuators
 

@@ -227,7 +227,7 @@ def test_a_down_haproxy_is_a_backend_error(tmp_path: Path) -> None:
 
 def test_make_backend_builds_the_haproxy_backend(haproxy: Haproxy) -> None:
     from cotenant.actuators.backends.factory import make_backend
-    from cotenant.config import load_config
+    from cotenant.app.config import load_config
     from cotenant.core.errors import ConfigError
 
     env = {

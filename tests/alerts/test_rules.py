@@ -14,9 +14,9 @@ import yaml
 
 from cotenant.alerts.rule_blocks import RuleSettings
 from cotenant.alerts.rules import RULE_FILES, render_rules, write_rules
-from cotenant.config import Config, load_config
+from cotenant.app.config import Config, load_config
+from cotenant.cli.rules import settings_from
 from cotenant.core.errors import UsageError
-from cotenant.rules_cmd import settings_from
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "cotenant" / "rules"

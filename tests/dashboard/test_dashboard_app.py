@@ -12,14 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from cotenant.config import load_config
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.core.errors import ConfigError, QueryError
 from cotenant.dashboard import plotlyjs
 from cotenant.dashboard.app import create_app
 from cotenant.dashboard.data import DashboardData, step_for
 from cotenant.dashboard.pages.reports import weeks
 from cotenant.dashboard.timerange import parse_range
-from cotenant.service import Service
 from cotenant.store.db import Store
 
 NOW = 1_796_000_000_000_000_000

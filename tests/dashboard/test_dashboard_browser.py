@@ -28,8 +28,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from cotenant.config import load_config
-from cotenant.service import Service
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -22,8 +22,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from opentelemetry.sdk.trace.export import SpanExportResult
 from spans import SpanFactory
 
-from cotenant.config import load_config
-from cotenant.service import Service
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.store.db import Store
 from cotenant.store.queries import request_count
 

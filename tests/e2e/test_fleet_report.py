@@ -20,10 +20,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from promserver import PROMETHEUS, needs_prometheus, start_prometheus
 
-from cotenant.config import load_config
+from cotenant.app.config import load_config
+from cotenant.app.fleet import Fleet
+from cotenant.app.report_builder import report_builder
 from cotenant.evaluation.agent_series import agent_openmetrics, write_openmetrics
-from cotenant.fleet import Fleet
-from cotenant.report_cmd import report_builder
 from cotenant.reports.isoweek import week_of
 from cotenant.simulator import output
 from cotenant.simulator.scenario_load import find_scenario, load_scenario

@@ -24,11 +24,11 @@ from promserver import (
 )
 from spans import MS, SpanFactory
 
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.collectors.prometheus import PrometheusSource
-from cotenant.config import load_config
 from cotenant.core.timerange import TimeRange
-from cotenant.service import Service
 
 pytestmark = [needs_prometheus, needs_victoria]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from promserver import PROMETHEUS, needs_prometheus, start_prometheus
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 from cotenant.collectors.prometheus import PrometheusSource
 from cotenant.collectors.prometheus_week import PromQLWeekRollups
 from cotenant.core.slos import SloTable

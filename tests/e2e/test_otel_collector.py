@@ -29,10 +29,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from prometheus_client.parser import text_string_to_metric_families
 from spans import SpanFactory
 
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.collectors.pod_identity import K8S_CONTAINER, K8S_NAMESPACE, K8S_POD, K8S_POD_UID
-from cotenant.config import load_config
-from cotenant.service import Service
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTOR = ROOT / "deploy" / "otel-collector" / "collector.yaml"

@@ -23,10 +23,10 @@ from promserver import PromServer, TextExporter, needs_prometheus, start_prometh
 
 from cotenant.alerts.rules import to_yaml
 from cotenant.alerts.rules_windows import window_group
+from cotenant.app.config import load_config
+from cotenant.cli.rules import settings_from
 from cotenant.collectors.prometheus import PrometheusSource
-from cotenant.config import load_config
 from cotenant.core.timerange import TimeRange
-from cotenant.rules_cmd import settings_from
 
 pytestmark = needs_prometheus
 

@@ -201,7 +201,7 @@ def test_closed_loop_change_expires_after_the_culprit_stops_by_itself() -> None:
 
 
 def test_bench_actuate_names_a_scenario_it_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
-    from cotenant.cli import main
+    from cotenant.cli.main import main
 
     assert main(["bench", "--actuate", "no-such-scenario"]) == 2
     assert "no such file or bundled scenario" in capsys.readouterr().err

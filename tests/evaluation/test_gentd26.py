@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 from cotenant.core.errors import TraceError
 from cotenant.evaluation.gentd26 import SERIES, STEP_S, Trace, load_trace
 from cotenant.evaluation.gentd26_diagnosis import (

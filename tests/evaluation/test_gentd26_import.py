@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 from cotenant.core.errors import TraceError, UsageError
 from cotenant.evaluation.gentd26 import load_trace
 from cotenant.evaluation.gentd26_import import import_folder, request_phases, select

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 from tests.conftest import ROOT
 from tests.gateway.conftest import ModelServer, free_port
 
@@ -232,8 +232,8 @@ def test_sample_ratio_is_checked(
 
 
 def test_loop_uvloop_without_uvloop_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cotenant.cli.gateway import loop_factory
     from cotenant.core.errors import UsageError
-    from cotenant.gateway_cmd import loop_factory
 
     monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
     assert loop_factory("auto") is None  # auto falls back to asyncio's loop
@@ -249,8 +249,8 @@ def test_flags_left_out_take_the_settings_defaults(
     and controlled on loopback."""
     import argparse
 
+    from cotenant.cli.gateway import add_parser, settings_from_args
     from cotenant.gateway.settings import GatewaySettings
-    from cotenant.gateway_cmd import add_parser, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())

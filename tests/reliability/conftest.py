@@ -14,8 +14,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
-from cotenant.config import load_config
-from cotenant.service import Service
+from cotenant.app.config import load_config
+from cotenant.app.service import Service
 from cotenant.store.db import Store
 
 # Property-based fuzzing (hypothesis): a small, fixed budget in `make test` (CI), a large one

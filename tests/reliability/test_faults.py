@@ -24,9 +24,9 @@ from cotenant.actuators.backends.http import HttpCaller
 from cotenant.actuators.backends.rayserve import RayServeBackend
 from cotenant.actuators.backends.triton import TritonBackend
 from cotenant.actuators.backends.webhook import WebhookBackend
+from cotenant.app.service import Service
 from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.core.errors import BackendError
-from cotenant.service import Service
 from cotenant.store.queries import request_count
 
 from .conftest import healthy, service

@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from cotenant.service import Service
+from cotenant.app.service import Service
 
 from .conftest import healthy
 from .strategies import exports, json_values, path_segments, time_args, weeks

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from spans import SpanFactory
 
+from cotenant.app.service import Service
 from cotenant.collectors.admission import InflightBytes
 from cotenant.core.errors import Overloaded
-from cotenant.service import Service
 from cotenant.store.db import Store
 from cotenant.store.queries import request_count
 

@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from spans import SpanFactory
 
-from cotenant.service import Service
+from cotenant.app.service import Service
 from cotenant.store.queries import request_count
 from cotenant.store.schema import arrow_schema
 
@@ -222,7 +222,7 @@ def test_an_alert_label_with_a_lone_surrogate_is_a_400(live: Service) -> None:
         "/_dash-component-suites/../x",
         "/assets/../../../etc/passwd",
         "/assets/%2e%2e/%2e%2e/etc/passwd",
-        "/_dash-component-suites/dash/../../cotenant/config.py",
+        "/_dash-component-suites/dash/../../cotenant/app/config.py",
     ],
 )
 def test_a_dashboard_asset_path_with_dot_dot_is_a_400(live: Service, path: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 from cotenant.core.errors import ConfigError, ReportError
 from cotenant.core.slos import Slos
 from cotenant.reports.compute import ReportBuilder

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cotenant.cli import main
+from cotenant.cli.main import main
 from tests.conftest import ROOT, start_serve
 from tests.reports.conftest import SLO, Fortnight
 

@@ -2,7 +2,7 @@
 on demand), the HTTP API, actuators, the alerts webhook, weekly reports and the dashboard.
 
 They read windows from the store, or with ``[prometheus] url`` through Prometheus
-(:mod:`cotenant.fleet`). :func:`build_central` wires them; :class:`Central` starts and stops
+(:mod:`cotenant.app.fleet`). :func:`build_central` wires them; :class:`Central` starts and stops
 their threads in the order the service needs.
 """
 
@@ -23,11 +23,11 @@ from cotenant.alerts.webhook import AlertReceiver, alerts_router
 from cotenant.analysis.analyzer import Analyzer
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.loop import AnalysisLoop, OnIncident
-from cotenant.api import create_api
-from cotenant.config import Config
+from cotenant.app.api import create_api
+from cotenant.app.config import Config
+from cotenant.app.report_builder import report_builder
 from cotenant.core.errors import ConfigError
 from cotenant.core.readers import MetricSource
-from cotenant.report_cmd import report_builder
 from cotenant.reports.api import reports_router
 from cotenant.reports.job import ReportJob
 from cotenant.reports.schedule import ReportScheduler, parse_schedule
@@ -47,7 +47,7 @@ class Central:
     alerts: AlertReceiver | None
     reports: ReportScheduler | None
     dashboard: Any | None  # dashboard.data.DashboardData
-    fleet: Any | None  # cotenant.fleet.Fleet
+    fleet: Any | None  # cotenant.app.fleet.Fleet
 
     def start(self) -> None:
         """Start the analysis loop, the report schedule, the actuators' loop and the fleet's
@@ -90,7 +90,7 @@ def build_central(
     fleet = None
     check_prometheus_url(config)
     if config.prometheus.url:
-        from cotenant.fleet import Fleet
+        from cotenant.app.fleet import Fleet
 
         fleet = Fleet(config, registry, clock_ns, token=read_token)
         source = fleet.source

@@ -14,7 +14,7 @@ from cotenant.alerts.rules import (
     prometheus_rule,
     write_rules,
 )
-from cotenant.config import Config, load_config
+from cotenant.app.config import Config, load_config
 from cotenant.core.errors import ConfigError
 from cotenant.core.slos import E2E, TPOT, TTFT
 

@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from cotenant.config import Config, load_config
+from cotenant.app.config import Config, load_config
 from cotenant.core.errors import CotenantError
 
 EXIT_USAGE = 2
 
 
 def _configure_logging(cfg: Config) -> None:
-    from cotenant.log_format import configure_logging
+    from cotenant.app.log_format import configure_logging
 
     configure_logging(cfg.log.level, cfg.log.format)
 
@@ -35,7 +35,7 @@ def _load(args: argparse.Namespace) -> Config:
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _configure_logging(cfg)
-    from cotenant.service import Service  # heavy imports only for serve
+    from cotenant.app.service import Service  # heavy imports only for serve
 
     service = Service(cfg)
     service.run()
@@ -63,7 +63,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     _configure_logging(cfg)
     import prometheus_client
 
-    from cotenant.service import Service
+    from cotenant.app.service import Service
 
     # no `_created` twin of every counter: it doubles the series a node sends to Prometheus
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -214,7 +214,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_config_keys(args: argparse.Namespace) -> int:
-    from cotenant.config import keys_markdown
+    from cotenant.app.config import keys_markdown
 
     sys.stdout.write(keys_markdown())
     return 0
@@ -270,39 +270,39 @@ def build_parser() -> argparse.ArgumentParser:
     keys = csub.add_parser("keys", help="list every key as a Markdown table")
     keys.set_defaults(func=cmd_config_keys)
 
-    from cotenant.simulate_cmd import add_parser as add_simulate
+    from cotenant.cli.simulate import add_parser as add_simulate
 
     add_simulate(sub)
 
-    from cotenant.diagnose_cmd import add_parser as add_diagnose
+    from cotenant.cli.diagnose import add_parser as add_diagnose
 
     add_diagnose(sub)
 
-    from cotenant.demo_cmd import add_parser as add_demo
+    from cotenant.cli.demo import add_parser as add_demo
 
     add_demo(sub)
 
-    from cotenant.bench_cmd import add_parser as add_bench
+    from cotenant.cli.bench import add_parser as add_bench
 
     add_bench(sub)
 
-    from cotenant.import_cmd import add_parser as add_import
+    from cotenant.cli.import_gentd26 import add_parser as add_import
 
     add_import(sub)
 
-    from cotenant.rca_table_cmd import add_parser as add_rca_table
+    from cotenant.cli.rca_table import add_parser as add_rca_table
 
     add_rca_table(sub)
 
-    from cotenant.report_cmd import add_parser as add_report
+    from cotenant.cli.report import add_parser as add_report
 
     add_report(sub)
 
-    from cotenant.gateway_cmd import add_parser as add_gateway
+    from cotenant.cli.gateway import add_parser as add_gateway
 
     add_gateway(sub)
 
-    from cotenant.rules_cmd import add_parser as add_rules
+    from cotenant.cli.rules import add_parser as add_rules
 
     add_rules(sub)
     return p

@@ -107,7 +107,7 @@ class LogSettings:
 @dataclass(frozen=True)
 class AuthSettings:
     """``[auth]``: bearer tokens of the HTTP API (read here, in the composition root;
-    :mod:`cotenant.auth`). The act scope, the mutating actions API, is ``[actuators] token``."""
+    :mod:`cotenant.app.auth`). The act scope, the mutating actions API, is ``[actuators] token``."""
 
     token: str = key(
         "",

@@ -8,9 +8,9 @@ import os
 import sys
 from typing import Any
 
+from cotenant.cli.remote import call_api
 from cotenant.core.errors import CotenantError
 from cotenant.core.timespec import format_ns, parse_time_ns
-from cotenant.remote import call_api
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -39,7 +39,7 @@ def _via_url(url: str, body: dict[str, str]) -> dict[str, Any]:
 def _local(args: argparse.Namespace, start: int, end: int) -> dict[str, Any]:
     from cotenant.analysis.analyzer import Analyzer
     from cotenant.analysis.incidents import IncidentBook
-    from cotenant.config import load_config
+    from cotenant.app.config import load_config
     from cotenant.store.db import Store
     from cotenant.store.slo_record import recorded_slos
     from cotenant.store.source import StoreSource

@@ -25,13 +25,13 @@ import numpy as np
 
 from cotenant.analysis.attribution import Cause
 from cotenant.analysis.incident_record import Incident, IncidentEvent
-from cotenant.argtypes import seconds
+from cotenant.cli.argtypes import seconds
 from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.errors import CotenantError, UsageError
 from cotenant.core.slos import E2E, TPOT, TTFT
 
 if TYPE_CHECKING:
-    from cotenant.config import Config
+    from cotenant.app.config import Config
     from cotenant.simulator.scenario import Scenario
 
 DEMO_STORE = "./.cotenant/demo.duckdb"
@@ -123,8 +123,8 @@ def demo_config(cfg: Config, scenario: Scenario, *, store: str, speed: float) ->
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cotenant.config import load_config
-    from cotenant.service import Service
+    from cotenant.app.config import load_config
+    from cotenant.app.service import Service
     from cotenant.simulator.nvml_feed import fake_for, feed_rows
     from cotenant.simulator.scenario_load import find_scenario, load_scenario
     from cotenant.simulator.stream import stream

@@ -130,7 +130,7 @@ def _fmt(x: float | None) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.actuate is not None:
-        from cotenant.bench_actuate import bench_actuate
+        from cotenant.cli.bench_actuate import bench_actuate
 
         return bench_actuate(args.actuate, args.json, policy=args.policy)
     if args.policy is not None:
@@ -146,7 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.json.write_text(json.dumps(tab, indent=2, default=str))
         return 0
     if args.population is not None:
-        from cotenant.population_cmd import bench_population
+        from cotenant.cli.population import bench_population
 
         return bench_population(args)
     if args.live and args.suite is None:

@@ -4,7 +4,7 @@
 line, for a log pipeline (Loki, Elasticsearch, Cloud Logging) to index without parsing:
 ``ts`` (RFC 3339, UTC, milliseconds), ``level``, ``logger``, ``message``, ``thread``, and
 ``exc_info`` (the formatted traceback) when the record has one. Library code never calls
-this: only ``cotenant.cli`` and the gateway's command do, once, at start.
+this: only ``cotenant.cli.main`` and the gateway's command do, once, at start.
 """
 
 from __future__ import annotations

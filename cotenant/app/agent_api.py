@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from cotenant.api import ErrorResponse, http_status, validation_error
+from cotenant.app.api import ErrorResponse, http_status, validation_error
 from cotenant.collectors.fleet_histogram import FleetHistogram
 from cotenant.core.errors import CotenantError, QueryError
 from cotenant.core.http_json import SafeJSONResponse

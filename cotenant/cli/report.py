@@ -5,17 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cotenant.argtypes import seconds
+from cotenant.cli.argtypes import seconds
+from cotenant.cli.remote import call_api
 from cotenant.core.errors import ReportError
-from cotenant.remote import call_api
-
-if TYPE_CHECKING:
-    from cotenant.config import Config
-    from cotenant.core.week_reads import WeekRollups
-    from cotenant.reports.compute import ReportBuilder
-    from cotenant.store.db import Store
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,39 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=cmd_report)
 
 
-def report_builder(cfg: Config, store: Store, rollups: WeekRollups | None = None) -> ReportBuilder:
-    """The weekly report's builder over ``store`` (``cotenant report`` and serve's API and
-    schedule): the SLOs recorded in the store (:mod:`store.slo_record`) under
-    ``[analysis] slo_ms``, and ``[rules] slo_default_ms`` for the SLOs, the
-    saturation thresholds the alerts use (``[rules]``), and the dashboard link
-    (``[report] dashboard_url``, else ``[server]``). ``rollups``: see ReportBuilder (fleet
-    mode reduces the week in Prometheus)."""
-    from cotenant.reports.compute import ReportBuilder
-    from cotenant.reports.job import dashboard_base
-    from cotenant.reports.summary import Thresholds
-    from cotenant.store.slo_record import recorded_slos
-
-    rules = cfg.rules
-    return ReportBuilder(
-        store,
-        # the SLOs the store was analysed with (serve, the demo), overridden by this config
-        slos=cfg.slos(recorded_slos(store)),
-        dashboard_url=dashboard_base(cfg.report, cfg.server.host, cfg.server.port),
-        thresholds=Thresholds(
-            dram_saturated=rules.dram_saturated,
-            pcie_saturated_bps=rules.pcie_saturated_bps,
-            memory_full=rules.memory_pressure,
-        ),
-        rollups=rollups,
-    )
-
-
 def _via_url(url: str, week: str, timeout_s: float) -> dict[str, Any]:
     return call_api(url, f"/api/v1/reports/{week}/summary", timeout_s=timeout_s)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from cotenant.config import load_config
+    from cotenant.app.config import load_config
+    from cotenant.app.report_builder import report_builder
     from cotenant.reports.isoweek import last_complete_week, parse_week
     from cotenant.reports.job import ReportJob
     from cotenant.reports.summary import WeekSummary

@@ -5,7 +5,7 @@
   alerts, actuators and the dashboard all read. When Prometheus is down, each reader fails
   its call (the loop skips the pass); serve keeps running, logs the outage once and its end
   once, and ``/api/v1/status`` and ``cotenant_prometheus_up`` say so.
-* ``drill``: :class:`cotenant.fleet_drill.AgentDrill`, the slowest requests of an incident's
+* ``drill``: :class:`cotenant.app.fleet_drill.AgentDrill`, the slowest requests of an incident's
   victim from the agent that owns its GPU: ``GET /api/v1/incidents/{id}/requests`` and the
   dashboard's incident page.
 * ``week_rollups``: the weekly report's week, reduced inside Prometheus over the recording
@@ -23,15 +23,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from cotenant.analysis.analyzer import Analyzer
+from cotenant.app.config import Config
+from cotenant.app.fleet_drill import AgentDrill
+from cotenant.app.fleet_wiring import AGENTS_QUERY, AgentSeriesWatch
 from cotenant.collectors.prometheus import PrometheusSource
 from cotenant.collectors.prometheus_week import PromQLWeekRollups
-from cotenant.config import Config
 from cotenant.core.errors import QueryError
 from cotenant.core.http_json import SafeJSONResponse
 from cotenant.core.periodic import Periodic
 from cotenant.core.source_watch import WatchedSource
-from cotenant.fleet_drill import AgentDrill
-from cotenant.fleet_wiring import AGENTS_QUERY, AgentSeriesWatch
 
 DRILL_MAX_LIMIT = 200
 
@@ -85,7 +85,7 @@ class Fleet:
         return float(rows[0][1]) if rows else 0.0
 
     def start(self) -> None:
-        """Start the wiring check (:mod:`cotenant.fleet_wiring`)."""
+        """Start the wiring check (:mod:`cotenant.app.fleet_wiring`)."""
         self._wiring.start()
 
     def stop(self) -> None:

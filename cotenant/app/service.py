@@ -27,11 +27,13 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from cotenant.actuators.backends.factory import read_secret
-from cotenant.agent_api import create_agent_api
 from cotenant.analysis.loop import OnIncident
-from cotenant.auth import GrpcTokenInterceptor, Tokens, protect_api, protect_otlp
-from cotenant.build_info import register_process_series
-from cotenant.central import Central, build_central
+from cotenant.app.agent_api import create_agent_api
+from cotenant.app.auth import GrpcTokenInterceptor, Tokens, protect_api, protect_otlp
+from cotenant.app.build_info import register_process_series
+from cotenant.app.central import Central, build_central
+from cotenant.app.config import Config
+from cotenant.app.listen import Endpoints, Server, bind, url
 from cotenant.collectors.admission import InflightBytes
 from cotenant.collectors.fleet_histogram import FleetHistogram
 from cotenant.collectors.gpu_resolve import GpuResolver
@@ -46,10 +48,8 @@ from cotenant.collectors.otlp_grpc import OtlpGrpcServer
 from cotenant.collectors.otlp_http import OtlpHttpReceiver
 from cotenant.collectors.pod_identity import KubeletPods, PodIdentity
 from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics
-from cotenant.config import Config
 from cotenant.core.errors import ConfigError, NvmlUnavailable
 from cotenant.core.http_json import SafeJSONResponse
-from cotenant.listen import Endpoints, Server, bind, url
 from cotenant.store.db import Store
 from cotenant.store.maintenance import Maintenance
 from cotenant.store.queries import pending_spans, replace_pending_spans
@@ -74,9 +74,9 @@ class Service:
 
     ``role="agent"`` is ``cotenant agent``: the same collectors, store and receivers, with the
     agent's series on ``/metrics`` (:mod:`collectors.fleet_histogram`, GPU counters under DCGM
-    names, host CPU per process) and its drill-down API (:mod:`cotenant.agent_api`), and no
+    names, host CPU per process) and its drill-down API (:mod:`cotenant.app.agent_api`), and no
     analysis, actuators, alerts, reports or dashboard. With ``[prometheus] url`` set, serve
-    reads its windows through Prometheus (:mod:`cotenant.fleet`).
+    reads its windows through Prometheus (:mod:`cotenant.app.fleet`).
     """
 
     def __init__(
@@ -467,7 +467,7 @@ class Service:
 
 
 def load_tokens(config: Config) -> Tokens:
-    """The bearer token of each scope (:mod:`cotenant.auth`), read once, at start."""
+    """The bearer token of each scope (:mod:`cotenant.app.auth`), read once, at start."""
     a, ac = config.auth, config.actuators
     return Tokens(
         read=read_secret(a.token, a.token_file, "auth.token_file"),
