@@ -50,7 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from cotenant.app.config import AgentSettings, load_config  # noqa: E402
 from cotenant.app.service import Service  # noqa: E402
-from cotenant.collectors.fake_nvml import FakeNvml  # noqa: E402
+from cotenant.collectors.nvml.fake import FakeNvml  # noqa: E402
 from cotenant.core.phases import PHASE_COLUMNS  # noqa: E402
 from cotenant.store.schema import arrow_schema  # noqa: E402
 

@@ -43,7 +43,7 @@ from window_rules import backfill_window_rules  # noqa: E402
 from cotenant.analysis.detector.detect import DetectorParams  # noqa: E402
 from cotenant.analysis.diagnose import Diagnosis, diagnose  # noqa: E402
 from cotenant.app.config import load_config  # noqa: E402
-from cotenant.collectors.prometheus import PrometheusSource  # noqa: E402
+from cotenant.collectors.prometheus.source import PrometheusSource  # noqa: E402
 from cotenant.core.readers import MetricSource  # noqa: E402
 from cotenant.core.timerange import TimeRange  # noqa: E402
 from cotenant.evaluation.accuracy import SETTLE_NS, load_outputs  # noqa: E402

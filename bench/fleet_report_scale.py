@@ -6,7 +6,7 @@ Run ``nice -n 19 .venv/bin/python bench/fleet_report_scale.py --nodes 1 2 4`` (`
 The history is what ``rules/fleet.rules.yml``'s group ``cotenant-fleet-rollups`` would have
 recorded over the last complete ISO week — not raw agent series with the rules evaluated over
 them: one sample per minute per series, minute ``M`` recorded at ``M + 60 s + --offset`` s,
-with the labels the rules keep (:mod:`alerts.rules_fleet`). Per node, 8 GPUs x 4 models (each
+with the labels the rules keep (:mod:`alerts.rules.fleet`). Per node, 8 GPUs x 4 models (each
 GPU's models are its own, as in ``bench/fleet_scale.py``: 32 distinct models a node, the worst
 case for per-model queries; one model of four is generative):
 
@@ -208,7 +208,7 @@ def report_child(url: str, week: str, db: str) -> None:
     from cotenant.app.config import load_config
     from cotenant.app.fleet import Fleet
     from cotenant.app.report_builder import report_builder
-    from cotenant.collectors.prometheus import PrometheusSource
+    from cotenant.collectors.prometheus.source import PrometheusSource
     from cotenant.reports.isoweek import parse_week
     from cotenant.store.db import Store
 

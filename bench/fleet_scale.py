@@ -57,7 +57,7 @@ from cotenant.analysis.analyzer import Analyzer  # noqa: E402
 from cotenant.analysis.incidents import IncidentBook  # noqa: E402
 from cotenant.analysis.loop import AnalysisLoop  # noqa: E402
 from cotenant.collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S  # noqa: E402
-from cotenant.collectors.prometheus import PrometheusSource  # noqa: E402
+from cotenant.collectors.prometheus.source import PrometheusSource  # noqa: E402
 from cotenant.store.db import Store  # noqa: E402
 
 S = 1_000_000_000

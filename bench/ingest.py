@@ -4,8 +4,8 @@ Run ``.venv/bin/python bench/ingest.py`` (``--help`` for sizes). Three measureme
 
 * **decode only** — ``ExportTraceServiceRequest.ParseFromString`` over the pre-encoded
   payloads: the ceiling any ingest path in this process can reach.
-* **end to end** — per payload :func:`collectors.otlp_decode.decode` then
-  :meth:`collectors.ingest.IngestPipeline.export`, then :meth:`store.writer.Writer.flush`: the
+* **end to end** — per payload :func:`collectors.otlp.decode.decode` then
+  :meth:`collectors.otlp.ingest.IngestPipeline.export`, then :meth:`store.writer.Writer.flush`: the
   clock stops when every row is committed to the DuckDB file on disk. One store per
   ``store.ack`` mode (``--acks``, both by default) runs through an untimed warm-up and all
   repeats, as a server's does (rollups, retention, checkpoints); the modes take turns within
@@ -64,10 +64,10 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from spans import SpanFactory  # noqa: E402
 
 from cotenant.collectors.gpu_resolve import GpuResolver  # noqa: E402
-from cotenant.collectors.ingest import IngestPipeline  # noqa: E402
 from cotenant.collectors.ingest_metrics import IngestMetrics  # noqa: E402
-from cotenant.collectors.normalize import Normalizer  # noqa: E402
-from cotenant.collectors.otlp_decode import PROTOBUF, decode  # noqa: E402
+from cotenant.collectors.otlp.decode import PROTOBUF, decode  # noqa: E402
+from cotenant.collectors.otlp.ingest import IngestPipeline  # noqa: E402
+from cotenant.collectors.otlp.normalize import Normalizer  # noqa: E402
 from cotenant.core.errors import Overloaded  # noqa: E402
 from cotenant.store.db import Store  # noqa: E402
 from cotenant.store.maintenance import Maintenance  # noqa: E402

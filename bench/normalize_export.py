@@ -5,7 +5,7 @@ overhead bench's sender posts every 200 ms at 200 requests/s: ``--requests`` (40
 our convention, seven spans each (a root with ``cotenant.model`` and ``cotenant.gpu`` over six
 phase children, one of them a ``lock.wait`` naming its lock and holder), encoded by the
 OpenTelemetry SDK's own encoder and decoded as the OTLP receivers decode it. Each repeat
-normalizes a fresh copy's spans with one long-lived :class:`collectors.normalize.Normalizer`
+normalizes a fresh copy's spans with one long-lived :class:`collectors.otlp.normalize.Normalizer`
 (``time.thread_time`` around ``normalize`` alone); the figure is the median over
 ``--repeats``.
 
@@ -64,7 +64,7 @@ def measure(requests: int, repeats: int) -> dict[str, Any]:
     )
 
     from cotenant.collectors.gpu_resolve import GpuResolver
-    from cotenant.collectors.normalize import Normalizer
+    from cotenant.collectors.otlp.normalize import Normalizer
 
     body = _export(requests)
     norm = Normalizer(GpuResolver())

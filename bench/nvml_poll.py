@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 import pyarrow as pa  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from cotenant.collectors.fake_nvml import FakeNvml  # noqa: E402
 from cotenant.collectors.gpu_resolve import GpuResolver  # noqa: E402
-from cotenant.collectors.nvml import NvmlCollector  # noqa: E402
-from cotenant.collectors.nvml_metrics import NvmlMetrics  # noqa: E402
+from cotenant.collectors.nvml.collector import NvmlCollector  # noqa: E402
+from cotenant.collectors.nvml.fake import FakeNvml  # noqa: E402
+from cotenant.collectors.nvml.metrics import NvmlMetrics  # noqa: E402
 from cotenant.collectors.settings import NvmlSettings  # noqa: E402
 
 SEED = 20240611

@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import httpx  # noqa: E402
 from conftest import Served, start_serve  # noqa: E402
 
-from cotenant.collectors.procfs import program_name  # noqa: E402
+from cotenant.collectors.procfs.collector import program_name  # noqa: E402
 from cotenant.store.db import Store  # noqa: E402
 
 WORKERS = ROOT / "bench" / "contention_workers.py"

@@ -1,4 +1,4 @@
-"""The fleet loop's window rules (``cotenant-fleet-windows``, :mod:`alerts.rules_windows`) over
+"""The fleet loop's window rules (``cotenant-fleet-windows``, :mod:`alerts.rules.windows`) over
 a backfilled history, for the fleet benchmarks (``--rules``).
 
 ``promtool tsdb create-blocks-from rules`` evaluates the group, as rendered by ``cotenant rules
@@ -19,8 +19,8 @@ from typing import Any
 
 from promserver import PROMETHEUS, start_prometheus
 
-from cotenant.alerts.rules import to_yaml
-from cotenant.alerts.rules_windows import window_group
+from cotenant.alerts.rules.render import to_yaml
+from cotenant.alerts.rules.windows import window_group
 from cotenant.app.config import load_config
 from cotenant.cli.rules import settings_from
 

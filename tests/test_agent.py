@@ -19,8 +19,8 @@ from spans import MS, SpanFactory
 
 from cotenant.app.config import load_config
 from cotenant.app.service import Service
-from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.collectors.fleet_histogram import TOTAL_BUCKETS_S, FleetHistogram
+from cotenant.collectors.nvml.fake import FakeNvml
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.store.schema import arrow_schema
 

@@ -24,7 +24,7 @@ from spans import MS, SpanFactory
 from cotenant.app.auth import presented
 from cotenant.app.config import load_config
 from cotenant.app.service import Service
-from cotenant.collectors.fake_nvml import FakeNvml
+from cotenant.collectors.nvml.fake import FakeNvml
 
 READ = "read-token-7f3a9c"
 ACT = "act-token-51d2e8"

@@ -1,4 +1,4 @@
-"""cotenant.collectors.critical_path: the per-phase split of one request's latency."""
+"""cotenant.collectors.otlp.critical_path: the per-phase split of one request's latency."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from cotenant.collectors.critical_path import critical_path
+from cotenant.collectors.otlp.critical_path import critical_path
 from cotenant.core.phases import PHASES
 
 OTHER = PHASES.index("other")

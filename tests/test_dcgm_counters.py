@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cotenant.collectors import promql
+from cotenant.collectors.prometheus import promql
 
 ROOT = Path(__file__).resolve().parent.parent
 DCGM = ROOT / "deploy" / "dcgm-exporter"

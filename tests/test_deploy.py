@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cotenant.alerts.rules import exporters_rule, prometheus_rule, render_rules
+from cotenant.alerts.rules.render import exporters_rule, prometheus_rule, render_rules
 from cotenant.app.central import check_prometheus_url
 from cotenant.app.config import Config, load_config
 from cotenant.cli.rules import settings_from

@@ -15,8 +15,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
-from cotenant.collectors.otlp_decode import JSON, PROTOBUF, decode
+from cotenant.collectors.otlp.decode import JSON, PROTOBUF, decode
+from cotenant.collectors.otlp.normalize import Normalizer
 from cotenant.core.phases import PHASE_COLUMNS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cotenant.collectors import promql, promql_engines
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
-from cotenant.collectors.otlp_decode import JSON, decode
+from cotenant.collectors.otlp.decode import JSON, decode
+from cotenant.collectors.otlp.normalize import Normalizer
+from cotenant.collectors.prometheus import engines, promql
 from tests.test_engine_fixtures import vllm_spans
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
@@ -129,12 +129,12 @@ def test_the_failure_counter_has_a_reason_label_that_the_query_sums_away() -> No
 
 
 def ray_names_we_read() -> set[str]:
-    gauges = dict(promql_engines.SERVING)[promql_engines.RAYSERVE]
+    gauges = dict(engines.SERVING)[engines.RAYSERVE]
     texts = [
-        promql_engines.RAYSERVE.requests(None, "1m"),
-        promql_engines.RAYSERVE.presence("1m"),
+        engines.RAYSERVE.requests(None, "1m"),
+        engines.RAYSERVE.presence("1m"),
         gauges("", "1m", "1m"),
-        promql_engines.pod_models_query("5m"),
+        engines.pod_models_query("5m"),
     ]
     found = {n for t in texts for n in re.findall(r"\bray_serve_[a-z_]+", t)}
     return {re.sub(r"_(bucket|sum|count)$", "", n) for n in found}

@@ -9,9 +9,9 @@ import threading
 import pynvml
 import pytest
 
-from cotenant.collectors.fake_nvml import FakeNvml
-from cotenant.collectors.fake_nvml_model import FEATURES
-from cotenant.collectors.nvml_api import NvmlApi
+from cotenant.collectors.nvml.api import NvmlApi
+from cotenant.collectors.nvml.fake import FakeNvml
+from cotenant.collectors.nvml.fake_model import FEATURES
 
 T0 = 1_764_000_000_000_000_000
 GIB = 1 << 30

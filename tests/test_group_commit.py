@@ -21,9 +21,9 @@ from test_store import (
 )
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.ingest import IngestPipeline
 from cotenant.collectors.ingest_metrics import IngestMetrics
-from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.otlp.ingest import IngestPipeline
+from cotenant.collectors.otlp.normalize import Normalizer
 from cotenant.core.errors import Overloaded, StoreError, UsageError
 from cotenant.store.db import Store
 from cotenant.store.writer import Writer

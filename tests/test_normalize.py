@@ -6,7 +6,7 @@ import pytest
 from spans import MS, SpanFactory
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.otlp.normalize import Normalizer
 from cotenant.core.phases import PHASE_COLUMNS
 
 T0 = 1_764_000_000_000_000_000

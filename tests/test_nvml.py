@@ -26,12 +26,12 @@ from spans import SpanFactory
 from cotenant.app.config import Config, load_config
 from cotenant.app.service import Service
 from cotenant.cli.main import nvml_report
-from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
-from cotenant.collectors.nvml import NvmlCollector
-from cotenant.collectors.nvml_metrics import NvmlMetrics
-from cotenant.collectors.pod_identity import PodIdentity, PodName, StaticPods
+from cotenant.collectors.nvml.collector import NvmlCollector
+from cotenant.collectors.nvml.fake import FakeNvml
+from cotenant.collectors.nvml.metrics import NvmlMetrics
+from cotenant.collectors.otlp.normalize import Normalizer
+from cotenant.collectors.procfs.pod_identity import PodIdentity, PodName, StaticPods
 from cotenant.core.errors import NvmlUnavailable, Overloaded
 from cotenant.store.db import Store
 from cotenant.store.schema import arrow_schema
@@ -203,7 +203,7 @@ def test_unsupported_fields_are_null_with_one_log_line_and_the_gpu_stays_up(
     g0, g1 = (d.uuid for d in rig.collector.devices())
     rig.fake.model.set_unsupported(g0, "power", "temperature", "clock_event_reasons")
     rig.fake.model.set_gpu(g0, sm_util=55, pcie_tx_bps=1e9)
-    caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml")
+    caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml.collector")
     for _ in range(4):
         rig.poll()
     rows = by_gpu(rig.sink.last("gpu_samples"))
@@ -242,7 +242,7 @@ def test_a_lost_gpu_is_marked_down_and_reopened_with_backoff(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     g0, g1 = (d.uuid for d in rig.collector.devices())
-    caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml")
+    caplog.set_level(logging.INFO, logger="cotenant.collectors.nvml.collector")
     rig.poll()
     rig.fake.model.lose_gpu(g0)
     t_lost = rig.clock.ns + 10**9

@@ -20,7 +20,7 @@ from promserver import wait_until
 
 from cotenant.cli.main import main
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.nvml import NvmlCollector
+from cotenant.collectors.nvml.collector import NvmlCollector
 from cotenant.core.errors import UsageError
 from cotenant.simulator.engine import Simulation
 from cotenant.simulator.nvml_feed import FeedWriter, header_for, sample_records

@@ -1,4 +1,5 @@
-"""collectors/pod_identity.py on fake /proc trees of each cgroup layout: processes named as pods."""
+"""collectors/procfs/pod_identity.py on fake /proc trees of each cgroup layout: processes named
+as pods."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from cotenant.analysis.cpu_causes import read_host_cpu as host_cpu
 from cotenant.app.config import load_config
 from cotenant.app.service import Service
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.pod_identity import (
+from cotenant.collectors.procfs.collector import ProcfsCollector
+from cotenant.collectors.procfs.pod_identity import (
     ContainerRef,
     KubeletPods,
     PodIdentity,
@@ -27,7 +29,6 @@ from cotenant.collectors.pod_identity import (
     parse_cgroup,
     pods_from_json,
 )
-from cotenant.collectors.procfs import ProcfsCollector
 from cotenant.core.errors import SourceError
 from cotenant.core.timerange import TimeRange
 from cotenant.store.db import Store

@@ -14,13 +14,13 @@ import pytest
 from spans import SpanFactory
 
 from cotenant.analysis.diagnose import diagnose
-from cotenant.collectors.fake_nvml import FakeNvml
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
-from cotenant.collectors.nvml import NvmlCollector
-from cotenant.collectors.pod_identity import PodIdentity, PodName, PodRef, StaticPods
-from cotenant.collectors.pod_identity import pod_ref_of_resource as ref_of
-from cotenant.collectors.procfs import ProcfsCollector
+from cotenant.collectors.nvml.collector import NvmlCollector
+from cotenant.collectors.nvml.fake import FakeNvml
+from cotenant.collectors.otlp.normalize import Normalizer
+from cotenant.collectors.procfs.collector import ProcfsCollector
+from cotenant.collectors.procfs.pod_identity import PodIdentity, PodName, PodRef, StaticPods
+from cotenant.collectors.procfs.pod_identity import pod_ref_of_resource as ref_of
 from cotenant.core.timerange import TimeRange
 from cotenant.store.db import Store
 from cotenant.store.source import StoreSource

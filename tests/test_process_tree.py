@@ -1,7 +1,7 @@
 """An engine's own processes serve its model: vLLM's ``llm_request`` span names its API server
 (``vllm.process_id``), while the ``EngineCore`` and ``Worker_0`` below it do the work and hold
 the GPU. Their CPU, their GPU samples and the request's GPU must all be the model's
-(collectors/process_tree.py, GpuResolver's families, the procfs collector), and a pid from a
+(collectors/procfs/tree.py, GpuResolver's families, the procfs collector), and a pid from a
 pod's namespace or pid 1 must never lend its model to a host's processes."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from cotenant.collectors.gpu_resolve import MAX_FAMILY, GpuResolver
-from cotenant.collectors.normalize import Normalizer
-from cotenant.collectors.process_tree import descendants
+from cotenant.collectors.otlp.normalize import Normalizer
+from cotenant.collectors.procfs.tree import descendants
 from tests.test_procfs import FakeProc, Sink, collector
 
 

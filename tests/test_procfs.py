@@ -1,4 +1,5 @@
-"""collectors/procfs.py against a fake /proc tree: who used the host's CPUs, and how much."""
+"""collectors/procfs/collector.py against a fake /proc tree: who used the host's CPUs, and how
+much."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from cotenant.analysis.cpu_causes import read_host_cpu as host_cpu
 from cotenant.app.config import load_config
 from cotenant.app.service import Service
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics, parse_stat, program_name
+from cotenant.collectors.procfs.collector import (
+    ProcfsCollector,
+    ProcfsMetrics,
+    parse_stat,
+    program_name,
+)
 from cotenant.core.errors import Overloaded
 from cotenant.core.timerange import TimeRange
 from cotenant.store.db import Store

@@ -7,7 +7,7 @@ from __future__ import annotations
 from spans import MS, SpanFactory
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.otlp.normalize import Normalizer
 
 T0 = 1_764_000_000_000_000_000
 PROXY = {"service.name": "ray", "host.name": "node-1", "process.pid": 100}

@@ -12,7 +12,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.otlp.normalize import Normalizer
 from cotenant.core.errors import ScenarioError, UsageError
 from cotenant.simulator.engine import Simulation
 from cotenant.simulator.output import requests_table

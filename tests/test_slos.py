@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cotenant.alerts.rules import write_rules
+from cotenant.alerts.rules.render import write_rules
 from cotenant.app.config import load_config
 from cotenant.app.report_builder import report_builder
 from cotenant.cli.rules import settings_from

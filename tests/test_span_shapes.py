@@ -14,7 +14,7 @@ import pytest
 from spans import MS, SpanFactory
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
+from cotenant.collectors.otlp.normalize import Normalizer
 from cotenant.collectors.shapes import SHAPES
 from cotenant.collectors.shapes.attributes import attributes
 from cotenant.collectors.shapes.base import PHASE_SPANS, Claim, SpanShape

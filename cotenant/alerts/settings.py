@@ -24,7 +24,7 @@ class AlertSettings:
 @dataclass(frozen=True)
 class RuleThresholds:
     """``[rules]``: what the rendered Prometheus rules fire at, how long a condition must
-    hold, and where their runbooks are. :class:`alerts.rules.RuleSettings` is built from
+    hold, and where their runbooks are. :class:`alerts.rules.render.RuleSettings` is built from
     these and ``[analysis] slo_ms``; the weekly report counts saturation with the same
     ``dram_saturated``, ``pcie_saturated_bps`` and ``memory_pressure``."""
 

@@ -1,6 +1,6 @@
 """Central ``cotenant serve`` over Prometheus (``[prometheus] url`` set): the fleet's wiring.
 
-* ``source``: :class:`collectors.prometheus.PrometheusSource` behind
+* ``source``: :class:`collectors.prometheus.source.PrometheusSource` behind
   :class:`store.source_watch.WatchedSource`, which the analysis loop, on-demand diagnoses,
   alerts, actuators and the dashboard all read. When Prometheus is down, each reader fails
   its call (the loop skips the pass); serve keeps running, logs the outage once and its end
@@ -9,7 +9,7 @@
   victim from the agent that owns its GPU: ``GET /api/v1/incidents/{id}/requests`` and the
   dashboard's incident page.
 * ``week_rollups``: the weekly report's week, reduced inside Prometheus over the recording
-  rules of ``rules/fleet.rules.yml`` (:mod:`collectors.prometheus_week`).
+  rules of ``rules/fleet.rules.yml`` (:mod:`collectors.prometheus.week`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from cotenant.analysis.analyzer import Analyzer
 from cotenant.app.config import Config
 from cotenant.app.fleet_drill import AgentDrill
 from cotenant.app.fleet_wiring import AGENTS_QUERY, AgentSeriesWatch
-from cotenant.collectors.prometheus import PrometheusSource
-from cotenant.collectors.prometheus_week import PromQLWeekRollups
+from cotenant.collectors.prometheus.source import PrometheusSource
+from cotenant.collectors.prometheus.week import PromQLWeekRollups
 from cotenant.core.errors import QueryError
 from cotenant.core.http_json import SafeJSONResponse
 from cotenant.core.periodic import Periodic

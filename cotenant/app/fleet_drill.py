@@ -1,12 +1,12 @@
 """Drill-down from central ``cotenant serve`` into the agent that owns a GPU.
 
 Prometheus holds aggregates; the requests behind them stay on the node's agent.
-:class:`AgentDrill` finds which agent published a (model, GPU)'s latency series in a range
-(their ``node`` and ``instance`` labels, :meth:`collectors.prometheus.PrometheusSource.owners`),
-builds its URL from ``[prometheus] agent_url_template`` and asks its
-``/api/v1/slowest``. Every failure is an answer, never an exception: the diagnosis made from
-Prometheus stands whatever becomes of the drill-down, and the answer says why there are no
-requests (``node unreachable``, no agent publishes that model, Prometheus down).
+:class:`AgentDrill` finds which agent published a (model, GPU)'s latency series in a range (their
+``node`` and ``instance`` labels, :meth:`collectors.prometheus.source.PrometheusSource.owners`),
+builds its URL from ``[prometheus] agent_url_template`` and asks its ``/api/v1/slowest``. Every
+failure is an answer, never an exception: the diagnosis made from Prometheus stands whatever becomes
+of the drill-down, and the answer says why there are no requests (``node unreachable``, no agent
+publishes that model, Prometheus down).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.errors import ConfigError, SourceError
 from cotenant.core.timerange import TimeRange
 

@@ -34,20 +34,20 @@ from cotenant.app.build_info import register_process_series
 from cotenant.app.central import Central, build_central
 from cotenant.app.config import Config
 from cotenant.app.listen import Endpoints, Server, bind, url
-from cotenant.collectors.admission import InflightBytes
 from cotenant.collectors.fleet_histogram import FleetHistogram
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.host_cpu_metrics import HostCpuGauge
-from cotenant.collectors.ingest import IngestPipeline
 from cotenant.collectors.ingest_metrics import IngestMetrics
-from cotenant.collectors.normalize import Normalizer
-from cotenant.collectors.nvml import NvmlCollector
-from cotenant.collectors.nvml_api import load_pynvml
-from cotenant.collectors.nvml_metrics import NvmlMetrics
-from cotenant.collectors.otlp_grpc import OtlpGrpcServer
-from cotenant.collectors.otlp_http import OtlpHttpReceiver
-from cotenant.collectors.pod_identity import KubeletPods, PodIdentity
-from cotenant.collectors.procfs import ProcfsCollector, ProcfsMetrics
+from cotenant.collectors.nvml.api import load_pynvml
+from cotenant.collectors.nvml.collector import NvmlCollector
+from cotenant.collectors.nvml.metrics import NvmlMetrics
+from cotenant.collectors.otlp.admission import InflightBytes
+from cotenant.collectors.otlp.grpc import OtlpGrpcServer
+from cotenant.collectors.otlp.http import OtlpHttpReceiver
+from cotenant.collectors.otlp.ingest import IngestPipeline
+from cotenant.collectors.otlp.normalize import Normalizer
+from cotenant.collectors.procfs.collector import ProcfsCollector, ProcfsMetrics
+from cotenant.collectors.procfs.metrics import HostCpuGauge
+from cotenant.collectors.procfs.pod_identity import KubeletPods, PodIdentity
 from cotenant.core.errors import ConfigError, NvmlUnavailable
 from cotenant.core.http_json import SafeJSONResponse
 from cotenant.store.db import Store
@@ -91,7 +91,7 @@ class Service:
         role: Role = "serve",
     ) -> None:
         """``nvml``: the NVML surface to poll (default: ``pynvml``, imported only when
-        ``nvml.enabled``); tests pass a :class:`collectors.fake_nvml.FakeNvml`.
+        ``nvml.enabled``); tests pass a :class:`collectors.nvml.fake.FakeNvml`.
         ``clock_ns``: the time NVML samples are stamped with and the analysis loop runs at
         (the demo passes the simulation's clock). ``on_incident`` hears every incident
         the analysis loop opens, updates or resolves."""

@@ -80,7 +80,7 @@ class ProgressLine:
 
 
 def cmd_import_gentd26(args: argparse.Namespace) -> int:
-    from cotenant.collectors.fleet_backfill import write_openmetrics
+    from cotenant.collectors.prometheus.backfill import write_openmetrics
     from cotenant.core.timerange import TimeRange
     from cotenant.core.timespec import parse_time_ns
     from cotenant.evaluation.gentd26_diagnosis import iso

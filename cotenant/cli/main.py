@@ -88,7 +88,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def cmd_nvml(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _configure_logging(cfg)
-    from cotenant.collectors.nvml_api import load_pynvml
+    from cotenant.collectors.nvml.api import load_pynvml
     from cotenant.core.errors import NvmlUnavailable
 
     try:
@@ -113,7 +113,7 @@ def nvml_report(
     import pyarrow as pa
 
     from cotenant.collectors.gpu_resolve import GpuResolver
-    from cotenant.collectors.nvml import NvmlCollector
+    from cotenant.collectors.nvml.collector import NvmlCollector
     from cotenant.core.errors import NvmlUnavailable
 
     tables: dict[str, pa.Table] = {}
@@ -183,7 +183,7 @@ def _num(v: float | None, unit: str) -> str:
 
 
 def _gpu_line(g: dict[str, Any]) -> str:
-    from cotenant.collectors.nvml_metrics import CLOCK_EVENT_REASONS
+    from cotenant.collectors.nvml.metrics import CLOCK_EVENT_REASONS
 
     r = g["clock_event_reasons"]
     reasons = "-" if r is None else f"{r:#x}"

@@ -6,8 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from cotenant.alerts.rule_blocks import RuleSettings
-from cotenant.alerts.rules import (
+from cotenant.alerts.rules.blocks import RuleSettings
+from cotenant.alerts.rules.render import (
     check_labels,
     check_namespace,
     exporters_rule,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from cotenant.collectors.pod_identity import PodRef
+from cotenant.collectors.procfs.pod_identity import PodRef
 
 MAX_FAMILY = 64
 """Descendants one span pid may lend its model to: a serving engine's tree is a handful of

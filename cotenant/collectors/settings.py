@@ -60,7 +60,7 @@ class GpuSettings:
 
 @dataclass(frozen=True)
 class NvmlSettings:
-    """``[nvml]``: the NVML poller (:class:`collectors.nvml.NvmlCollector`)."""
+    """``[nvml]``: the NVML poller (:class:`collectors.nvml.collector.NvmlCollector`)."""
 
     enabled: bool = key(True, "poll GPU and per-process counters through NVML when available")
     poll_interval_s: float = key(1.0, "NVML poll period", min=0.05, max=3600.0)
@@ -79,7 +79,7 @@ class NvmlSettings:
 
 @dataclass(frozen=True)
 class PrometheusSettings:
-    """``[prometheus]``: the fleet path (:class:`collectors.prometheus.PrometheusSource`)."""
+    """``[prometheus]``: the fleet path (:class:`collectors.prometheus.source.PrometheusSource`)."""
 
     url: str = key("", "Prometheus-compatible query URL for the fleet path ('' = not used)")
     required: bool = key(
@@ -120,7 +120,7 @@ class PrometheusSettings:
 
 @dataclass(frozen=True)
 class ProcfsSettings:
-    """``[procfs]``: host CPU per process, read by :mod:`collectors.procfs` in serve."""
+    """``[procfs]``: host CPU per process, read by :mod:`collectors.procfs.collector` in serve."""
 
     enabled: bool = key(
         True,

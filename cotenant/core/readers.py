@@ -11,7 +11,7 @@ per window (``ts_ns`` = window start) and series. Its contract is four small rea
 
 :class:`MetricSource` is all four, what the analysis is handed. Two implementations:
 ``cotenant.store.source.StoreSource`` (the embedded store) and
-``cotenant.collectors.prometheus.PrometheusSource`` (PromQL). A wrapper (the fleet's
+``cotenant.collectors.prometheus.source.PrometheusSource`` (PromQL). A wrapper (the fleet's
 ``WatchedSource``, the loop's ``PassReads``) subclasses :class:`DelegatingSource` and overrides
 only what it changes. ``rng`` must be closed (both ends set); an impossible read raises
 :class:`cotenant.core.errors.QueryError`, a source that does not answer

@@ -7,7 +7,7 @@ generative model its TTFT / TPOT SLO minutes; per GPU its saturated hours and co
 victim's p99 around an action; where model-load latency went (requests' waits per model, loads
 per model, replica and kind). Implementations: ``cotenant.store.week_rollups.
 StoreWeekRollups`` (embedded mode, DuckDB over the rollup tables) and
-``cotenant.collectors.prometheus_week.PromQLWeekRollups`` (fleet mode, PromQL over the
+``cotenant.collectors.prometheus.week.PromQLWeekRollups`` (fleet mode, PromQL over the
 recording rules' minute series). Times are ns UTC, latencies ms, hours as named.
 """
 

@@ -11,8 +11,8 @@ seconds, for ``promtool tsdb create-blocks-from openmetrics``:
   counts from the first scrape at or after it completed, as the agent's counters do.
 * ``cotenant_lock_waits_total`` / ``cotenant_lock_wait_seconds_total{node,model,gpu,lock,holder}``;
 * the GPU counters under the DCGM names and labels the agent uses
-  (:data:`collectors.nvml_metrics.DCGM_SERIES`) and under its own names
-  (:data:`collectors.nvml_metrics.GPU_SERIES`, ``cotenant_gpu_clock_event_active``),
+  (:data:`collectors.nvml.metrics.DCGM_SERIES`) and under its own names
+  (:data:`collectors.nvml.metrics.GPU_SERIES`, ``cotenant_gpu_clock_event_active``),
   per-process GPU ratios and memory, and host CPU per program: the newest sample at or
   before each scrape, as the agent's gauges show the latest poll;
 * ``cotenant_request_errors_total{node,model,gpu}``;
@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from cotenant.collectors.fleet_histogram import NAME, TOTAL_BUCKETS_S
 from cotenant.collectors.ingest_metrics import TOKEN_SERIES, token_values
-from cotenant.collectors.nvml_metrics import CLOCK_EVENT_REASONS, DCGM_SERIES, GPU_SERIES
+from cotenant.collectors.nvml.metrics import CLOCK_EVENT_REASONS, DCGM_SERIES, GPU_SERIES
 from cotenant.core.phases import PHASE_COLUMNS, PHASES
 
 MIB = 1048576

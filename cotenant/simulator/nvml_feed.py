@@ -1,4 +1,4 @@
-"""The simulator's GPU as NVML sees it: a :class:`collectors.fake_nvml.FakeNvml` built from a
+"""The simulator's GPU as NVML sees it: a :class:`collectors.nvml.fake.FakeNvml` built from a
 scenario and driven by the simulation's counter samples, in process or through a feed file.
 
 In process (``cotenant demo``): :func:`fake_for` builds the FakeNvml, :func:`feed_rows` copies
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cotenant.collectors.fake_nvml import FakeNvml
+from cotenant.collectors.nvml.fake import FakeNvml
 from cotenant.core.errors import FeedError
 from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import model_pid

@@ -1,7 +1,7 @@
 """Follow a simulated-NVML feed file (:mod:`simulator.nvml_feed`) into a FakeNvml, for
 ``cotenant agent --fake-nvml PATH``: a simulated GPU instead of the driver, for demos and tests.
 
-:class:`FeedTail` owns a :class:`collectors.fake_nvml.FakeNvml` (no GPU until the feed's header
+:class:`FeedTail` owns a :class:`collectors.nvml.fake.FakeNvml` (no GPU until the feed's header
 arrives) and a :class:`FeedClock`; the agent's real NVML collector polls the fake on that clock.
 A thread reads whatever the writer (``cotenant simulate --nvml-feed``) appended, every
 ``poll_s``: the header adds the GPUs and processes (and calls ``on_gpus``, so the collector
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cotenant.collectors.fake_nvml import FakeNvml
+from cotenant.collectors.nvml.fake import FakeNvml
 from cotenant.core.errors import FeedError, UsageError
 from cotenant.simulator.nvml_feed import FeedHeader, add_to_fake, apply_record, check_record
 

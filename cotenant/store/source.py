@@ -1,6 +1,6 @@
 """``StoreSource``: :class:`cotenant.core.readers.MetricSource` over the embedded DuckDB store
 (spans and NVML samples). The other implementation is
-``cotenant.collectors.prometheus.PrometheusSource``; both return the frames of
+``cotenant.collectors.prometheus.source.PrometheusSource``; both return the frames of
 :mod:`cotenant.core.frames`.
 """
 

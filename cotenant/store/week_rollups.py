@@ -6,7 +6,7 @@ they are reduced:
 
 * :class:`StoreWeekRollups` (embedded mode): DuckDB over the store's ``request_rollup_1m``,
   ``gpu_rollup_1m`` and ``process_rollup_1m``;
-* ``collectors.prometheus_week.PromQLWeekRollups`` (fleet mode): PromQL over the recording
+* ``collectors.prometheus.week.PromQLWeekRollups`` (fleet mode): PromQL over the recording
   rules' minute series, so a week of a whole cluster is reduced inside Prometheus.
 
 Incidents, actions and the audit stay in the store in both modes

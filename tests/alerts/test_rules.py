@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cotenant.alerts.rule_blocks import RuleSettings
-from cotenant.alerts.rules import RULE_FILES, render_rules, write_rules
+from cotenant.alerts.rules.blocks import RuleSettings
+from cotenant.alerts.rules.render import RULE_FILES, render_rules, write_rules
 from cotenant.app.config import Config, load_config
 from cotenant.cli.rules import settings_from
 from cotenant.core.errors import UsageError

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 
 pytestmark = needs_prometheus
@@ -226,7 +226,7 @@ def test_exported_pod_labels_name_the_pods_when_the_scrape_does_not_honor_labels
     g = by_gpu(renamed.source.gpu_windows(renamed.rng, STEP_S).to_pylist())
     assert g["GPU-vvvv"]["sm_util"] == pytest.approx(80.0)  # the GPU's own, not its pods' mean
     assert g["GPU-1111"]["sm_util"] == pytest.approx(90.0)
-    with caplog.at_level("WARNING", logger="cotenant.collectors.promql_joins"):
+    with caplog.at_level("WARNING", logger="cotenant.collectors.prometheus.joins"):
         rows = renamed.source.process_windows(renamed.rng, STEP_S).to_pylist()
         renamed.source.process_windows(renamed.rng, STEP_S)
     got = {(r["gpu"], r["process_name"]): r for r in rows}

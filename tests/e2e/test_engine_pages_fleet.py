@@ -11,7 +11,7 @@ GPU the DCGM exporter's pod labels give their pods (and those pods' GPU rows nam
   under the names, labels and buckets of ``python/sglang/srt/metrics/collector.py``; TGI's in
   the text ``metrics-exporter-prometheus`` writes (counters without ``_total``, no labels), with
   the names and buckets of TGI v3.3.7's ``router/src/server.rs``. See
-  :mod:`collectors.promql_engines` for what was read where.
+  :mod:`collectors.prometheus.engines` for what was read where.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until, zeroed
 
 from cotenant.collectors.gpu_resolve import GpuResolver
-from cotenant.collectors.normalize import Normalizer
-from cotenant.collectors.otlp_decode import PROTOBUF, decode
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.otlp.decode import PROTOBUF, decode
+from cotenant.collectors.otlp.normalize import Normalizer
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 
 pytestmark = needs_prometheus

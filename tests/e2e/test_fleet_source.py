@@ -8,7 +8,7 @@ from pathlib import Path
 
 from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 
 pytestmark = needs_prometheus

@@ -26,8 +26,8 @@ from spans import MS, SpanFactory
 
 from cotenant.app.config import load_config
 from cotenant.app.service import Service
-from cotenant.collectors.fake_nvml import FakeNvml
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.nvml.fake import FakeNvml
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 
 pytestmark = [needs_prometheus, needs_victoria]

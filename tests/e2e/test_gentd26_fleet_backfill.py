@@ -1,6 +1,6 @@
 """A GenTD26 import backfilled into a real Prometheus (``cotenant import-gentd26 --openmetrics``
 then ``promtool tsdb create-blocks-from openmetrics``): the fleet's reads of the week
-(:class:`collectors.prometheus_week.PromQLWeekRollups`) give what the store's give."""
+(:class:`collectors.prometheus.week.PromQLWeekRollups`) give what the store's give."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from promserver import PROMETHEUS, needs_prometheus, start_prometheus
 
 from cotenant.cli.main import main
-from cotenant.collectors.prometheus import PrometheusSource
-from cotenant.collectors.prometheus_week import PromQLWeekRollups
+from cotenant.collectors.prometheus.source import PrometheusSource
+from cotenant.collectors.prometheus.week import PromQLWeekRollups
 from cotenant.core.slos import SloTable
 from cotenant.core.week_reads import GpuThresholds
 from cotenant.reports.isoweek import parse_week

@@ -31,8 +31,13 @@ from spans import SpanFactory
 
 from cotenant.app.config import load_config
 from cotenant.app.service import Service
-from cotenant.collectors.fake_nvml import FakeNvml
-from cotenant.collectors.pod_identity import K8S_CONTAINER, K8S_NAMESPACE, K8S_POD, K8S_POD_UID
+from cotenant.collectors.nvml.fake import FakeNvml
+from cotenant.collectors.procfs.pod_identity import (
+    K8S_CONTAINER,
+    K8S_NAMESPACE,
+    K8S_POD,
+    K8S_POD_UID,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTOR = ROOT / "deploy" / "otel-collector" / "collector.yaml"

@@ -22,7 +22,7 @@ from promserver import PROMETHEUS, needs_prometheus, start_prometheus
 
 from cotenant.analysis.analyzer import Analyzer
 from cotenant.analysis.incidents import IncidentBook
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.store.db import Store
 
 pytestmark = needs_prometheus

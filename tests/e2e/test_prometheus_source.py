@@ -25,7 +25,7 @@ from promserver import (
     wait_until,
 )
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.errors import CotenantError, SourceError
 from cotenant.core.frames import (
     GPU_WINDOWS,

@@ -21,11 +21,11 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 from promserver import PromServer, TextExporter, needs_prometheus, start_prometheus, wait_until
 
-from cotenant.alerts.rules import to_yaml
-from cotenant.alerts.rules_windows import window_group
+from cotenant.alerts.rules.render import to_yaml
+from cotenant.alerts.rules.windows import window_group
 from cotenant.app.config import load_config
 from cotenant.cli.rules import settings_from
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 
 pytestmark = needs_prometheus

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until, zeroed
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 
 pytestmark = needs_prometheus

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from promserver import TextExporter, needs_prometheus, start_prometheus, wait_until
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 from tests.e2e.test_triton_page_fleet import zeroed
 

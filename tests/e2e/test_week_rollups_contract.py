@@ -1,7 +1,7 @@
 """The two :class:`store.week_rollups.WeekRollups` give the same week: DuckDB over the store's
 rollup rows (embedded mode) and PromQL over the recording rules' minute series, in a real
 Prometheus and in a real VictoriaMetrics (fleet mode,
-:class:`collectors.prometheus_week.PromQLWeekRollups`).
+:class:`collectors.prometheus.week.PromQLWeekRollups`).
 
 The same minutes are written both ways: as rollup rows, and as the samples the rules of
 ``rules/fleet.rules.yml`` record (each minute ``m`` once during the next minute, at offsets
@@ -31,8 +31,8 @@ from promserver import (
     start_victoria,
 )
 
-from cotenant.collectors.prometheus import PrometheusSource
-from cotenant.collectors.prometheus_week import PromQLWeekRollups
+from cotenant.collectors.prometheus.source import PrometheusSource
+from cotenant.collectors.prometheus.week import PromQLWeekRollups
 from cotenant.core.slos import SloTable
 from cotenant.core.week_reads import GpuThresholds
 from cotenant.store.bulk_load import append_tables

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fleet_rig import Proc, spawn, started
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.core.timerange import TimeRange
 from tests.engines.conftest import TritonServer, free_port, running_triton

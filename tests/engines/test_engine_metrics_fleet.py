@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 from tests.engines.conftest import TritonServer
 from tests.promserver import PromServer, needs_prometheus, start_prometheus, wait_until

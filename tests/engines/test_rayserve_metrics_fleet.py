@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from cotenant.collectors.prometheus import PrometheusSource
+from cotenant.collectors.prometheus.source import PrometheusSource
 from cotenant.core.timerange import TimeRange
 from tests.conftest import Served
 from tests.engines.conftest import RayCluster, rows_for

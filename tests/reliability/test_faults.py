@@ -25,7 +25,7 @@ from cotenant.actuators.backends.rayserve import RayServeBackend
 from cotenant.actuators.backends.triton import TritonBackend
 from cotenant.actuators.backends.webhook import WebhookBackend
 from cotenant.app.service import Service
-from cotenant.collectors.fake_nvml import FakeNvml
+from cotenant.collectors.nvml.fake import FakeNvml
 from cotenant.core.errors import BackendError
 from cotenant.store.queries import request_count
 

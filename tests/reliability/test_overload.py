@@ -16,7 +16,7 @@ import pytest
 from spans import SpanFactory
 
 from cotenant.app.service import Service
-from cotenant.collectors.admission import InflightBytes
+from cotenant.collectors.otlp.admission import InflightBytes
 from cotenant.core.errors import Overloaded
 from cotenant.store.db import Store
 from cotenant.store.queries import request_count

@@ -1,6 +1,6 @@
 """Span shapes: one module per exporter convention, behind :class:`base.SpanShape`.
 
-:data:`SHAPES` is the tuple :class:`collectors.normalize.Normalizer` uses by default. Order
+:data:`SHAPES` is the tuple :class:`collectors.otlp.normalize.Normalizer` uses by default. Order
 matters only for spans claimed by attributes: the first shape whose ``claim`` answers wins.
 """
 

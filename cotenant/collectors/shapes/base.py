@@ -1,7 +1,7 @@
 """The span-shape contract: which spans a shape claims, and how its request root becomes a row.
 
 A *span shape* is one exporter's convention for a served request (ours, vLLM, Triton; see
-DESIGN.md, "Span conventions"). :class:`collectors.normalize.Normalizer` takes a tuple of
+DESIGN.md, "Span conventions"). :class:`collectors.otlp.normalize.Normalizer` takes a tuple of
 shapes (:data:`collectors.shapes.SHAPES` by default) and sorts every span of an export so:
 
 1. A span named after a phase (:data:`PHASE_SPANS`) is a **phase child**, held for its parent
@@ -37,7 +37,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from cotenant.collectors.critical_path import OTHER
+from cotenant.collectors.otlp.critical_path import OTHER
 from cotenant.core.phases import PHASES
 
 Attrs = dict[str, Any]

@@ -3,7 +3,7 @@ phase children named ``queue``, ``lock.wait``, ``preprocess``, ``transfer.h2d``,
 ``transfer.d2h``, ``postprocess``.
 
 The phases are the critical path of the root over its children
-(:func:`collectors.critical_path.critical_path`); the lock named on the row is the one of the
+(:func:`collectors.otlp.critical_path.critical_path`); the lock named on the row is the one of the
 longest ``lock.wait`` child. A root may have any name: the ``cotenant.model`` attribute marks it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cotenant.collectors.critical_path import critical_path
+from cotenant.collectors.otlp.critical_path import critical_path
 from cotenant.collectors.shapes.attributes import as_int, as_seconds_ms, as_str, replica_of
 from cotenant.collectors.shapes.base import (
     ATTR_MODEL,

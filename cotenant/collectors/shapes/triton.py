@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cotenant.collectors.critical_path import OTHER
+from cotenant.collectors.otlp.critical_path import OTHER
 from cotenant.collectors.shapes.attributes import as_str, replica_of
 from cotenant.collectors.shapes.base import (
     COMPUTE,
