@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cotenant.core.token_bucket import TokenBucket
 from cotenant.gateway.balance import NoReplica, Route
 from cotenant.gateway.replica import Replica
 from cotenant.gateway.routing import Router
 from cotenant.gateway.tickets import OTHER, Entry, Grant, Kind, Rejected, Ticket
-from cotenant.gateway.token_bucket import TokenBucket
 
 __all__ = ["OTHER", "Admission", "Entry", "Kind", "Rejected", "Ticket"]
 

@@ -1,13 +1,7 @@
 """Which replica a request goes to: a model's route (replicas with weights) and its policy.
 
-* ``weighted`` — smooth weighted round robin (nginx's): over any window of sum(weights)
-  requests each replica gets its weight's share, interleaved (weights 5, 1, 1 send
-  a a b a c a a, not a a a a a b c).
-* ``least-loaded`` — power of two choices: two distinct replicas drawn at random in proportion
-  to their weights, the one with fewer requests in flight per unit of weight wins (ties, as
-  between idle replicas: the first drawn, so idle replicas share requests by weight). Its cost
-  does not grow with the number of replicas, and unlike "always the least loaded" it does not
-  send a burst of new requests to the one replica that just freed.
+The policies are :mod:`core.balancing`'s: ``weighted`` (smooth weighted round robin) and
+``least-loaded`` (power of two choices by weight, fewer in flight per unit of weight wins).
 
 A replica is a candidate when its weight is > 0, no operator ejected it, its passive health
 lets a request through, and it has room for the request's priority (``max_in_flight`` and the
@@ -20,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+from cotenant.core.balancing import smooth_weighted, two_choices
 from cotenant.gateway.replica import Replica
 from cotenant.gateway.routing_config import MAX_WEIGHT, POLICIES, Policy
 
@@ -39,6 +34,10 @@ class Member:
         self.replica = replica
         self.weight = weight
         self.current = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.replica.in_flight
 
 
 class Route:
@@ -73,8 +72,8 @@ class Route:
         if len(fits) == 1:
             return fits[0].replica
         if self.policy == "weighted":
-            return self._round_robin(fits)
-        return self._two_choices(fits)
+            return smooth_weighted(fits).replica
+        return two_choices(fits, self.rng.random).replica
 
     def _fits(self, priority: int, now: float, exclude: Replica | None) -> list[Member]:
         """The candidates (see the module docstring), in one pass; raises :class:`NoReplica`."""
@@ -108,40 +107,3 @@ class Route:
     def usable(self, now: float) -> bool:
         """False when no replica may take requests at all (see :class:`NoReplica`)."""
         return any(m.weight > 0 and m.replica.usable(now) for m in self.members)
-
-    @staticmethod
-    def _round_robin(fits: list[Member]) -> Replica:
-        total = 0
-        best = fits[0]
-        for m in fits:
-            m.current += m.weight
-            total += m.weight
-            if m.current > best.current:
-                best = m
-        best.current -= total
-        return best.replica
-
-    def _two_choices(self, fits: list[Member]) -> Replica:
-        rand = self.rng.random
-        total = 0
-        for m in fits:
-            total += m.weight
-        x = rand() * total
-        a = fits[-1]
-        for m in fits:
-            x -= m.weight
-            if x < 0:
-                a = m
-                break
-        x = rand() * (total - a.weight)
-        b = a
-        for m in fits:
-            if m is not a:
-                b = m
-                x -= m.weight
-                if x < 0:
-                    break
-        ra, rb = a.replica, b.replica
-        # fewer in flight per unit of weight (as nginx's least_conn); a tie goes to the first
-        # drawn, which was drawn by weight
-        return ra if ra.in_flight * b.weight <= rb.in_flight * a.weight else rb

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from cotenant.core.token_bucket import TokenBucket
 from cotenant.gateway.balance import Route
 from cotenant.gateway.replica import Replica
-from cotenant.gateway.token_bucket import TokenBucket
 
 Kind = Literal["models", "tenants"]
 OTHER = "(other)"

@@ -11,14 +11,17 @@ row). Waiting for a token is part of the request's latency and of its ``queue`` 
 from __future__ import annotations
 
 from cotenant.core.errors import UsageError
+from cotenant.core.token_bucket import TokenBucket
 
 
-class VirtualTokenBucket:
-    """``rate_rps`` > 0 tokens per second, at most ``burst`` (>= 1) banked; starts full at
-    time ``t`` (seconds of virtual time). ``max_wait_s`` >= 0: the longest a request waits
-    for a token before it is refused. Raises UsageError for values out of range."""
+class VirtualTokenBucket(TokenBucket):
+    """The gateway's token bucket (:class:`core.token_bucket.TokenBucket`) with its bounded
+    wait, in virtual time: ``rate_rps`` > 0 tokens per second, at most ``burst`` (>= 1)
+    banked; starts full at time ``t`` (seconds of virtual time). ``max_wait_s`` >= 0: the
+    longest a request waits for a token before it is refused. Raises UsageError for values out
+    of range."""
 
-    __slots__ = ("burst", "last", "max_wait_s", "rate_rps", "tokens")
+    __slots__ = ("max_wait_s",)
 
     def __init__(self, rate_rps: float, burst: int, *, max_wait_s: float = 0.0, t: float = 0.0):
         if not rate_rps > 0:
@@ -27,28 +30,14 @@ class VirtualTokenBucket:
             raise UsageError(f"burst {burst!r} must be an integer >= 1")
         if not max_wait_s >= 0:
             raise UsageError(f"max_wait_s {max_wait_s!r} must be >= 0")
-        self.rate_rps = float(rate_rps)
-        self.burst = int(burst)
+        super().__init__(float(rate_rps), int(burst), t)
         self.max_wait_s = float(max_wait_s)
-        self.tokens = float(burst)
-        self.last = t
 
     def admit(self, t: float, *, must_wait: bool = False) -> float | None:
         """A request arriving at ``t``: the seconds it waits for its token (0 when one is
         banked), or None when it is refused. ``must_wait``: it cannot be refused (a
         closed-loop client blocks instead), so it waits however long it takes."""
-        if t > self.last:
-            self.tokens = min(float(self.burst), self.tokens + (t - self.last) * self.rate_rps)
-            self.last = t
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        # tokens may go negative: each waiting request has reserved the next free token
-        wait = (1.0 - self.tokens) / self.rate_rps
-        if must_wait or wait <= self.max_wait_s:
-            self.tokens -= 1.0
-            return wait
-        return None
+        return self.admit_within(t, self.max_wait_s, must_wait=must_wait)
 
 
 class ModelAdmission:
