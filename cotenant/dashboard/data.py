@@ -34,7 +34,6 @@ from cotenant.store.dashboard_queries import (
     has_gpu_samples,
     has_requests,
     known_models,
-    latest_request_ns,
     recent_latency,
     rollup_models,
 )
@@ -177,10 +176,6 @@ class DashboardData:
             value = earliest_data_ns(self.store)
             self._earliest = (time.monotonic(), value)
         return value
-
-    def latest_ns(self) -> int | None:
-        """Newest request completion in the store (to say where the data is)."""
-        return self.clock_ns() if self.fleet else latest_request_ns(self.store)
 
     # ---- Overview ----------------------------------------------------------------------
     def model_tiles(self, rng: Range) -> list[dict[str, Any]]:

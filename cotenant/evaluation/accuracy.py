@@ -11,7 +11,7 @@ incidents for every model, and score:
 * false incidents per simulated hour — incidents that overlap no fault;
 * bystanders named — incidents overlapping a fault that give a share to a model that is no
   fault's culprit (other than the victim's own ``load``): a fellow victim taken for a cause;
-* within-SLO victims (:mod:`evaluation.goal`: slowed as much as issue 25's goal asks to find,
+* within-SLO victims (:mod:`evaluation.goal`: slowed at least as much as the goal's bar,
   never over an SLO): found (an incident of it overlaps the fault) and attributed (one names
   the fault's cause first);
 * analysis time.

@@ -11,7 +11,7 @@ runs. The events it publishes are scored against the simulator's truth, per faul
   later in the same fault), the first published top cause and the final one (AC@1), and the
   time from the fault's start to the first event naming the true cause;
 * **within-SLO victims** (slowed by the fault but never over an SLO, or without one, as much
-  as issue 25's goal asks to find: 1.2x and 1 ms over its p99 without the fault, for at least
+  as the goal's bar: 1.2x and 1 ms over its p99 without the fault, for at least
   60 s, at 0.5 requests a second or more; slighter, shorter or sparser victims are counted
   apart as ``below the bar``): found (an incident overlaps the fault), attributed (its top
   cause is the truth), and recorded (found, or kept in the store's ``contention`` table as

@@ -235,7 +235,7 @@ class WeekSummary:
     load_waits: list[LoadWait] = field(default_factory=list)
     load_kinds: list[LoadKindWeek] = field(default_factory=list)
     load_replicas: list[LoadReplicaWeek] = field(default_factory=list)
-    # who slowed whom within the SLO without an incident (issue 25: ordinary contention)
+    # who slowed whom within the SLO without an incident (ordinary contention)
     ordinary: list[OrdinaryCell] = field(default_factory=list)
 
     @property

@@ -63,16 +63,6 @@ def has_gpu_samples(store: Store) -> bool:
     )
 
 
-def latest_request_ns(store: Store) -> int | None:
-    """The newest request completion (raw) or rollup minute start; None when there is none."""
-    rows = _rows(
-        store,
-        "SELECT greatest((SELECT max(ts_end_ns) FROM requests),"
-        " (SELECT max(minute_ns) FROM request_rollup_1m))",
-    )
-    return None if not rows or rows[0][0] is None else int(rows[0][0])
-
-
 def earliest_data_ns(store: Store) -> int | None:
     """The oldest thing stored: a request's start, a GPU sample, or a rollup minute's start;
     None when the store is empty. (DuckDB's ``least`` skips nulls.)"""

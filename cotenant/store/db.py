@@ -137,10 +137,6 @@ class Store:
         with self.cursor() as cur:
             cur.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
 
-    def checkpoint(self) -> None:
-        with self.cursor() as cur:
-            cur.execute("CHECKPOINT")
-
     def close(self) -> None:
         with self._lock:
             if self._closed:
