@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cotenant.collectors.gpu_resolve import GpuResolver
 from cotenant.collectors.otlp.decode import JSON, decode
 from cotenant.collectors.otlp.normalize import Normalizer
-from cotenant.collectors.prometheus import engines, promql
+from cotenant.collectors.prometheus import engines, families, promql
 from tests.test_engine_fixtures import vllm_spans
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
@@ -42,7 +42,7 @@ def page(name: str) -> dict[str, tuple[str, str, list[dict[str, str]]]]:
 
 def triton_fields() -> dict[str, str]:
     """Field -> expression of the fleet path's Triton query (``cotenant_field`` tags)."""
-    [family] = [f for f in promql.FAMILIES if f.counter.startswith("nv_")]
+    [family] = [f for f in families.FAMILIES if f.counter.startswith("nv_")]
     query = family.query("", "1m")
     return dict(
         (f, e) for e, f in re.findall(r'label_replace\((.+?), "cotenant_field", "(\w+)"', query)
@@ -50,7 +50,7 @@ def triton_fields() -> dict[str, str]:
 
 
 def triton_names_we_read() -> set[str]:
-    [family] = [f for f in promql.FAMILIES if f.counter.startswith("nv_")]
+    [family] = [f for f in families.FAMILIES if f.counter.startswith("nv_")]
     texts = [family.query("", "1m"), family.counter, promql.pod_models_query("5m")]
     texts.append(RULES.read_text())
     return {n for t in texts for n in re.findall(r"\bnv_[a-z_]+", t)}
@@ -65,7 +65,7 @@ def test_the_queries_read_some_triton_series_at_all() -> None:
 @pytest.mark.parametrize("name", TRITON_PAGES)
 def test_every_triton_name_we_query_is_on_the_real_page_with_its_model_label(name: str) -> None:
     real = page(name)
-    for metric in sorted(triton_names_we_read() - {promql.TRITON_SUMMARY}):
+    for metric in sorted(triton_names_we_read() - {families.TRITON_SUMMARY}):
         assert metric in real, f"{metric} is not exposed by {name}"
         kind, _, label_sets = real[metric]
         assert kind == "counter", f"{metric} is a {kind}: rate() of it means nothing"
@@ -76,13 +76,13 @@ def test_every_triton_name_we_query_is_on_the_real_page_with_its_model_label(nam
 
 def test_the_optional_latency_summary_is_read_with_the_quantiles_triton_exposes() -> None:
     # on the page of a server run with summary_latencies=true; pytriton's has none (null p99)
-    assert promql.TRITON_SUMMARY in triton_names_we_read()
-    kind, doc, label_sets = page("triton-2.51.0/metrics.txt")[promql.TRITON_SUMMARY]
+    assert families.TRITON_SUMMARY in triton_names_we_read()
+    kind, doc, label_sets = page("triton-2.51.0/metrics.txt")[families.TRITON_SUMMARY]
     assert kind == "summary" and "microseconds" in doc
     quantiles = {float(ls["quantile"]) for ls in label_sets if "quantile" in ls}
     assert {q for _, q in promql.QUANTILES} <= quantiles
     assert all("model" in ls for ls in label_sets)
-    assert promql.TRITON_SUMMARY not in page("pytriton-0.7.0/metrics.txt")
+    assert families.TRITON_SUMMARY not in page("pytriton-0.7.0/metrics.txt")
     for name, _ in promql.QUANTILES:
         assert triton_fields()[name].endswith(" / 1e6"), name
 
@@ -176,12 +176,12 @@ VLLM_GONE = {
 
 def vllm_names_we_read() -> set[str]:
     """Every vLLM series name the fleet path's queries and the exporter rules use."""
-    [family] = [f for f in promql.FAMILIES if f.counter.startswith("vllm:")]
+    [family] = [f for f in families.FAMILIES if f.counter.startswith("vllm:")]
     texts = [
         family.query("", "1m"),
         family.counter,
-        promql.token_query("", "1m", lengths=True),
-        promql.serving_query("", "1m", "1m"),
+        families.token_query("", "1m", lengths=True),
+        families.serving_query("", "1m", "1m"),
         RULES.read_text(),
     ]
     return {n for t in texts for n in re.findall(r"\bvllm:[a-z0-9_]+", t)}
@@ -199,14 +199,14 @@ def test_every_vllm_name_we_query_is_on_the_real_page_with_its_model_label() -> 
 def test_tpot_is_read_from_the_names_this_vllm_exposes() -> None:
     # issue 27: only time_per_output_token_seconds was read, so TPOT was silently empty
     real = page(VLLM_PAGE)
-    tpot = promql.VLLM_TOKENS["tpot"]
+    tpot = families.VLLM_TOKENS["tpot"]
     assert isinstance(tpot, tuple)
     present = [n for n in tpot if f"{n}_count" in real]
     assert present == [
         "vllm:inter_token_latency_seconds",
         "vllm:request_time_per_output_token_seconds",
     ]
-    query = promql.token_query("", "1m")
+    query = families.token_query("", "1m")
     for name in present:
         assert f"rate({name}_sum" in query and f"rate({name}_count" in query
     rules = RULES.read_text()

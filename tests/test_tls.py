@@ -17,7 +17,7 @@ from conftest import start_serve
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from cotenant.app.config import load_config
-from cotenant.app.service import tls_files
+from cotenant.app.credentials import tls_files
 from cotenant.core.errors import ConfigError
 
 OPENSSL = shutil.which("openssl")

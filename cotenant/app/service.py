@@ -26,13 +26,14 @@ from typing import Any, Literal, TextIO
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from cotenant.actuators.backends.factory import read_secret
 from cotenant.analysis.loop import OnIncident
 from cotenant.app.agent_api import create_agent_api
-from cotenant.app.auth import GrpcTokenInterceptor, Tokens, protect_api, protect_otlp
+from cotenant.app.auth import GrpcTokenInterceptor, protect_api, protect_otlp
+from cotenant.app.banner import startup_banner
 from cotenant.app.build_info import register_process_series
 from cotenant.app.central import Central, build_central
 from cotenant.app.config import Config
+from cotenant.app.credentials import grpc_credentials, load_tokens, tls_files
 from cotenant.app.listen import Endpoints, Server, bind, url
 from cotenant.collectors.fleet_histogram import FleetHistogram
 from cotenant.collectors.gpu_resolve import GpuResolver
@@ -48,7 +49,7 @@ from cotenant.collectors.otlp.normalize import Normalizer
 from cotenant.collectors.procfs.collector import ProcfsCollector, ProcfsMetrics
 from cotenant.collectors.procfs.metrics import HostCpuGauge
 from cotenant.collectors.procfs.pod_identity import KubeletPods, PodIdentity
-from cotenant.core.errors import ConfigError, NvmlUnavailable
+from cotenant.core.errors import NvmlUnavailable
 from cotenant.core.http_json import SafeJSONResponse
 from cotenant.store.db import Store
 from cotenant.store.maintenance import Maintenance
@@ -371,7 +372,20 @@ class Service:
         if central is not None:
             central.start()
         if banner is not None:
-            self._print_banner(banner)
+            banner.write(
+                startup_banner(
+                    self.config,
+                    self.endpoints,
+                    role=self.role,
+                    node=self.node,
+                    store_path=self.store.path,
+                    central=self.central,
+                    nvml=self.nvml,
+                    nvml_missing=self._nvml_missing,
+                    procfs=self.procfs,
+                )
+            )
+            banner.flush()
         self.started.set()
         try:
             if self._stopping:
@@ -382,64 +396,6 @@ class Service:
             for s in socks:
                 s.close()
             await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
-
-    def _print_banner(self, out: TextIO) -> None:
-        ep = self.endpoints
-        assert ep is not None  # set just before
-        if self.role == "agent":
-            lines = [
-                f"cotenant agent: node {self.node}, store {self.store.path}",
-                f"  metrics    {ep.api}/metrics (drill-down {ep.api}/api/v1/slowest)",
-            ]
-        else:
-            lines = [
-                f"cotenant serve: store {self.store.path}",
-                f"  HTTP API   {ep.api}/api/v1 (OpenAPI {ep.api}/docs, metrics {ep.api}/metrics)",
-            ]
-        central = self.central
-        if central is not None and central.fleet is not None:
-            url = central.fleet.prometheus.url
-            lines.append(f"  Prometheus {url} (fleet mode: windows read through PromQL)")
-        if ep.otlp_http:
-            lines.append(f"  OTLP/HTTP  {ep.otlp_http}")
-        if ep.otlp_grpc:
-            lines.append(f"  OTLP/gRPC  {ep.otlp_grpc}")
-        if central is not None and central.dashboard is not None:
-            lines.append(f"  Dashboard  {ep.api}/")
-        if self.role == "agent" and not self.config.nvml.enabled:
-            lines.append("  NVML       off (nvml.enabled = false): spans only, no GPU counters")
-        elif self._nvml_missing is not None:
-            lines.append(f"  NVML       NOT READY: {self._nvml_missing}")
-        if self.nvml is not None:
-            n = len(self.nvml.devices())
-            lines.append(
-                f"  NVML       {n} GPUs, polled every {self.nvml.poll_interval_s:g} s "
-                f"(processes every {self.nvml.process_interval_s:g} s)"
-            )
-        if self.procfs is not None:
-            p = self.procfs
-            lines.append(
-                f"  procfs     host CPU of the top {p.top_n} processes and every span-emitting "
-                f"process, every {p.interval_s:g} s"
-            )
-        if central is not None and central.actions is not None:
-            ac = self.config.actuators
-            where = ac.backend_url or "no backend_url: proposals only"
-            lines.append(f"  Actuators  mode {ac.mode}, backend {ac.backend} ({where})")
-        if ep.otlp_http:
-            base = ep.otlp_http.removesuffix("/v1/traces")
-            lines.append("Point your OpenTelemetry exporter here, e.g.:")
-            lines.append(f"  export OTEL_EXPORTER_OTLP_TRACES_ENDPOINT={ep.otlp_http}")
-            lines.append(
-                f"  (or OTEL_EXPORTER_OTLP_ENDPOINT={base} "
-                "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)"
-            )
-        lines.append(
-            f"listening api={ep.api} otlp_http={ep.otlp_http or '-'} "
-            f"otlp_grpc={ep.otlp_grpc or '-'}"
-        )
-        out.write("\n".join(lines) + "\n")
-        out.flush()
 
     def _shutdown(self) -> None:
         t0 = time.monotonic()
@@ -464,41 +420,3 @@ class Service:
         except Exception as exc:  # losing pending children must not lose the rest
             log.error("could not save pending child spans: %s", exc)
         self.store.close()
-
-
-def load_tokens(config: Config) -> Tokens:
-    """The bearer token of each scope (:mod:`cotenant.app.auth`), read once, at start."""
-    a, ac = config.auth, config.actuators
-    return Tokens(
-        read=read_secret(a.token, a.token_file, "auth.token_file"),
-        act=read_secret(ac.token, ac.token_file, "actuators.token_file"),
-        ingest=read_secret(a.otlp_token, a.otlp_token_file, "auth.otlp_token_file"),
-    )
-
-
-def tls_files(config: Config) -> tuple[str, str] | None:
-    """``(certificate, key)`` files of ``[server] tls_cert_file`` / ``tls_key_file``, checked
-    readable at start; None when TLS is off. ConfigError naming the key otherwise."""
-    cert, key = config.server.tls_cert_file, config.server.tls_key_file
-    if not cert and not key:
-        return None
-    if not cert or not key:
-        missing = "server.tls_cert_file" if not cert else "server.tls_key_file"
-        raise ConfigError(
-            f"config key {missing}: empty, but TLS needs both the certificate and the key"
-        )
-    for name, path in (("server.tls_cert_file", cert), ("server.tls_key_file", key)):
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config key {name}: cannot read {path!r}: {exc}") from exc
-        if "-----BEGIN " not in text:
-            raise ConfigError(f"config key {name}: {path!r} is not a PEM file")
-    return cert, key
-
-
-def grpc_credentials(cert: str, key: str) -> Any:
-    """gRPC server credentials of the PEM files (checked by :func:`tls_files`)."""
-    import grpc
-
-    return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from cotenant.collectors.prometheus import promql
-from cotenant.collectors.prometheus.promql import QUANTILES, Family, union
+from cotenant.collectors.prometheus import families, promql
+from cotenant.collectors.prometheus.families import Family
+from cotenant.collectors.prometheus.promql import QUANTILES, union
 
 MODEL = "cotenant_model"
 """The label the queries of the engines that name no model in one label add to name it."""
@@ -107,7 +108,7 @@ SGLANG_TOKENS: dict[str, str | tuple[str, ...]] = {
     "prompt": "sglang:prompt_tokens_histogram",
     "output": "sglang:generation_tokens_histogram",
 }
-"""SGLang's token histograms by :func:`promql.token_query` field prefix (TPOT: the current
+"""SGLang's token histograms by :func:`families.token_query` field prefix (TPOT: the current
 name, else the one before it)."""
 
 
@@ -225,14 +226,14 @@ RAYSERVE = Family(
 
 # -- every engine ------------------------------------------------------------------------------
 
-FAMILIES: tuple[Family, ...] = (*promql.FAMILIES, SGLANG, TGI, RAYSERVE)
-"""Request-latency families in order of preference: :data:`promql.FAMILIES` (cotenant's own,
+FAMILIES: tuple[Family, ...] = (*families.FAMILIES, SGLANG, TGI, RAYSERVE)
+"""Request-latency families in order of preference: :data:`families.FAMILIES` (cotenant's own,
 vLLM, Triton), then SGLang, TGI, Ray Serve."""
 
-_VLLM = next(f for f in promql.FAMILIES if f.counter.startswith("vllm:"))
+_VLLM = next(f for f in families.FAMILIES if f.counter.startswith("vllm:"))
 
 SERVING: tuple[tuple[Family, Callable[[str, str, str], str]], ...] = (
-    (_VLLM, promql.serving_query),
+    (_VLLM, families.serving_query),
     (SGLANG, _sglang_gauges),
     (TGI, _tgi_gauges),
     (RAYSERVE, _rayserve_gauges),
@@ -241,7 +242,7 @@ SERVING: tuple[tuple[Family, Callable[[str, str, str], str]], ...] = (
 of preference."""
 
 TOKENS: tuple[tuple[Family, Mapping[str, str | tuple[str, ...]]], ...] = (
-    (_VLLM, promql.VLLM_TOKENS),
+    (_VLLM, families.VLLM_TOKENS),
     (SGLANG, SGLANG_TOKENS),
     (TGI, TGI_TOKENS),
 )
@@ -252,8 +253,8 @@ preference."""
 def token_query(
     fam: Family, names: Mapping[str, str | tuple[str, ...]], window: str, *, lengths: bool = False
 ) -> str:
-    """:func:`promql.token_query` of an engine's ``names``, per its identity labels."""
-    q = promql.token_query("", window, lengths=lengths, names=names, by=_by(fam))
+    """:func:`families.token_query` of an engine's ``names``, per its identity labels."""
+    q = families.token_query("", window, lengths=lengths, names=names, by=_by(fam))
     return fam.model_from(q) if fam.model_from is not None else q
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from cotenant.collectors.prometheus import promql
+from cotenant.collectors.prometheus import families
 from cotenant.collectors.prometheus.client import Fields
 from cotenant.collectors.prometheus.promql import QUANTILES, Grid
 
@@ -36,8 +36,8 @@ def windows_with_data(f: Fields) -> np.ndarray:
 
 def merge(fs: list[Fields], *, means: tuple[str, ...]) -> Fields:
     """Series landing on one key: fields add up, except ``means`` (averaged) and quantiles
-    (averaged weighted by ``rate``). Names go through :data:`promql.ALIASES` first."""
-    fs = [{promql.ALIASES.get(k, k): v for k, v in f.items()} for f in fs]
+    (averaged weighted by ``rate``). Names go through :data:`families.ALIASES` first."""
+    fs = [{families.ALIASES.get(k, k): v for k, v in f.items()} for f in fs]
     if len(fs) == 1:
         return fs[0]
     n = next(iter(fs[0].values())).shape[0]

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cotenant.collectors.prometheus import promql
+from cotenant.collectors.prometheus import families, promql
 from cotenant.collectors.prometheus.client import Fields, PromQLClient
 from cotenant.collectors.prometheus.promql import Grid, quote
 
@@ -64,7 +64,7 @@ def own_query(m: str, window_ns: int) -> str:
 
 
 def field_of(labels: Mapping[str, str], kinds: Mapping[str, str]) -> str | None:
-    """The column of cotenant's own family (:func:`collectors.prometheus.promql._own_query`:
+    """The column of cotenant's own family (:func:`collectors.prometheus.families._own_query`:
     ``p50``, ``p99``, ``<phase>_sum``, ``<phase>_n``) a series of :func:`own_query` feeds; ``kinds``
     is :func:`names` inverted (series -> kind)."""
     what = kinds.get(labels.get("__name__", ""))
@@ -76,7 +76,7 @@ def field_of(labels: Mapping[str, str], kinds: Mapping[str, str]) -> str | None:
 
 
 def own_blocks(
-    api: PromQLClient, fam: promql.Family, g: Grid, m: str, window_ns: int
+    api: PromQLClient, fam: families.Family, g: Grid, m: str, window_ns: int
 ) -> dict[tuple[str, ...], Fields]:
     """cotenant's own family (``fam``) on ``g`` as :meth:`PromQLClient.blocks` gives it: from
     the recorded windows where they exist, and from raw buckets (``fam``'s query) for the

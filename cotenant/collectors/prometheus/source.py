@@ -100,7 +100,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cotenant.collectors.prometheus import engines, promql, recorded
+from cotenant.collectors.prometheus import engines, families, promql, recorded
 from cotenant.collectors.prometheus.client import Fields, PromClient, PromQLClient, Series
 from cotenant.collectors.prometheus.frames import div, merge, table, windows_with_data
 from cotenant.collectors.prometheus.joins import Joins
@@ -346,7 +346,7 @@ class PrometheusSource:
         """From cotenant's token histograms (agents: TTFT, TPOT, prompt and output tokens per
         model and GPU) and, for models that have none, vLLM's
         ``vllm:time_to_first_token_seconds``, ``vllm:time_per_output_token_seconds`` (or
-        its successors, see :data:`promql.VLLM_TOKENS`), ``vllm:request_prompt_tokens`` and
+        its successors, see :data:`families.VLLM_TOKENS`), ``vllm:request_prompt_tokens`` and
         ``vllm:request_generation_tokens``; ``count`` is the requests that got a first token
         in the window. Models with none are absent."""
         g = promql.grid(rng, step_s)
@@ -355,8 +355,8 @@ class PrometheusSource:
         window = promql.duration(max(g.step, 4 * self._scrape_ns))
         placed: dict[tuple[str, str], list[Fields]] = defaultdict(list)
         own_sel = "" if gpu is None else f"gpu={promql.quote(gpu)}"
-        own = promql.token_query(
-            own_sel, window, lengths=lengths, names=promql.OWN_TOKENS, by=promql.OWN_TOKENS_BY
+        own = families.token_query(
+            own_sel, window, lengths=lengths, names=families.OWN_TOKENS, by=families.OWN_TOKENS_BY
         )
         for (mdl, dev), f in self._api.blocks(own, g, ("model", "gpu")).items():
             if mdl:
@@ -374,7 +374,7 @@ class PrometheusSource:
         for key, fs in placed.items():
             if gpu is not None and key[1] != gpu:
                 continue
-            f = merge(fs, means=promql.TOKEN_QUANTILES)
+            f = merge(fs, means=families.TOKEN_QUANTILES)
             cols = {
                 # TGI has no TTFT: its requests are those that finished with output tokens
                 "count": f.get("ttft_n", f.get("output_n", nan)) * step_s,
