@@ -197,7 +197,7 @@ def test_every_vllm_name_we_query_is_on_the_real_page_with_its_model_label() -> 
 
 
 def test_tpot_is_read_from_the_names_this_vllm_exposes() -> None:
-    # issue 27: only time_per_output_token_seconds was read, so TPOT was silently empty
+    # vLLM renamed its TPOT histogram: reading one name alone leaves TPOT silently empty
     real = page(VLLM_PAGE)
     tpot = families.VLLM_TOKENS["tpot"]
     assert isinstance(tpot, tuple)

@@ -16,9 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-# CAUSE_KINDS is re-exported for callers that import it from here; it lives in core.cause_kinds
-from cotenant.core.cause_kinds import CAUSE_KINDS as CAUSE_KINDS
-from cotenant.core.cause_kinds import CauseKind
+from cotenant.core.cause_kinds import CAUSE_KINDS, CauseKind
 from cotenant.core.errors import ConfigError
 
 BUNDLED_POLICY = Path(__file__).resolve().parent.parent / "rules" / "policy.yaml"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cotenant.actuators.policy import BUNDLED_POLICY, CAUSE_KINDS, Policy, load_policy
+from cotenant.actuators.policy import BUNDLED_POLICY, Policy, load_policy
+from cotenant.core.cause_kinds import CAUSE_KINDS
 from cotenant.core.errors import ConfigError
 
 
