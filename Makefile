@@ -68,7 +68,7 @@ reliability: install
 engines: install
 	bash scripts/engines.sh $(BIN)/python
 
-## image: the container image of the agent and central serve (Dockerfile; docs/fleet.md), built
+## image: the container image of the agent and central serve (Dockerfile; docs/fleet-install.md), built
 ## with podman on a Debian base that debootstrap makes from the Debian mirror (no base image is
 ## pulled); BASE_IMAGE=python:3.11-slim builds on a registry's image instead
 image:

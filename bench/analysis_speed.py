@@ -1,6 +1,6 @@
 """Analysis speed: one diagnosis over a 1-hour lookback at 4 models x 200 rps.
 
-Goal (issue #5): <= 1 s for one diagnosis over ~2.9M requests; the continuous loop <= 5 % of
+Goal: <= 1 s for one diagnosis over ~2.9M requests; the continuous loop <= 5 % of
 one core at that rate.
 
     .venv/bin/python bench/analysis_speed.py [--repeats 5] [--llm]
@@ -10,8 +10,9 @@ into a store file (as ``cotenant serve`` keeps it; ``--in-memory`` for DuckDB's 
 database, which must spill what exceeds ``memory_limit``), then times ``diagnose`` for one model
 over the whole hour (median of repeats), and one pass of the continuous loop over its default
 10-minute horizon (its CPU share at the default 5 s interval is pass time / 5 s): the median
-pass, and the mean over ``--passes`` (each minute one pass re-reads the windows in full and
-sweeps for ordinary contention, so the mean is what the loop costs a core over time).
+pass, and the mean over ``--passes`` (a pass re-reads the windows in full when its cache is
+stale, and the detector refits its normal now and then, so the mean is what the loop costs a
+core over time).
 With ``--llm`` the four models are generative (LLM physics, token counts and TTFT on every
 request), so the diagnosis also reads their token windows and tracks TTFT and TPOT.
 """

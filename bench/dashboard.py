@@ -1,6 +1,6 @@
 """Dashboard speed: 1 hour of 4 models x 200 rps (about 2.9M requests) behind the real app.
 
-Goals (issue #8): the Overview's first full render <= 1.5 s; any callback p95 <= 300 ms.
+Goals: the Overview's first full render <= 1.5 s; any callback p95 <= 300 ms.
 
     .venv/bin/python bench/dashboard.py [--repeats 20] [--browser-loads 5] [--keep DIR]
         [--plotly-js plotly-cartesian.min.js]

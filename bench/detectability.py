@@ -1,4 +1,4 @@
-"""Minimum detectable slowdown of the live detector (issue 25, item 4): P(detect) and delay.
+"""Minimum detectable slowdown of the live detector: P(detect) and delay.
 
     nice -n 10 .venv/bin/python bench/detectability.py [--seeds 5] [--seeds-200 3]
         [--jobs 2] [--json OUT]
@@ -240,7 +240,7 @@ def _final(events: list[Seen]) -> dict[str, Seen]:
 
 def _episodes(incidents: Iterable[Seen]) -> int:
     """Incidents of one model that overlap in time counted once: what is left when the same
-    event's e2e, TTFT and TPOT incidents (issue 25, item 3) are joined."""
+    event's e2e, TTFT and TPOT incidents are joined."""
     n = 0
     by_model: dict[str, list[Seen]] = {}
     for i in incidents:

@@ -1,5 +1,5 @@
 """Resident memory of ``cotenant serve`` under an OTLP/HTTP flood, and nothing acknowledged
-lost (issue 15, item 8).
+lost.
 
 Run ``.venv/bin/python bench/flood.py`` (``--help`` for sizes). A real ``cotenant serve`` on a
 fresh store, default settings (``--env KEY=VALUE`` to change one); ``--clients`` threads (24)

@@ -1,4 +1,4 @@
-"""LLM goals of issue 18, over many seeds of the LLM scenarios of the library.
+"""LLM goals over many seeds of the LLM scenarios of the library.
 
 Goals:
 

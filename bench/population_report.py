@@ -3,9 +3,11 @@
     .venv/bin/python bench/population_report.py --batch TEST DEV LIB --live TEST DEV LIB
 
 Each argument is one run's JSON (test population, dev population, bundled library; ``-`` for
-a run not made). Prints Markdown: per-victim figures side by side (test | dev | library) for
-each path, false incidents per model-hour with their 90 % intervals, detection and delay by
-(rate band, slowdown band) for each population, by fault kind, and what each run took.
+a run not made; ``--columns`` renames the three, e.g. ``test before dev`` to set a run of the
+previous detector beside the current one). Prints Markdown: per-victim figures side by side
+(test | dev | library) for each path, false incidents per model-hour with their 90 %
+intervals, detection and delay by (rate band, slowdown band) for each population, by fault
+kind, and what each run took.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ def _d(x: float | None) -> str:
     return "—" if x is None else f"{x:.0f}"
 
 
-def victim_table(runs: list[dict[str, Any] | None], group: str, live: bool) -> list[str]:
+def victim_table(
+    runs: list[dict[str, Any] | None], group: str, live: bool, columns: tuple[str, ...] = COLUMNS
+) -> list[str]:
     rows = [
         ("victims", lambda v: str(v["victims"])),
         ("found", lambda v: _p(v["found"])),
@@ -57,7 +61,7 @@ def victim_table(runs: list[dict[str, Any] | None], group: str, live: bool) -> l
     ]
     if not live:
         rows = [r for r in rows if r[0] != "right first or final"]
-    out = ["| | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    out = ["| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for label, fn in rows:
         cells = ["—" if r is None else fn(r["summary"][group]) for r in runs]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -88,9 +92,13 @@ def _with_clusters(run: dict[str, Any]) -> None:
             f["most_in_one_scenario"] = max(got, default=0)
 
 
-def false_table(batch: list[dict[str, Any] | None], live: list[dict[str, Any] | None]) -> list[str]:
-    out = ["| false incidents per model-hour | " + " | ".join(COLUMNS) + " |"]
-    out.append("|---|" + "---|" * len(COLUMNS))
+def false_table(
+    batch: list[dict[str, Any] | None],
+    live: list[dict[str, Any] | None],
+    columns: tuple[str, ...] = COLUMNS,
+) -> list[str]:
+    out = ["| false incidents per model-hour | " + " | ".join(columns) + " |"]
+    out.append("|---|" + "---|" * len(columns))
     for path, runs in (("batch", batch), ("live", live)):
         for key, label in (
             ("false_controls", "fault-free controls"),
@@ -115,9 +123,11 @@ def _cell(c: dict[str, Any], short: bool = False) -> str:
     return f"{f['k']}/{f['n']} [{f['low']:.2f}, {f['high']:.2f}], {delay} s"
 
 
-def cells_table(run: dict[str, Any], beside: dict[str, Any] | None) -> list[str]:
-    """Found [90 %] and median delay per (rate band, slowdown band); ``beside``'s (dev) after
-    each cell in brackets."""
+def cells_table(
+    run: dict[str, Any], beside: dict[str, Any] | None, label: str = "dev"
+) -> list[str]:
+    """Found [90 %] and median delay per (rate band, slowdown band); ``beside``'s (``label``)
+    after each cell in brackets."""
     out = ["| victim rate req/s | " + " | ".join(n for n, _, _ in SLOWDOWN_BANDS) + " |"]
     out.append("|---|" + "---|" * len(SLOWDOWN_BANDS))
     for rname, _, _ in RATE_BANDS:
@@ -126,7 +136,7 @@ def cells_table(run: dict[str, Any], beside: dict[str, Any] | None) -> list[str]
             key = f"{rname}|{sname}"
             cell = _cell(run["summary"]["cells"][key])
             if beside is not None:
-                cell += f" (dev {_cell(beside['summary']['cells'][key], True)})"
+                cell += f" ({label} {_cell(beside['summary']['cells'][key], True)})"
             cells.append(cell)
         out.append(f"| {rname} | " + " | ".join(cells) + " |")
     return out
@@ -170,7 +180,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", nargs=3, default=["-", "-", "-"], metavar=("TEST", "DEV", "LIB"))
     ap.add_argument("--live", nargs=3, default=["-", "-", "-"], metavar=("TEST", "DEV", "LIB"))
+    ap.add_argument("--columns", nargs=3, default=list(COLUMNS), metavar=("A", "B", "C"))
     args = ap.parse_args()
+    columns = tuple(args.columns)
     batch = [_load(p) for p in args.batch]
     live = [_load(p) for p in args.live]
     for run in batch + live:
@@ -184,22 +196,26 @@ def main() -> int:
             ("all_victims", "every victim"),
             ("goal_victims", "at the goal's bar"),
         ):
-            out += ["", f"#### {title}: {label}", "", *victim_table(runs, group, is_live)]
-    out += ["", "#### false incidents", "", *false_table(batch, live)]
+            out += ["", f"#### {title}: {label}", "", *victim_table(runs, group, is_live, columns)]
+    out += ["", "#### false incidents", "", *false_table(batch, live, columns)]
     for title, runs in (("batch", batch), ("live", live)):
         if runs[0] is not None:
-            out += ["", f"#### {title}, test (dev): found [90 %] and median delay", ""]
-            out += cells_table(runs[0], runs[1])
+            out += [
+                "",
+                f"#### {title}, {columns[0]} ({columns[1]}): found [90 %] and median delay",
+                "",
+            ]
+            out += cells_table(runs[0], runs[1], columns[1])
     out += ["", "#### by fault kind", ""]
     out += kinds_table(
         [
             (f"{p} {c}", r)
             for p, rs in (("batch", batch), ("live", live))
-            for c, r in zip(COLUMNS, rs, strict=True)
+            for c, r in zip(columns, rs, strict=True)
         ]
     )
-    named = [(f"batch {c}", r) for c, r in zip(COLUMNS, batch, strict=True)]
-    named += [(f"live {c}", r) for c, r in zip(COLUMNS, live, strict=True)]
+    named = [(f"batch {c}", r) for c, r in zip(columns, batch, strict=True)]
+    named += [(f"live {c}", r) for c, r in zip(columns, live, strict=True)]
     out += ["", "#### runs", "", *runs_table(named)]
     print("\n".join(out))
     return 0

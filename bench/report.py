@@ -1,6 +1,6 @@
 """Weekly report speed: a week at 4 models x 50 rps (about 120M requests) through rollups.
 
-Goal (issue #9): the report of one week in <= 30 s on one core.
+Goal: the report of one week in <= 30 s on one core.
 
     .venv/bin/python bench/report.py [--repeats 5] [--rps 50] [--pdf]
 

@@ -1,6 +1,6 @@
 """Simulator speed: simulated requests per minute of wall time on one core.
 
-Goal (issue #4): >= 1,000,000 simulated requests per wall minute on one core.
+Goal: >= 1,000,000 simulated requests per wall minute on one core.
 
     .venv/bin/python bench/simulate.py [--duration 600] [--repeats 5] [--scenario FILE]
 

@@ -20,7 +20,7 @@ RULES = ROOT / "cotenant" / "rules"
 TYPES = {"gauge", "counter", "label", "histogram"}
 # dcgm-exporter's etc/default-counters.csv (4.5.3-4.8.2) leaves these out or commented: the
 # fleet path cannot see throttling (reasons, max clock), SM active or NVLink traffic on a stock
-# install (docs/fleet.md, "A DCGM exporter's counters")
+# install (docs/fleet-install.md, "A DCGM exporter's counters")
 NOT_IN_STOCK = {
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
     "DCGM_FI_DEV_MAX_SM_CLOCK",

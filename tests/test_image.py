@@ -1,5 +1,5 @@
 """The container image (Dockerfile, .dockerignore, ``make image``), checked without building it:
-no docker daemon runs here and no base image can be pulled (docs/fleet.md, "The container
+no docker daemon runs here and no base image can be pulled (docs/fleet-install.md, "The container
 image", says what that leaves unverified).
 
 What can be checked is: the stages and what the runtime stage keeps (a non-root user, no

@@ -24,8 +24,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 CRDS = Path(__file__).with_name("fixtures") / "crds"
-# the oldest Kubernetes docs/fleet.md names (internalTrafficPolicy, sizeLimit, runtimeClassName
-# are GA there) and the newest kubernetes-validate ships
+# the oldest Kubernetes docs/fleet-install.md names (internalTrafficPolicy, sizeLimit,
+# runtimeClassName are GA there) and the newest kubernetes-validate ships
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 CRD_FILES = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",

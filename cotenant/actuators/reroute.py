@@ -34,6 +34,7 @@ from cotenant.actuators.policy import RerouteRule, VerifyRule
 from cotenant.analysis.incident_record import Incident
 from cotenant.analysis.replicas import listed_siblings
 from cotenant.core.readers import MetricSource
+from cotenant.core.slos import breach
 from cotenant.core.timerange import TimeRange
 
 TOTAL_WEIGHT = 256
@@ -167,7 +168,7 @@ def _over(
     return [
         (m, v, slo_ms[m])
         for m, v in sorted(p99.items())
-        if m in slo_ms and v > (1.0 if m == victim else ratio) * slo_ms[m]
+        if m in slo_ms and breach(v, (1.0 if m == victim else ratio) * slo_ms[m])
     ]
 
 

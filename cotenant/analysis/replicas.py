@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cotenant.analysis.windows import GpuWindows
+from cotenant.core.slos import breach
 
 
 class Diagnosed(Protocol):
@@ -76,7 +77,7 @@ def sibling_evidence(
     before = np.flatnonzero(has & (ts < start_ns))[-BEFORE_WINDOWS:]
     now = float(np.median(p99[during]))
     base = float(np.median(p99[before])) if len(before) else None
-    within = slo_ms is None or now <= slo_ms
+    within = not breach(now, slo_ms)
     fine = within and (base is None or now <= FINE_RATIO * base)
     return {
         "replica": replica,

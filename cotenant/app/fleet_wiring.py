@@ -68,7 +68,7 @@ class AgentSeriesWatch:
                 "request and no GPU. Check that Prometheus scrapes the agents (its "
                 "serviceMonitorSelector matches the labels of the agents' ServiceMonitor and "
                 "its serviceMonitorNamespaceSelector their namespace; or a scrape job lists "
-                'them: docs/fleet.md, "Wiring checked at start"); '
+                'them: docs/fleet-install.md, "Wiring checked at start"); '
                 "cotenant_fleet_agents_missing is 1",
                 self._where,
                 (now - self._since) / 60,

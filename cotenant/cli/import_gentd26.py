@@ -83,7 +83,7 @@ def cmd_import_gentd26(args: argparse.Namespace) -> int:
     from cotenant.collectors.prometheus.backfill import write_openmetrics
     from cotenant.core.timerange import TimeRange
     from cotenant.core.timespec import parse_time_ns
-    from cotenant.evaluation.gentd26_diagnosis import iso
+    from cotenant.evaluation.gentd26 import iso
     from cotenant.evaluation.gentd26_import import import_folder
     from cotenant.reports.isoweek import week_of
     from cotenant.store.db import Store

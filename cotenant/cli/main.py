@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser(
         "agent",
         help="run on a GPU node: collectors, a short local store, /metrics for Prometheus and "
-        "the drill-down API (docs/fleet.md)",
+        "the drill-down API (docs/fleet-reference.md)",
     )
     common(agent)
     agent.add_argument(

@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=600.0,
         metavar="DURATION",
         help="with --url: how long to wait for the report (default 10m; a fleet's week is read "
-        "from Prometheus first: docs/fleet.md)",
+        "from Prometheus first: docs/fleet-reference.md)",
     )
     p.set_defaults(func=cmd_report)
 

@@ -40,8 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=Path,
         metavar="PATH",
         help="with --otlp: also write the simulated GPU's counter samples to PATH as JSON "
-        "lines, for an agent started with --fake-nvml PATH (docs/fleet.md); spans then name "
-        "the GPU by its NVML UUID",
+        "lines, for an agent started with --fake-nvml PATH (docs/fleet-install.md); spans "
+        "then name the GPU by its NVML UUID",
     )
     p.add_argument(
         "--speed",

@@ -142,5 +142,5 @@ class ProcfsSettings:
         "this node's pod list, to name processes (NVML's and procfs') 'namespace/pod "
         "(container)': a URL (the API server's /api/v1/pods?fieldSelector=spec.nodeName=NODE, "
         "the kubelet's https://NODE:10250/pods or http://NODE:10255/pods) or a JSON file "
-        "('' = name them by program; docs/fleet.md, 'Culprits named as pods')",
+        "('' = name them by program; docs/fleet-reference.md, 'Culprits named as pods')",
     )

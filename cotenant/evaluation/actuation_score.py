@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cotenant.core.errors import UsageError
+from cotenant.core.slos import breach
 from cotenant.evaluation.closed_loop import START_NS, ClosedLoopRun
 from cotenant.simulator.engine import Simulation
 from cotenant.simulator.ground_truth import truth_cause
@@ -138,21 +139,21 @@ def recovery(
 ) -> tuple[float | None, float | None]:
     """(first breach at or after ``after_s``, first second after it from which the window p99
     stays <= ``slo`` for HOLD_S seconds or to the end). None where there is none."""
-    over = np.nan_to_num(p99, nan=0.0) > slo
+    over = breach(p99, slo)
     idx = np.nonzero(over & (ts >= after_s))[0]
     if not len(idx):
         return None, None
-    breach = int(idx[0])
-    for i in range(breach + 1, len(ts)):
+    first = int(idx[0])
+    for i in range(first + 1, len(ts)):
         hold = over[i : i + int(HOLD_S)]
         if not hold.any():
-            return float(ts[breach]), float(ts[i])
-    return float(ts[breach]), None
+            return float(ts[first]), float(ts[i])
+    return float(ts[first]), None
 
 
 def over_slo_s(ts: np.ndarray, p99: np.ndarray, slo: float, after_s: float) -> float:
     """Seconds at or after ``after_s`` whose window p99 is over ``slo``."""
-    return float(np.count_nonzero((np.nan_to_num(p99, nan=0.0) > slo) & (ts >= after_s)))
+    return float(np.count_nonzero(breach(p99, slo) & (ts >= after_s)))
 
 
 def _others_over_slo(
@@ -226,14 +227,14 @@ def minimum_limit(s: Scenario) -> tuple[float, float] | None:
     )
     floor = 1e-3
     p99, lost = limited_run(s, culprit, victim, floor, f.start_s, hi_s)
-    if not p99 <= slo:
+    if bool(breach(p99, slo)) or math.isnan(p99):
         return None
     good_rate, good_lost = floor, lost
     lo, hi = floor, max(offered, floor * 2)
     for _ in range(BISECT_STEPS):
         mid = (lo + hi) / 2
         p99, lost = limited_run(s, culprit, victim, mid, f.start_s, hi_s)
-        if p99 <= slo:
+        if not (bool(breach(p99, slo)) or math.isnan(p99)):
             good_rate, good_lost, lo = mid, lost, mid
         else:
             hi = mid
@@ -305,7 +306,7 @@ def score(
     if expired:
         last = max(int(a["updated_ns"]) for a in expired)
         after = (last - run.start_ns) / 1e9
-        sc.breach_after_expiry = bool((np.nan_to_num(p99[ts > after + P99_WINDOW_S]) > slo).any())
+        sc.breach_after_expiry = bool(breach(p99[ts > after + P99_WINDOW_S], slo).any())
     sc.goals = _goals(sc, run)
     return sc
 

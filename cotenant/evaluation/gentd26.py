@@ -28,6 +28,7 @@ import tarfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -99,6 +100,11 @@ class Trace:
         (``sd-idle`` for containers with GPU telemetry only)."""
         names = {"a": "sd-pool-a", "b": "sd-pool-b", "-": "sd-idle"}
         return [names[p] for p in self.pools()]
+
+
+def iso(ts: float) -> str:
+    """``timestamp_anon`` seconds as ISO 8601 UTC (``...Z``)."""
+    return datetime.fromtimestamp(float(ts), tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def default_dir() -> Path:

@@ -1,29 +1,29 @@
-"""The product's attribution on GenTD26's incidents, with base rates fit on the first half.
+"""The product's attribution on GenTD26's unambiguous spike events, scored by the enrichment and
+excess measures of ``cotenant bench --gentd26``.
 
-The product's detector does not open incidents on the trace's 57-s steps yet, so the incidents
-are those of the side detector (:mod:`evaluation.gentd26_diagnosis`: a step at least twice its
-container's trailing median, runs merged). Each is attributed by
-:func:`analysis.attribution.attribute`, as an incident of the product would be, on windows built
-from the trace as :mod:`evaluation.gentd26_import` maps it (each container its own GPU; per step
-one request-window: latency = e2e, queue = ``queue_rt``, other = the step's load time, compute
-the rest; the container's duty cycle as its GPU and process activity) against the up to
-:data:`BEFORE_STEPS` non-spike steps before it; the victim's work per request is its pure
-inference time (``model_predict``, a :class:`analysis.mix.WorkSeries` of kind ``time``). The
-trace holds no request counts (a step is a mean over its requests), so arrivals are one per step
-and the ``load`` cause is not weighed.
+The product's detector finds few of the trace's spikes, so its causes are weighed here on
+incidents no detector chose: the trace's **unambiguous spike events**
+(:mod:`cotenant.evaluation.gentd26_steps`: a run of steps of one container, each at least 3x its
+trailing median and 5 s above it). Each event is attributed by
+:func:`cotenant.analysis.attribution.attribute`, as an incident of the product would be, on
+windows built from the trace as :mod:`cotenant.evaluation.gentd26_import` maps it (each
+container its own GPU; per step one request-window: latency = e2e, queue = ``queue_rt``, other =
+the step's load time, compute the rest; the container's duty cycle as its GPU and process
+activity) against up to :data:`BEFORE_STEPS` *ordinary* steps before it (steps under 1.5x their
+trailing median, the measures' elevated bar). The victim's work per request is its pure
+inference time (``model_predict``, a :class:`~cotenant.analysis.work.WorkSeries` of kind
+``time``). The trace holds no request counts (a step is a mean over its requests), so arrivals
+are one per step and the ``load`` cause is not weighed.
 
-**Halves.** The trace is cut in two at the start of its median incident (incidents are not
-spread evenly over the day: cutting the steps in two would leave a few dozen in the second
-half), so each half holds half the incidents. The first half *fits*: per container and evidence
-series (``model_predict`` for ``mix``, the load time for ``model_load``, ``queue_rt`` for
-``load``), the threshold that :data:`NORMAL_QUANTILE` of its normal (non-spike) steps stay
-under. The second half *reports*: the incidents that start in it, what share of their excess
-each cause kind gets, and for each kind named, its **enrichment** — the share of the named
-incidents' steps whose evidence is over the fitted threshold, over that share among the
-second half's normal steps (the evidence's base rate). A kind whose evidence is no more common
-in its incidents than in ordinary steps (ratio near 1) is named from presence, not cause.
+**Scoring** is that of :mod:`cotenant.evaluation.gentd26_measures`: the trace is cut where half
+of its e2e rows lie behind; only the events that start in the second half are attributed; for
+each cause named, its **enrichment** (:mod:`cotenant.evaluation.gentd26_enrichment`: the named
+windows holding its evidence over the sum of their base rates, fitted on the first half), and
+the excess-weighted share of the events' excess left ``unknown``, with a 90 % bootstrap
+interval. Every reference is a trailing median: nothing uses data after the step judged. Recall
+and precision are not reported: the events are the spikes by definition.
 
-``python -m cotenant.evaluation.gentd26_attribution [FOLDER] [--json OUT]`` prints both halves.
+``python -m cotenant.evaluation.gentd26_attribution [FOLDER] [--json OUT]`` prints them.
 """
 
 from __future__ import annotations
@@ -31,60 +31,42 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cotenant.analysis.attribution import Attribution, attribute
+from cotenant.analysis.attribution import attribute
 from cotenant.analysis.windows import GpuWindows
 from cotenant.analysis.work import WorkSeries
-from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.phases import PHASE_COLUMNS
 from cotenant.evaluation.gentd26 import STEP_S, Trace, load_trace
-from cotenant.evaluation.gentd26_diagnosis import Params, spikes
-from cotenant.evaluation.gentd26_diagnosis import diagnose as side_detector
+from cotenant.evaluation.gentd26_enrichment import Evidence, enrichment
 from cotenant.evaluation.gentd26_import import request_phases
+from cotenant.evaluation.gentd26_measures import explained, score, split_step
+from cotenant.evaluation.gentd26_steps import (
+    UNKNOWN,
+    MeasureParams,
+    NamedCause,
+    Panels,
+    Scored,
+    TraceIncident,
+    runs,
+)
 
 BEFORE_STEPS = 30
-"""Normal steps before an incident its attribution compares with (the side detector's window)."""
-NORMAL_QUANTILE = 0.9
-"""Quantile of a container's normal first-half steps that an evidence series' threshold is."""
-EVIDENCE = {
-    CauseKind.MIX: "model_predict",
-    CauseKind.MODEL_LOAD: "other_ms",
-    CauseKind.LOAD: "queue_ms",
-}
-"""Cause kind -> the per-step series that shows it."""
+"""Ordinary steps before an event that its attribution compares with (the trailing window)."""
 
 
-@dataclass
-class Attributed:
-    container: int
-    model: str
-    start: int  # first step of the incident
-    end: int  # last step
-    excess_ms: float  # the side detector's summed excess over its spike steps
-    attribution: Attribution
+class StepWindows:
+    """The trace's per-step series on the product's terms, and the attribution of one event."""
 
-    def share(self, kind: str) -> float:
-        return sum(c.share for c in self.attribution.causes if c.kind == kind)
-
-
-class Panels:
-    """The trace's per-step series on the product's terms, ``(steps, containers)`` each."""
-
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, panels: Panels) -> None:
         self.trace = trace
         self.phases = request_phases(trace)
-        self.mask, _ = spikes(trace.panels["e2e"], Params())
+        self.ordinary = ~panels.elevated & np.isfinite(self.phases["latency_ms"])
         self.models = trace.models()
-
-    def series(self, name: str) -> np.ndarray:
-        if name in self.phases:
-            return self.phases[name]
-        return self.trace.panels[name]
 
     def windows(self, c: int, lo: int, hi: int) -> GpuWindows:
         """Container ``c``'s steps ``[lo, hi)`` as one GPU's windows (see the module doc)."""
@@ -114,13 +96,12 @@ class Panels:
         w.process_model[name] = self.models[c]
         return w
 
-    def attribute(self, c: int, s0: int, s1: int, excess_ms: float) -> Attributed | None:
-        """The incident of container ``c`` over steps ``[s0, s1]``, or None when it has no
-        normal step with a latency before it."""
+    def attribute(self, c: int, s0: int, s1: int) -> TraceIncident | None:
+        """Container ``c``'s steps ``[s0, s1]`` as an incident attributed by the product, or
+        None when no ordinary step with a latency lies in the :data:`BEFORE_STEPS` x 3 steps
+        before it."""
         lo = max(0, s0 - 3 * BEFORE_STEPS)
-        normal = np.flatnonzero(
-            ~self.mask[lo:s0, c] & np.isfinite(self.phases["latency_ms"][lo:s0, c])
-        )
+        normal = np.flatnonzero(self.ordinary[lo:s0, c])
         if not len(normal):
             return None
         w = self.windows(c, lo, s1 + 1)
@@ -136,134 +117,109 @@ class Panels:
             "ms (scaled by the publisher)",
         )
         att = attribute(w, model, before, during, work=work)
-        return Attributed(c, model, s0, s1, excess_ms, att)
+        t = self.trace
+        return TraceIncident(
+            model=model,
+            container=t.containers[c],
+            start_s=float(t.ts[s0]),
+            end_s=float(t.ts[s1]),
+            causes=tuple(NamedCause(str(x.kind), x.culprit, x.share) for x in att.causes),
+        )
 
 
-def thresholds(p: Panels, steps: slice) -> dict[str, np.ndarray]:
-    """Per evidence series, per container: :data:`NORMAL_QUANTILE` of its normal steps in
-    ``steps`` (NaN for a container with none)."""
-    out = {}
-    for name in EVIDENCE.values():
-        x = np.where(p.mask, np.nan, p.series(name))[steps]
-        ok = np.isfinite(x).any(axis=0)
-        q = np.full(x.shape[1], np.nan)
-        q[ok] = np.nanquantile(x[:, ok], NORMAL_QUANTILE, axis=0)
-        out[name] = q
-    return out
+def spike_events(panels: Panels, columns: Sequence[int], split: int) -> list[tuple[int, int, int]]:
+    """``(column, first, last)`` of each unambiguous spike event of ``columns`` that starts at
+    or after ``split``."""
+    return [(c, a, b) for c in columns for a, b in runs(panels.spike[:, c]) if a >= split]
 
 
-def enrichment(
-    p: Panels, incidents: list[Attributed], limit: dict[str, np.ndarray], steps: slice
-) -> dict[str, dict[str, Any]]:
-    """Per cause kind named among ``incidents``: the share of their steps whose evidence is
-    over ``limit``, the same share among the normal steps of ``steps`` of the same containers
-    (the base rate), and their ratio."""
-    out: dict[str, dict[str, Any]] = {}
-    for kind, name in EVIDENCE.items():
-        named = [i for i in incidents if i.share(kind) > 0]
-        if not named:
-            continue
-        over = p.series(name) > limit[name][None, :]
-        known = np.isfinite(p.series(name))
-        hits = [
-            bool(over[s, i.container])
-            for i in named
-            for s in range(i.start, i.end + 1)
-            if known[s, i.container]
-        ]
-        cols = sorted({i.container for i in named})
-        normal = ~p.mask[steps][:, cols] & known[steps][:, cols]
-        base = float(over[steps][:, cols][normal].mean()) if normal.any() else float("nan")
-        slow = float(np.mean(hits)) if hits else float("nan")
-        out[str(kind)] = {
-            "incidents": len(named),
-            "slow_rate": _r(slow),
-            "base_rate": _r(base),
-            "enrichment": _r(slow / base) if base > 0 else None,
-        }
-    return out
-
-
-def unexplained_interval(incidents: list[Attributed], draws: int = 2000) -> list[float | None]:
-    """95 % bootstrap interval (incidents resampled, seed 0) of the unexplained share."""
-    if not incidents:
+def unexplained_interval(scored: Sequence[Scored], draws: int = 2000) -> list[float | None]:
+    """90 % bootstrap interval (events resampled, seed 0) of the excess-weighted unexplained
+    share."""
+    if not scored:
         return [None, None]
-    ex = np.array([i.excess_ms for i in incidents])
-    unk = np.array([i.share(CauseKind.UNKNOWN) for i in incidents]) * ex
+    ex = np.array([s.excess_ms for s in scored])
+    unk = np.array([1.0 - s.named_share for s in scored]) * ex
     idx = np.random.default_rng(0).integers(0, len(ex), size=(draws, len(ex)))
     shares = unk[idx].sum(axis=1) / np.maximum(ex[idx].sum(axis=1), 1e-12)
-    return [_r(float(np.quantile(shares, q))) for q in (0.025, 0.975)]
+    return [_r(float(np.quantile(shares, q))) for q in (0.05, 0.95)]
 
 
-def summary(incidents: list[Attributed]) -> dict[str, Any]:
-    """Counts, the excess-weighted share of each cause kind, and a 95 % interval of the
-    unexplained share."""
-    total = sum(i.excess_ms for i in incidents) or 1.0
-    kinds = sorted({str(c.kind) for i in incidents for c in i.attribution.causes})
-    return {
-        "incidents": len(incidents),
-        "unexplained_ci": unexplained_interval(incidents),
-        "excess_share": {
-            k: _r(sum(i.share(k) * i.excess_ms for i in incidents) / total) for k in kinds
-        },
-        "naming": {
-            k: sum(i.share(k) > 0 for i in incidents) for k in kinds if k != CauseKind.UNKNOWN
-        },
-        "only_unknown": sum(
-            all(c.kind == CauseKind.UNKNOWN for c in i.attribution.causes) for i in incidents
-        ),
-    }
+def score_events(
+    trace: Trace, panels: Panels, evidence: Evidence, incidents: Sequence[TraceIncident], cut: int
+) -> dict[str, Any]:
+    """Enrichment of each cause named on ``incidents`` and the share of their excess explained
+    (see the module doc); ``incidents`` all start at or after ``cut``."""
+    scored = score(trace, panels, incidents)
+    causes = enrichment(evidence, scored, cut)
+    enriched = {k for k, e in causes.items() if (e.get("enrichment") or 0.0) >= 2.0}
+    ex = explained(scored, cut, enriched)
+    ex["unexplained_share"] = None if ex["explained_share"] is None else 1 - ex["explained_share"]
+    ex["unexplained_ci90"] = unexplained_interval(scored)
+    naming: dict[str, int] = {}
+    for i in incidents:
+        for key in {c.key for c in i.causes if c.kind != UNKNOWN}:
+            naming[key] = naming.get(key, 0) + 1
+    return {"events": len(incidents), "explained": ex, "causes": causes, "naming": naming}
 
 
 def bench(folder: Path | str | None = None) -> dict[str, Any]:
-    """Attribute every side-detector incident; summarise each half, enrichment on the second
-    (see the module doc). JSON-ready."""
+    """Attribute every unambiguous spike event of the second half; score them overall and per
+    pool (JSON-ready)."""
     trace = load_trace(folder)
-    p = Panels(trace)
-    index = {name: i for i, name in enumerate(trace.containers)}
-    ts0 = int(trace.ts[0])
-    got: list[Attributed] = []
-    for inc in side_detector(trace).incidents:
-        s0 = (inc.start_ts - ts0) // STEP_S
-        s1 = (inc.end_ts - ts0) // STEP_S
-        a = p.attribute(index[inc.container], int(s0), int(s1), inc.excess_ms)
-        if a is not None:
-            got.append(a)
-    starts = sorted(a.start for a in got)
-    half = starts[len(starts) // 2] if starts else len(trace.ts) // 2
-    fit = [a for a in got if a.start < half]
-    held = [a for a in got if a.start >= half]
-    limit = thresholds(p, slice(0, half))
+    p = MeasureParams()
+    cut = split_step(trace)
+    panels = Panels.of(trace, p)
+    view = StepWindows(trace, panels)
+    models = np.asarray(trace.models())
+    serving = np.flatnonzero(models != "sd-idle").tolist()
+    events = spike_events(panels, serving, cut)
+    incidents = [i for c, a, b in events if (i := view.attribute(c, a, b)) is not None]
+    evidence = Evidence.of(trace, p, cut)
+    pools = {
+        pool: score_events(trace, panels, evidence, [i for i in incidents if i.model == pool], cut)
+        for pool in sorted(set(models.tolist()) - {"sd-idle"})
+    }
     return {
         "trace": str(trace.folder),
         "steps": len(trace.ts),
-        "halves_at_step": half,
-        "fit": {**summary(fit), "enrichment": enrichment(p, fit, limit, slice(0, half))},
-        "report": {**summary(held), "enrichment": enrichment(p, held, limit, slice(half, None))},
+        "split_step": cut,
+        "spike_events": len(events),
+        "without_ordinary_steps_before": len(events) - len(incidents),
+        **score_events(trace, panels, evidence, incidents, cut),
+        "pools": pools,
     }
 
 
+def _share(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
 def render(res: dict[str, Any]) -> str:
+    """A few lines for the terminal."""
     lines = [
-        f"GenTD26 {res['trace']}: {res['steps']} steps, halves at step {res['halves_at_step']}"
+        f"GenTD26 {res['trace']}: {res['steps']} steps, halves cut at step {res['split_step']}; "
+        f"{res['spike_events']} unambiguous spike events in the second half, "
+        f"{res['without_ordinary_steps_before']} without an ordinary step before"
     ]
-    for half in ("fit", "report"):
-        h = res[half]
+    for name, r in [("all", res), *res["pools"].items()]:
+        e = r["explained"]
+        lo, hi = e["unexplained_ci90"]
         lines.append(
-            f"{half}: {h['incidents']} incidents, {h['only_unknown']} naming nothing; "
-            f"unexplained {100 * (h['excess_share'].get('unknown') or 0):.1f} % of the excess "
-            f"(95 % bootstrap {h['unexplained_ci']})"
+            f"{name}: {r['events']} events attributed; unexplained {_share(e['unexplained_share'])}"
+            f" of the excess (90 % bootstrap {_share(lo)}-{_share(hi)}); by causes enriched "
+            f">= 2x {_share(e['explained_by_enriched_share'])}; {e['naming_nothing']} name nothing"
         )
-        for kind, share in h["excess_share"].items():
-            if kind != CauseKind.UNKNOWN:
-                lines.append(
-                    f"  {kind:10s} {100 * (share or 0):5.1f} % of the excess, "
-                    f"named in {h['naming'][kind]} incidents"
-                )
-        for kind, e in h["enrichment"].items():
+        for key, c in r["causes"].items():
+            if c["untestable"]:
+                lines.append(f"  {key}: named on {c['windows']} events; no evidence in the trace")
+                continue
+            ci = c["ci90"]
             lines.append(
-                f"  {kind:10s} evidence in {e['slow_rate']} of its incidents' steps vs "
-                f"{e['base_rate']} of normal steps: x{e['enrichment']}"
+                f"  {key}: evidence in {c['with_evidence']} of {c['windows']} named events, "
+                f"base rate {_share(c['base_rate_first_half'])} (first half) -> "
+                + ("—" if c["enrichment"] is None else f"{c['enrichment']:.1f}x")
+                + (f" (90 % {ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
             )
     return "\n".join(lines)
 

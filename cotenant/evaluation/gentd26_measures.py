@@ -126,6 +126,44 @@ def explained(scored: Sequence[Scored], split: int, enriched: set[str]) -> dict[
     }
 
 
+def spike_steps(
+    panels: Panels, evidence: Evidence, split: int, columns: Sequence[int]
+) -> dict[str, Any]:
+    """How common unambiguous spike steps are among the judged steps (a trailing median and
+    an e2e value) of ``columns`` from ``split`` on: over all of them, over those whose window
+    (the step and the one before) holds no evidence of any kind, and over those holding none
+    but heavier inference (the requests' own work) — how often a step triples its median when
+    nothing in the trace points at a fault."""
+    e2e, med, spike = (x[split:, columns] for x in (panels.e2e, panels.median, panels.spike))
+    judged = np.isfinite(e2e) & np.isfinite(med)
+    any_ev = np.zeros_like(judged)
+    no_work = np.zeros_like(judged)
+    for name, mask in evidence.masks.items():
+        m = mask[:, columns]
+        m = (m | np.vstack([np.zeros((1, m.shape[1]), dtype=bool), m[:-1]]))[split:]
+        any_ev |= m
+        if name != "heavier_inference":
+            no_work |= m
+    quiet, own_work = judged & ~any_ev, judged & ~no_work
+    return {
+        "judged": _rate(int((spike & judged).sum()), int(judged.sum())),
+        "no_evidence": _rate(int((spike & quiet).sum()), int(quiet.sum())),
+        "only_heavier_inference_or_none": _rate(int((spike & own_work).sum()), int(own_work.sum())),
+    }
+
+
+def score(trace: Trace, panels: Panels, incidents: Sequence[TraceIncident]) -> list[Scored]:
+    """``incidents`` on the grid (:func:`~cotenant.evaluation.gentd26_steps.place`) with their
+    excess over the trailing median and the share their named causes take."""
+    scored = place(trace, incidents)
+    for s in scored:
+        s.excess_ms = panels.excess(s.column, s.s0, s.s1)
+        named = [c for c in s.incident.causes if c.kind != UNKNOWN]
+        s.named_share = min(1.0, sum(max(0.0, c.share) for c in named))
+        s.names = tuple(sorted({c.key for c in named}))
+    return scored
+
+
 def split_step(trace: Trace, how: str = "rows") -> int:
     """The first step of the second half: where half of the e2e rows lie behind
     (``"rows"``), or the middle step (``"time"``)."""
@@ -149,17 +187,25 @@ def measure(
     p = params or MeasureParams()
     cut = split_step(trace, split)
     panels = Panels.of(trace, p)
-    scored = place(trace, incidents)
-    for s in scored:
-        s.excess_ms = panels.excess(s.column, s.s0, s.s1)
-        named = [c for c in s.incident.causes if c.kind != UNKNOWN]
-        s.named_share = min(1.0, sum(max(0.0, c.share) for c in named))
-        s.names = tuple(sorted({c.key for c in named}))
+    scored = score(trace, panels, incidents)
     models = np.asarray(trace.models())
     serving = np.flatnonzero(models != "sd-idle").tolist()
     evidence = Evidence.of(trace, p, cut)
     causes = enrichment(evidence, scored, cut)
     enriched = {k for k, e in causes.items() if (e.get("enrichment") or 0.0) >= p.enriched}
+    pools: dict[str, Any] = {}
+    for pool in sorted(set(models.tolist()) - {"sd-idle"}):
+        cols = np.flatnonzero(models == pool).tolist()
+        mine = [s for s in scored if s.column in set(cols)]
+        pc = enrichment(evidence, mine, cut)
+        pe = {k for k, e in pc.items() if (e.get("enrichment") or 0.0) >= p.enriched}
+        pools[pool] = {
+            "containers": len(cols),
+            "detection": detection(panels, mine, cut, cols),
+            "causes": pc,
+            "explained": explained(mine, cut, pe),
+            "spike_steps": spike_steps(panels, evidence, cut, cols),
+        }
     return {
         "halves": {
             "how": split,
@@ -175,6 +221,7 @@ def measure(
         "causes": causes,
         "spike_reference": evidence.spike_reference(panels, cut, serving),
         "explained": explained(scored, cut, enriched),
+        "pools": pools,
         "params": p.__dict__,
         "evidence_thresholds": evidence.fitted(),
     }

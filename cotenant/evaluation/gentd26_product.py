@@ -10,9 +10,6 @@ The diagnoses that are incidents (``incident: true``) are scored; an incident's 
 its ``replica`` (or its ``gpu``: each container is its own GPU in the import), or the whole
 model when it names neither.
 
-**Beside it**, the trace's own spike detector (:mod:`cotenant.evaluation.gentd26_diagnosis`)
-is scored by the same measures, as a second input.
-
 Raises :class:`~cotenant.core.errors.TraceError` for a missing or malformed trace folder.
 """
 
@@ -95,22 +92,6 @@ def product_incidents(trace: Trace) -> dict[str, Any]:
     }
 
 
-def side_incidents(trace: Trace) -> list[TraceIncident]:
-    """The incidents of the trace's own spike detector (``gentd26_diagnosis``)."""
-    from cotenant.evaluation.gentd26_diagnosis import diagnose
-
-    return [
-        TraceIncident(
-            model=i.model,
-            container=i.container,
-            start_s=float(i.start_ts),
-            end_s=float(i.end_ts),
-            causes=tuple(NamedCause(c.kind, c.culprit, c.share) for c in i.causes),
-        )
-        for i in diagnose(trace).incidents
-    ]
-
-
 def _incident_dict(i: TraceIncident) -> dict[str, Any]:
     return {
         "model": i.model,
@@ -121,9 +102,8 @@ def _incident_dict(i: TraceIncident) -> dict[str, Any]:
     }
 
 
-def bench(folder: Path | str | None = None, *, side: bool = True) -> dict[str, Any]:
-    """Load the trace, run the product (and the side detector) and measure both
-    (JSON-ready)."""
+def bench(folder: Path | str | None = None) -> dict[str, Any]:
+    """Load the trace, run the product over it and measure its incidents (JSON-ready)."""
     t0 = time.perf_counter()
     trace = load_trace(folder)
     load_s = time.perf_counter() - t0
@@ -147,14 +127,6 @@ def bench(folder: Path | str | None = None, *, side: bool = True) -> dict[str, A
         "load_s": round(load_s, 2),
     }
     out["product"]["measure_s"] = round(time.perf_counter() - t1, 2)
-    if side:
-        t2 = time.perf_counter()
-        incs = side_incidents(trace)
-        out["side"] = {
-            "measures": measure(trace, incs),
-            "incidents": len(incs),
-            "run_s": round(time.perf_counter() - t2, 2),
-        }
     out["run_s"] = round(time.perf_counter() - t0, 2)
     return out
 
@@ -210,9 +182,13 @@ def render(result: dict[str, Any]) -> str:
         f"{p['diagnoses']} diagnoses",
         *render_measures("product", p["measures"]),
     ]
-    if "side" in result:
-        lines += render_measures(
-            "side detector (evaluation/gentd26_diagnosis)", result["side"]["measures"]
+    for pool, pm in p["measures"]["pools"].items():
+        lines += render_measures(f"{pool} ({pm['containers']} containers)", pm)
+        sp = pm["spike_steps"]
+        lines.append(
+            f"  unambiguous spike steps: {_pct(sp['judged'])} of judged steps; "
+            f"{_pct(sp['no_evidence'])} where the trace shows no evidence; "
+            f"{_pct(sp['only_heavier_inference_or_none'])} with at most heavier inference"
         )
     ref = p["measures"]["spike_reference"]
     lines.append("evidence in the spike events' windows against its first-half base rate:")
@@ -224,6 +200,5 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"load {result['load_s']} s, import {p['import_s']} s, diagnose {p['diagnose_s']} s, "
         f"measure {p['measure_s']} s"
-        + (f", side detector {result['side']['run_s']} s" if "side" in result else "")
     )
     return "\n".join(lines)

@@ -20,7 +20,7 @@ UNKNOWN = "unknown"
 
 def load_kind(culprit: str) -> str | None:
     """The GenTD26 load kind (``basemodel``, ``lora``, ``controlnet``) a ``model_load``
-    culprit names (the side detector's names, or the import's ``base``), else None."""
+    culprit names (``basemodel``, ``lora``, ``controlnet``, or the import's ``base``), else None."""
     c = culprit.lower()
     for part, kind in (("controlnet", "controlnet"), ("lora", "lora"), ("base", "basemodel")):
         if part in c:

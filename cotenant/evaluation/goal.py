@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from cotenant.analysis.windows import GpuWindows
+from cotenant.core import slos
 
 GOAL_RATIO = 1.2
 GOAL_MARGIN_MS = 1.0
@@ -60,9 +61,8 @@ def slowed(
     ts = w.ts_ns
     in_fault = (ts >= lo) & (ts < hi)
     breach = np.zeros(w.n, dtype=bool)
-    if slo_ms is not None and v:
-        with np.errstate(invalid="ignore"):
-            breach = in_fault & (v["count"] >= 3) & (v["p99_ms"] > slo_ms)
+    if v:
+        breach = in_fault & (v["count"] >= 3) & slos.breach(v["p99_ms"], slo_ms)
     got = f.get("p99", {}).get(model, {})
     with_, without = got.get("p99_ms"), got.get("p99_without_ms")
     ratio, excess = (

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from cotenant.core.slos import breach
 from cotenant.evaluation.goal import GOAL_MARGIN_MS, at_goal
 from cotenant.simulator import output
 from cotenant.simulator.ground_truth import truth_cause
@@ -199,7 +200,7 @@ def _breached(end_ns: np.ndarray, lat: np.ndarray, lo: int, slo_ms: float | None
     bins, lat = bins[order], lat[order]
     edges = np.flatnonzero(np.diff(bins)) + 1
     for chunk in np.split(lat, edges):
-        if len(chunk) >= SLO_WINDOW_MIN_REQUESTS and np.percentile(chunk, 99) > slo_ms:
+        if len(chunk) >= SLO_WINDOW_MIN_REQUESTS and breach(np.percentile(chunk, 99), slo_ms):
             return True
     return False
 

@@ -28,6 +28,9 @@ from cotenant.store.db import Store
 from cotenant.store.report_queries import dict_rows
 from cotenant.store.rollup_quantiles import quantile_estimate_sql, quantile_upper_bound_sql
 
+_SLO_OF_MODEL = "CASE WHEN slo_model IS NULL THEN $default ELSE slo.slo_ms END"
+"""A model's e2e SLO in the week query: its own, else the default (NULL: none)."""
+
 
 class StoreWeekRollups:
     """:class:`WeekRollups` over an embedded store's rollup tables, one DuckDB query each."""
@@ -50,8 +53,8 @@ class StoreWeekRollups:
                            unnest($values::DOUBLE[]) AS slo_ms)
             SELECT m.model AS model, sum(n)::BIGINT AS requests, sum(e)::BIGINT AS errors,
                    count(*) FILTER (WHERE n > 0) AS minutes,
-                   count(*) FILTER (WHERE n > 0 AND p99 <= CASE WHEN slo_model IS NULL
-                        THEN $default ELSE slo.slo_ms END) AS met,
+                   count(*) FILTER (WHERE n > 0 AND NOT {breach_sql("p99", _SLO_OF_MODEL)})
+                        AS met,
                    max(n) / nullif(median(n), 0) AS burst
             FROM m LEFT JOIN slo ON slo_model = m.model GROUP BY m.model ORDER BY 1""",
             {

@@ -1,5 +1,5 @@
-"""evaluation/gentd26 and gentd26_diagnosis: the Alibaba GenTD26 loader, the spike/incident
-diagnosis with its model_load cause, and ``cotenant bench --gentd26``."""
+"""evaluation/gentd26: the Alibaba GenTD26 loader, its trailing medians, the product's
+attribution of the trace's spike events, and ``cotenant bench --gentd26``."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ import pytest
 
 from cotenant.cli.main import main
 from cotenant.core.errors import TraceError
-from cotenant.evaluation.gentd26 import SERIES, STEP_S, Trace, load_trace
-from cotenant.evaluation.gentd26_diagnosis import (
-    bench,
-    column_median,
-    diagnose,
-    iso,
-    summarize,
-    trailing_median_mad,
+from cotenant.evaluation.gentd26 import SERIES, STEP_S, Trace, iso, load_trace
+from cotenant.evaluation.gentd26_attribution import StepWindows, bench, spike_events
+from cotenant.evaluation.gentd26_measures import split_step
+from cotenant.evaluation.gentd26_steps import (
+    UNKNOWN,
+    MeasureParams,
+    Panels,
+    TraceIncident,
+    trailing_median,
 )
 
 T0 = 1_662_858_720
@@ -143,14 +144,11 @@ def test_bad_columns_not_a_tar_and_off_grid_are_refused(tmp_path: Path) -> None:
 
 def test_trailing_median_excludes_the_step_and_needs_min_count() -> None:
     x = np.array([[1.0], [3.0], [np.nan], [2.0], [100.0], [5.0]])
-    med, mad = trailing_median_mad(x, window=3, min_count=2)
+    med = trailing_median(x, window=3, min_count=2)
     assert np.isnan(med[:2, 0]).all()  # fewer than 2 values before
-    assert (
-        med[2, 0] == 2.0 and med[3, 0] == 2.0 and med[4, 0] == 2.5
-    )  # (1, 3), (1, 3, nan), (3, nan, 2)
-    assert med[5, 0] == 51.0  # window (nan, 2, 100)
-    assert mad[5, 0] == 49.0
-    assert column_median(np.array([[1.0, np.nan], [3.0, np.nan], [8.0, np.nan]])).tolist()[0] == 3.0
+    # windows (1, 3), (1, 3, nan), (3, nan, 2), (nan, 2, 100)
+    assert med[2:, 0].tolist() == [2.0, 2.0, 2.5, 51.0]
+    assert iso(T0) == "2022-09-11T01:12:00Z"
 
 
 # ---- attribution on synthetic containers -----------------------------------------------
@@ -159,7 +157,8 @@ def test_trailing_median_excludes_the_step_and_needs_min_count() -> None:
 def _synthetic(n: int = 80, spike_at: int = 60) -> Trace:
     """Three containers, e2e ~10 s with a little noise and a 30 s spike at ``spike_at``;
     LoRA loads of ~4 s on every step.
-    * ``slow``: the LoRA load of the step before the spike took 14 s (3.5x usual);
+    * ``slow``: the LoRA load of the spike's step took 14 s (3.5x usual; the import charges a
+      step's loads to its own e2e row);
     * ``ordinary``: every load stays ordinary; the GPU duty cycle saturates instead;
     * ``queued``: ordinary loads, the gateway queue time rose by 15 s."""
     rng = np.random.default_rng(7)
@@ -167,7 +166,7 @@ def _synthetic(n: int = 80, spike_at: int = 60) -> Trace:
     e2e = 10_000 + rng.normal(0, 300, (n, 3))
     e2e[spike_at] = 30_000
     lora = 4_000 + rng.normal(0, 100, (n, 3))
-    lora[spike_at - 1, 2] = 14_000
+    lora[spike_at, 2] = 14_000
     duty = np.full((n, 3), 20.0)
     duty[spike_at, 0] = 98.0
     queue = np.full((n, 3), 200.0)
@@ -194,57 +193,45 @@ def _synthetic(n: int = 80, spike_at: int = 60) -> Trace:
     )
 
 
-def _by_container(t: Trace) -> dict[str, list[dict[str, object]]]:
-    out: dict[str, list[dict[str, object]]] = {}
-    for i in diagnose(t).incidents:
-        out.setdefault(i.container, []).append(i.to_dict())
+def _attributed(t: Trace) -> dict[str, TraceIncident]:
+    """The product's attribution of each container's spike event (the one spike step)."""
+    panels = Panels.of(t, MeasureParams())
+    view = StepWindows(t, panels)
+    out = {}
+    for c, a, b in spike_events(panels, range(len(t.containers)), 0):
+        inc = view.attribute(c, a, b)
+        assert inc is not None and inc.container is not None
+        out[inc.container] = inc
     return out
 
 
-def test_slow_load_before_a_spike_is_named_model_load_with_its_share() -> None:
-    inc = _by_container(_synthetic())["slow"]
-    assert len(inc) == 1
-    causes = inc[0]["causes"]
-    assert isinstance(causes, list)
-    first = causes[0]
-    assert (first["kind"], first["culprit"]) == ("model_load", "lora")
-    # extra load ~10 s over an excess of ~20 s
-    assert 0.4 <= first["share"] <= 0.6
-    assert first["evidence"]["max_ratio"] >= 3.0
-    assert causes[-1]["kind"] == "unknown"
-    assert sum(c["share"] for c in causes) <= 1.0 + 1e-9
-    assert inc[0]["start"] == iso(T0 + 60 * STEP_S)
+def test_each_spike_event_is_attributed_by_the_product_from_its_own_start() -> None:
+    got = _attributed(_synthetic())
+    assert sorted(got) == ["ordinary", "queued", "slow"]
+    for inc in got.values():
+        assert inc.start_s == inc.end_s == T0 + 60 * STEP_S
+        assert sum(c.share for c in inc.causes) <= 1.0 + 1e-9
+        assert UNKNOWN not in [c.kind for c in inc.causes][:-1]
+
+
+def test_a_slow_load_in_a_spike_is_named_model_load_with_its_share() -> None:
+    causes = _attributed(_synthetic())["slow"].causes
+    load = [c for c in causes if c.kind == "model_load"]
+    # the extra load (~10 s) over an excess of ~20 s; the rest is compute time
+    assert len(load) == 1 and 0.4 <= load[0].share <= 0.6
 
 
 def test_ordinary_loads_do_not_name_model_load() -> None:
-    inc = _by_container(_synthetic())["ordinary"]
-    assert len(inc) == 1
-    causes = inc[0]["causes"]
-    assert isinstance(causes, list)
-    assert [c["kind"] for c in causes] == ["unknown"]
-    assert causes[0]["evidence"]["duty_cycle_saturated"] is True
+    for name in ("ordinary", "queued"):
+        assert not [c for c in _attributed(_synthetic())[name].causes if c.kind == "model_load"]
 
 
-def test_queue_growth_is_the_containers_own_load() -> None:
-    inc = _by_container(_synthetic())["queued"]
-    causes = inc[0]["causes"]
-    assert isinstance(causes, list)
-    assert causes[0]["kind"] == "load" and causes[0]["culprit"] == "queued"
-    assert causes[0]["share"] >= 0.7
-    assert not any(c["kind"] == "model_load" for c in causes)
+def test_queue_growth_is_not_blamed_on_a_co_tenant_or_a_load() -> None:
+    kinds = {c.kind for c in _attributed(_synthetic())["queued"].causes}
+    assert not kinds & {"cotenant", "model_load"}
 
 
-def test_summary_counts_incidents_and_shares_of_excess_on_synthetic() -> None:
-    s = summarize(diagnose(_synthetic()))
-    assert s["incidents"] == 3 and s["spikes"] == 3
-    assert s["explained"]["model_load"]["incidents"] == 1
-    assert s["explained"]["load"]["incidents"] == 1
-    assert s["only_unknown"] == 1
-    shares = sum(e["excess_share"] for e in s["explained"].values())
-    assert shares == pytest.approx(1.0, abs=1e-3)
-
-
-def test_bench_cli_scores_the_product_and_the_side_detector(
+def test_bench_cli_scores_the_product_per_pool(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rows: dict[str, list[Row]] = {"e2e": [], "load_lora": []}
@@ -256,22 +243,27 @@ def test_bench_cli_scores_the_product_and_the_side_detector(
     assert main(["bench", "--gentd26", str(folder), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
-    assert doc["product"]["measures"]["halves"]["split_step"] == 20
-    # the side detector finds the one spike (step 30, in the second half) and names the load
-    side = doc["side"]["measures"]
-    assert side["detection"]["spike_events"] == 1
-    assert side["detection"]["recall"]["rate"] == 1.0
-    assert side["detection"]["precision"]["rate"] == 1.0
-    assert list(side["causes"]) == ["model_load:lora"]
+    assert "side" not in doc
+    m = doc["product"]["measures"]
+    assert m["halves"]["split_step"] == 20
+    assert m["detection"]["spike_events"] == 1  # step 30, in the second half
     # the product's figures follow from the incidents it reported
     product = doc["product"]
     covers = any(
         i["container"] in ("aa", None) and i["start_s"] <= ts(30) <= i["end_s"]
         for i in product["incidents"]
     )
-    assert product["measures"]["detection"]["recall"]["k"] == int(covers)
+    assert m["detection"]["recall"]["k"] == int(covers)
     assert product["diagnoses"] >= 1
+    # one pool (aa reports no ControlNet load): its figures are the whole trace's
+    assert list(m["pools"]) == ["sd-pool-a"]
+    pool = m["pools"]["sd-pool-a"]
+    assert pool["detection"] == m["detection"]
+    # the spike step's window holds a slow LoRA load: not an evidence-free spike
+    assert pool["spike_steps"]["judged"]["k"] == 1
+    assert pool["spike_steps"]["no_evidence"]["k"] == 0
     assert "recall of 1 unambiguous spike events" in printed
+    assert "sd-pool-a (1 containers)" in printed
     assert main(["bench", "--gentd26", str(tmp_path / "absent")]) == 2
 
 
@@ -279,18 +271,15 @@ def test_bench_cli_scores_the_product_and_the_side_detector(
 
 
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"the GenTD26 trace is not at {REAL}")
-def test_real_trace_side_detector_incidents_are_well_formed() -> None:
+def test_real_trace_spike_events_are_attributed_and_scored_on_the_second_half() -> None:
     doc = bench(REAL)
-    s = doc["summary"]
-    assert s["trace"]["containers"] == 144 and s["trace"]["steps"] == 1441
-    assert s["incidents"] >= 100
-    for inc in doc["incidents"]:
-        assert sum(c["share"] for c in inc["causes"]) <= 1.0 + 5e-4  # 4-decimal rounding
-        kinds = [c["kind"] for c in inc["causes"]]
-        assert "unknown" not in kinds[:-1]
-    # any incident can be checked against the raw files: its start is a raw e2e row
+    assert doc["steps"] == 1441
+    assert doc["spike_events"] >= 100
+    assert doc["events"] == doc["spike_events"] - doc["without_ordinary_steps_before"]
+    assert sum(p["events"] for p in doc["pools"].values()) == doc["events"]
+    lo, hi = doc["explained"]["unexplained_ci90"]
+    assert 0.0 <= lo <= doc["explained"]["unexplained_share"] <= hi <= 1.0
+    for key, c in doc["causes"].items():
+        assert c["untestable"] or c["base_rate_first_half"] is not None, key
     t = load_trace(REAL)
-    inc = doc["incidents"][0]
-    c = t.containers.index(inc["container"])
-    step = [iso(x) for x in t.ts].index(inc["start"])
-    assert np.isfinite(t.panels["e2e"][step, c])
+    assert split_step(t) == doc["split_step"]

@@ -1,4 +1,5 @@
-"""The product's attribution on GenTD26-shaped incidents (evaluation/gentd26_attribution)."""
+"""The product's attribution of GenTD26-shaped spike events (evaluation/gentd26_attribution),
+scored by the enrichment measures on the held-out half."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cotenant.core.cause_kinds import CauseKind
 from cotenant.evaluation.gentd26 import STEP_S, Trace
-from cotenant.evaluation.gentd26_attribution import Panels, enrichment, summary, thresholds
+from cotenant.evaluation.gentd26_attribution import StepWindows, score_events, spike_events
+from cotenant.evaluation.gentd26_enrichment import Evidence
+from cotenant.evaluation.gentd26_measures import split_step
+from cotenant.evaluation.gentd26_steps import MeasureParams, Panels, TraceIncident
 
 T0 = 1_700_000_000
 N, SPIKE = 120, 90
@@ -55,49 +58,68 @@ def _trace() -> Trace:
     )
 
 
-@pytest.fixture(scope="module")
-def attributed() -> tuple[Panels, dict[str, object]]:
-    p = Panels(_trace())
+def _attributed(t: Trace) -> tuple[Panels, dict[str, TraceIncident]]:
+    """The product's attribution of each container's spike event at ``SPIKE``."""
+    panels = Panels.of(t, MeasureParams())
+    view = StepWindows(t, panels)
     out = {}
-    for c, name in enumerate(p.trace.containers):
-        a = p.attribute(c, SPIKE, SPIKE, 30_000.0)
-        assert a is not None
-        out[name] = a
-    return p, out
+    for c, a, b in spike_events(panels, range(len(t.containers)), split_step(t)):
+        inc = view.attribute(c, a, b)
+        assert inc is not None and inc.container is not None
+        if a == SPIKE:
+            out[inc.container] = inc
+    return panels, out
 
 
-def _kinds(a: object) -> list[tuple[str, float]]:
-    return [(str(c.kind), round(c.share, 2)) for c in a.attribution.causes]  # type: ignore[attr-defined]
+@pytest.fixture(scope="module")
+def attributed() -> tuple[Panels, dict[str, TraceIncident]]:
+    return _attributed(_trace())
 
 
-def test_heavier_inference_is_the_containers_own_mix(attributed: tuple[Panels, dict]) -> None:
-    _, got = attributed
-    mix = got["heavier"].attribution.causes[0]
-    assert (mix.kind, mix.culprit) == ("mix", "sd-pool-a")
-    assert mix.evidence["series"].endswith("(model_predict)")
-    assert mix.evidence["ratio"] == pytest.approx(4.0, rel=0.1)
+def _first(inc: TraceIncident) -> str:
+    return max(inc.causes, key=lambda c: c.share).kind
 
 
-def test_a_slow_load_is_model_load_and_compute_time_stands_in_for_a_missing_series(
-    attributed: tuple[Panels, dict],
+def test_every_spike_event_of_the_second_half_is_attributed(
+    attributed: tuple[Panels, dict[str, TraceIncident]],
 ) -> None:
     _, got = attributed
-    assert _kinds(got["slow-load"])[0][0] == "model_load"
-    assert _kinds(got["blank"])[0][0] == "mix"  # no inference series: its compute time stands in
-    no_predict = got["no-predict"].attribution.causes[0]
-    assert no_predict.kind == "mix" and "compute time" in no_predict.evidence["series"]
+    assert sorted(got) == ["blank", "heavier", "no-predict", "slow-load"]
+    assert {(i.start_s, i.end_s) for i in got.values()} == {(T0 + SPIKE * STEP_S,) * 2}
 
 
-def test_enrichment_compares_named_incidents_with_normal_steps(
-    attributed: tuple[Panels, dict],
+def test_heavier_inference_is_the_containers_own_mix_and_a_slow_load_model_load(
+    attributed: tuple[Panels, dict[str, TraceIncident]],
 ) -> None:
-    p, got = attributed
-    limit = thresholds(p, slice(0, N))
-    enr = enrichment(p, list(got.values()), limit, slice(0, N))
-    assert enr[CauseKind.MIX]["slow_rate"] == 1.0  # 'heavier''s spike step is over its limit
-    assert enr[CauseKind.MIX]["base_rate"] < 0.15
-    assert enr[CauseKind.MODEL_LOAD]["enrichment"] > 5
-    s = summary(list(got.values()))
-    assert s["incidents"] == 4 and s["naming"]["mix"] == 3
-    lo, hi = s["unexplained_ci"]
-    assert 0.0 <= lo <= hi <= 1.0
+    _, got = attributed
+    assert _first(got["heavier"]) == "mix"
+    assert _first(got["slow-load"]) == "model_load"
+    # no inference series, or none in the spike: its compute time stands in
+    assert _first(got["blank"]) == "mix"
+    assert _first(got["no-predict"]) == "mix"
+
+
+def test_enrichment_counts_named_events_holding_the_evidence_against_the_first_half(
+    attributed: tuple[Panels, dict[str, TraceIncident]],
+) -> None:
+    panels, got = attributed
+    t = _trace()
+    cut = split_step(t)
+    res = score_events(t, panels, Evidence.of(t, MeasureParams(), cut), list(got.values()), cut)
+    mix = res["causes"]["mix"]
+    # named on three events; only 'heavier' reports an inference time twice its median
+    assert (mix["with_evidence"], mix["windows"]) == (1, 3)
+    load = res["causes"]["model_load"]
+    assert load["with_evidence"] == load["windows"] == 1
+    assert res["naming"]["mix"] == 3 and res["events"] == 4
+    lo, hi = res["explained"]["unexplained_ci90"]
+    assert 0.0 <= lo <= res["explained"]["unexplained_share"] <= hi <= 1.0
+
+
+def test_an_events_attribution_uses_nothing_after_it() -> None:
+    t = _trace()
+    _, before = _attributed(t)
+    for name in ("e2e", "model_predict", "load_lora", "duty_cycle"):
+        t.panels[name][SPIKE + 2 :] *= 7.0  # a later event of its own, nothing else
+    _, after = _attributed(t)
+    assert after == before
