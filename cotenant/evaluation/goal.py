@@ -1,4 +1,4 @@
-"""The victims issue 25's goal asks to find, for the batch and the live benches alike.
+"""The victims the accuracy goal asks to find, for the batch and the live benches alike.
 
 A fault's victim (:func:`simulator.output.truth`) is an **SLO victim** when its 1-s p99 (over
 3 requests or more) crossed its SLO during the fault, and a **within-SLO victim** otherwise
