@@ -1,7 +1,7 @@
 """Two real engines on this machine's CPUs: Triton's ``matmul`` under a steady load (the victim),
 then Ray Serve's ``burst/Burner`` burning both cores (the culprit). ``cotenant serve`` sees only
 what the engines emit (their spans) and procfs, and must open an incident on ``matmul`` naming
-the burner.
+the burner (as the host CPU it takes, or as a co-tenant).
 
 The client-side figures (victim p50 / p99 before and during the burst) and what serve opened go
 to tests/artifacts/engines/contention.json (docs/performance.md quotes them).
@@ -175,4 +175,9 @@ def test_a_burst_on_ray_opens_an_incident_on_triton_naming_the_burner(
     (RECORDINGS / "contention.json").write_text(json.dumps(figures, indent=2) + "\n")
     assert figures["burst"]["p99_ms"] > 2 * figures["calm"]["p99_ms"], figures
     assert incidents, f"no incident on matmul: {figures}"
-    assert any(top(i) == ("cotenant", "burst/Burner") for i in incidents), figures
+    # the burner takes the host's cores, not a GPU: named as a host-CPU cause (`cpu`) when
+    # procfs shows the cores it took, as a co-tenant from its spans' activity otherwise; the
+    # culprit is the burner either way
+    assert any(
+        top(i) in {("cpu", "burst/Burner"), ("cotenant", "burst/Burner")} for i in incidents
+    ), figures
