@@ -155,3 +155,17 @@ def test_a_tail_slowdown_is_told_by_its_channel() -> None:
     eps = strong(windows(t, lat, 2400))
     ep = next(e for e in eps if e.end >= 2000)
     assert ep.channel == TAIL
+
+
+def test_a_normal_fitted_again_on_the_same_windows_is_the_one_remembered() -> None:
+    rng = np.random.default_rng(3)
+    x = np.log(10.0) + rng.normal(0, 0.1, 600)
+    n = np.full(600, 5)
+    use = np.ones(600, dtype=bool)
+    first = fit(x, n, use, 600.0)
+    assert first is not None
+    assert fit(x.copy(), n.copy(), use.copy(), 600.0) is first  # same content, same normal
+    other = fit(x + 0.5, n, use, 600.0)  # other content is fitted anew
+    assert other is not None and other is not first
+    assert other.loc == pytest.approx(first.loc + 0.5, abs=1e-9)
+    assert fit(x, n, use, 300.0) is not first  # the span is part of what was fitted
