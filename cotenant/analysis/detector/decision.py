@@ -92,11 +92,13 @@ def calibrate(
     )
 
 
-def cusum(incr: np.ndarray, s0: float) -> tuple[np.ndarray, np.ndarray]:
+def cusum(incr: np.ndarray, s0: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(S, zero)`` of ``S_i = max(0, S_{i-1} + incr_i)`` from ``S_{-1} = s0``, and for each
-    ``i`` whether ``S`` was at zero there (vectorised: ``S = C - min(0, running min C)``)."""
-    c = s0 + np.cumsum(incr)
-    low = np.minimum(np.minimum.accumulate(c), 0.0)
+    ``i`` whether ``S`` was at zero there (vectorised: ``S = C - min(0, running min C)``).
+    Along the last axis: ``incr`` of shape ``(K, L)`` with ``s0`` of shape ``(K,)`` runs ``K``
+    CUSUMs at once."""
+    c = np.asarray(s0, dtype=np.float64)[..., None] + np.cumsum(incr, axis=-1)
+    low = np.minimum(np.minimum.accumulate(c, axis=-1), 0.0)
     s = c - low
     return s, s <= 0.0
 

@@ -16,6 +16,7 @@ one second, a scrape interval's histogram, a rollup's minute.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -28,6 +29,7 @@ from cotenant.analysis.detector.normal import Normal, fit
 from cotenant.analysis.indicators import Series
 from cotenant.core.slos import BREACH, DEGRADATION, breach
 
+DELTAS_ARRAY = np.asarray(DELTAS, dtype=np.float64)
 MIN_TAIL_COUNT = 3
 """Requests a window needs for its p99 to be a tail sample (below, it is its typical request)."""
 ODD_SCORE = 3.0
@@ -170,11 +172,11 @@ def detect(
             ready = int(np.searchsorted(seen, seen[max(0, pos - base)] + p.min_samples))
             pos, fitted = (ready, None) if pos < ready < end else (end, fitted)
             continue
-        hit = run.scan(members, fitted.normals, fitted.cal, pos, end)
+        hit = run.scan(members, fitted, pos, end)
         if hit is None:
             pos = end
             continue
-        ep = run.follow(hit, members, fitted.normals, fitted.cal)
+        ep = run.follow(hit, members, fitted)
         run.keep(ep)
         fitted = None  # its windows teach the next normal nothing
         for mb in members:
@@ -194,6 +196,7 @@ class _Fitted:
     cal: Calibration | None
     pos: int
     seen: int
+    deflate: dict[tuple[str, int], float] = field(default_factory=dict)  # per (channel, shift)
 
     @classmethod
     def of(
@@ -214,7 +217,8 @@ class _Fitted:
             len(usable) * len(DELTAS) * indicators,
             p.fellow,
         )
-        return cls(usable, cal, pos, seen)
+        deflate = {(c, k): f for c, v in usable.items() for k, f in enumerate(_deflate(v, cal.h))}
+        return cls(usable, cal, pos, seen, deflate)
 
     def stale(self, pos: int, seen: int, base: int) -> bool:
         """Whether the normal should be fitted again at ``pos``: enough new samples since
@@ -222,6 +226,15 @@ class _Fitted:
         typical = self.normals.get(TYPICAL)
         fresh = max(1, round(REFIT_SHARE * (typical.samples if typical else 0)))
         return seen - self.seen >= fresh or 2 * (pos - self.pos) >= base
+
+
+@functools.lru_cache(maxsize=4096)
+def _deflate(normal: Normal, h: tuple[float, ...]) -> tuple[float, ...]:
+    """Per shift, the long-run deflation of its evidence under ``normal`` at thresholds ``h``
+    (remembered: the live loop asks for the same normals pass after pass)."""
+    return tuple(
+        math.sqrt(normal.tau_at(decision.memory(hk, d))) for hk, d in zip(h, DELTAS, strict=True)
+    )
 
 
 @dataclass(frozen=True)
@@ -260,41 +273,51 @@ class _Run:
         shift = dead_zone(normal, self.p) if deadzone else 0.0
         return normal.score(x[lo:hi] - shift, m[lo:hi])
 
-    def deflation(self, normal: Normal, cal: Calibration, k: int) -> float:
-        return math.sqrt(normal.tau_at(decision.memory(cal.h[k], DELTAS[k])))
+    def evidence(self, c: str, normal: Normal, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Channel ``c``'s scores over ``[lo, hi)`` (dead zone applied) as ``(value, 0 where
+        none; whether there is one)``: what every shift's increments are made of."""
+        g = self.scores(c, normal, lo, hi)
+        return np.nan_to_num(g), np.isfinite(g)
 
-    def increments(
-        self, c: str, k: int, normal: Normal, cal: Calibration, lo: int, hi: int
-    ) -> np.ndarray:
-        g = self.scores(c, normal, lo, hi) / self.deflation(normal, cal, k)
+    @staticmethod
+    def increments(ev: tuple[np.ndarray, np.ndarray], k: int, dfl: float) -> np.ndarray:
+        """The CUSUM increments of shift ``DELTAS[k]`` from :meth:`evidence`, deflated."""
         d = DELTAS[k]
-        return np.where(np.isfinite(g), d * np.nan_to_num(g) - d * d / 2, 0.0)
+        g, has = ev
+        return np.where(has, d * (g / dfl) - d * d / 2, 0.0)
 
-    def scan(
-        self,
-        members: list[_Member],
-        normals: dict[str, Normal],
-        cal: Calibration,
-        lo: int,
-        hi: int,
-    ) -> _Hit | None:
+    def scan(self, members: list[_Member], fitted: _Fitted, lo: int, hi: int) -> _Hit | None:
         """The first window of ``[lo, hi)`` where a member crosses its weak threshold;
         members' states move to ``hi`` when none does."""
+        normals, cal = fitted.normals, fitted.cal
+        assert cal is not None
         if TYPICAL in normals:
             with np.errstate(invalid="ignore"):
                 self.odd[lo:hi] |= self.scores(TYPICAL, normals[TYPICAL], lo, hi, False) > ODD_SCORE
+        # each channel's CUSUMs at once, a row per shift (the bank's members in its order)
         runs: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        first: dict[tuple[str, int], int] = {}  # where each crossed its weak threshold (-1: not)
+        for c in {mb.channel for mb in members} & normals.keys():
+            bank = [mb for mb in members if mb.channel == c]
+            ks = np.array([mb.k for mb in bank])
+            dfl = np.array([fitted.deflate[(c, int(k))] for k in ks])
+            g, has = self.evidence(c, normals[c], lo, hi)
+            d = DELTAS_ARRAY[ks][:, None]
+            incr = np.where(has, d * (g / dfl[:, None]) - d * d / 2, 0.0)
+            s, zero = decision.cusum(incr, np.array([mb.s for mb in bank]))
+            over = s > np.asarray(cal.weak)[ks][:, None]
+            crossed = np.where(over.any(axis=1), over.argmax(axis=1), -1)
+            for row, mb in enumerate(bank):
+                runs[(c, mb.k)] = (s[row], zero[row])
+                first[(c, mb.k)] = int(crossed[row])
         best: tuple[int, _Member] | None = None
         for mb in members:
-            normal = normals.get(mb.channel)
-            if normal is None:
+            if (mb.channel, mb.k) not in runs:
                 mb.s, mb.since = 0.0, hi
                 continue
-            s, zero = decision.cusum(self.increments(mb.channel, mb.k, normal, cal, lo, hi), mb.s)
-            runs[(mb.channel, mb.k)] = (s, zero)
-            at = decision.first_over(s, cal.weak[mb.k])
+            at = first[(mb.channel, mb.k)]
             # (at the same window, the largest shift: the one that fits a sudden jump)
-            if at is not None and (best is None or at <= best[0]):
+            if at >= 0 and (best is None or at <= best[0]):
                 best = (at, mb)
         if best is None:
             for mb in members:
@@ -315,14 +338,14 @@ class _Run:
         start = start + int(has[0]) if len(has) else lo + at
         return _Hit(lo + at, start, mb, states)
 
-    def follow(
-        self, hit: _Hit, members: list[_Member], normals: dict[str, Normal], cal: Calibration
-    ) -> Episode:
+    def follow(self, hit: _Hit, members: list[_Member], fitted: _Fitted) -> Episode:
         """The episode a weak crossing opened: where it closes (its own channel's test) and
         whether it crosses the incident threshold before then."""
+        normals, cal = fitted.normals, fitted.cal
+        assert cal is not None
         c, k = hit.member.channel, hit.member.k
         normal = normals[c]
-        dfl = self.deflation(normal, cal, k)
+        dfl = fitted.deflate[(c, k)]
         g = self.scores(c, normal, hit.start, self.n_eval, deadzone=False) / dfl
         # it stays open while closer to half its shift so far than to normal
         seen = g[: hit.at - hit.start + 1]
@@ -331,6 +354,7 @@ class _Run:
         done, last = decision.close_at(g[hit.at - hit.start :], delta, self.quiet)
         stop = self.n_eval if done is None else hit.at + done
         opened: int | None = None
+        ev = {ch: self.evidence(ch, v, hit.at + 1, stop) for ch, v in normals.items()}
         for mb in members:
             key = (mb.channel, mb.k)
             if key not in hit.states:
@@ -339,8 +363,8 @@ class _Run:
             if s0 > cal.h[mb.k]:
                 opened = hit.at
                 break
-            nrm = normals[mb.channel]
-            s, _ = decision.cusum(self.increments(mb.channel, mb.k, nrm, cal, hit.at + 1, stop), s0)
+            incr = self.increments(ev[mb.channel], mb.k, fitted.deflate[key])
+            s, _ = decision.cusum(incr, s0)
             at = decision.first_over(s, cal.h[mb.k])
             if at is not None and (opened is None or hit.at + 1 + at < opened):
                 opened = hit.at + 1 + at
