@@ -17,7 +17,10 @@ one second, a scrape interval's histogram, a rollup's minute.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -197,6 +200,7 @@ class _Fitted:
     pos: int
     seen: int
     deflate: dict[tuple[str, int], float] = field(default_factory=dict)  # per (channel, shift)
+    key: bytes = b""  # what the normals and thresholds are, exactly (for :data:`SCANS_KEPT`)
 
     @classmethod
     def of(
@@ -218,7 +222,7 @@ class _Fitted:
             p.fellow,
         )
         deflate = {(c, k): f for c, v in usable.items() for k, f in enumerate(_deflate(v, cal.h))}
-        return cls(usable, cal, pos, seen, deflate)
+        return cls(usable, cal, pos, seen, deflate, repr((sorted(usable.items()), cal)).encode())
 
     def stale(self, pos: int, seen: int, base: int) -> bool:
         """Whether the normal should be fitted again at ``pos``: enough new samples since
@@ -226,6 +230,13 @@ class _Fitted:
         typical = self.normals.get(TYPICAL)
         fresh = max(1, round(REFIT_SHARE * (typical.samples if typical else 0)))
         return seen - self.seen >= fresh or 2 * (pos - self.pos) >= base
+
+
+SCANS_KEPT = 16384
+"""Stretches scanned without a crossing remembered by what they depend on: the live loop
+re-judges the same clock-aligned stretches every pass (the recent ones change as rows land)."""
+_scans: OrderedDict[bytes, tuple[np.ndarray, tuple[tuple[float, int | None], ...]]] = OrderedDict()
+_scans_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -286,14 +297,41 @@ class _Run:
         g, has = ev
         return np.where(has, d * (g / dfl) - d * d / 2, 0.0)
 
+    def scan_key(self, members: list[_Member], fitted: _Fitted, lo: int, hi: int) -> bytes:
+        """What a stretch's scan depends on: its windows, the normals and thresholds, the
+        dead zone, the members' states (the since-when relative to ``lo``)."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(fitted.key)
+        h.update(repr((self.p.min_slowdown, self.p.min_excess_ms, hi - lo)).encode())
+        for c in CHANNELS:
+            x, m = self.ch[c]
+            h.update(x[lo:hi].tobytes())
+            h.update(m[lo:hi].tobytes())
+        h.update(np.array([mb.s for mb in members]).tobytes())
+        h.update(np.array([(mb.k, mb.since - lo) for mb in members], dtype=np.int64).tobytes())
+        h.update(" ".join(mb.channel for mb in members).encode())
+        return h.digest()
+
     def scan(self, members: list[_Member], fitted: _Fitted, lo: int, hi: int) -> _Hit | None:
         """The first window of ``[lo, hi)`` where a member crosses its weak threshold;
         members' states move to ``hi`` when none does."""
         normals, cal = fitted.normals, fitted.cal
         assert cal is not None
+        key = self.scan_key(members, fitted, lo, hi)
+        with _scans_lock:
+            seen = _scans.get(key)
+            if seen is not None:
+                _scans.move_to_end(key)
+        if seen is not None:
+            self.odd[lo:hi] |= seen[0]
+            for mb, (s_end, since) in zip(members, seen[1], strict=True):
+                mb.s, mb.since = s_end, mb.since if since is None else lo + since
+            return None
+        odd = np.zeros(hi - lo, dtype=bool)
         if TYPICAL in normals:
             with np.errstate(invalid="ignore"):
-                self.odd[lo:hi] |= self.scores(TYPICAL, normals[TYPICAL], lo, hi, False) > ODD_SCORE
+                odd = self.scores(TYPICAL, normals[TYPICAL], lo, hi, False) > ODD_SCORE
+            self.odd[lo:hi] |= odd
         # each channel's CUSUMs at once, a row per shift (the bank's members in its order)
         runs: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         first: dict[tuple[str, int], int] = {}  # where each crossed its weak threshold (-1: not)
@@ -320,12 +358,20 @@ class _Run:
             if at >= 0 and (best is None or at <= best[0]):
                 best = (at, mb)
         if best is None:
+            moved = []
             for mb in members:
                 if (mb.channel, mb.k) in runs:
                     s, zero = runs[(mb.channel, mb.k)]
                     z = np.flatnonzero(zero)
                     mb.s = float(s[-1])
                     mb.since = lo + int(z[-1]) + 1 if len(z) else mb.since
+                    moved.append((mb.s, int(z[-1]) + 1 if len(z) else None))
+                else:
+                    moved.append((0.0, int(hi - lo)))
+            with _scans_lock:
+                _scans[key] = (odd, tuple(moved))
+                while len(_scans) > SCANS_KEPT:
+                    _scans.popitem(last=False)
             return None
         at, mb = best
         s, zero = runs[(mb.channel, mb.k)]
