@@ -82,7 +82,10 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     ap.add_argument(
-        "--misses", action="store_true", help="list the victims at the goal's bar not found"
+        "--misses",
+        action="store_true",
+        help="list the victims at the goal's bar not found or misnamed, and the scenarios with "
+        "false incidents",
     )
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -102,6 +105,8 @@ def main() -> int:
             print(_line(row), flush=True)
             if args.misses:
                 for sc in scores:
+                    if sc.false_incidents:
+                        print(f"    {sc.name} false incidents: {sc.false_incidents}", flush=True)
                     for v in sc.victims:
                         if v.at_goal and not (v.found and v.right_final):
                             print(

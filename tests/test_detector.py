@@ -14,7 +14,7 @@ from detector_series import requests, series, windows
 
 from cotenant.analysis.detector import decision
 from cotenant.analysis.detector.detect import DetectorParams, detect
-from cotenant.analysis.detector.episode import TAIL
+from cotenant.analysis.detector.episode import TAIL, needs_s
 from cotenant.analysis.detector.normal import fit
 from cotenant.analysis.indicators import Series
 
@@ -169,3 +169,12 @@ def test_a_normal_fitted_again_on_the_same_windows_is_the_one_remembered() -> No
     assert other is not None and other is not first
     assert other.loc == pytest.approx(first.loc + 0.5, abs=1e-9)
     assert fit(x, n, use, 300.0) is not first  # the span is part of what was fitted
+
+
+def test_a_large_slowdown_needs_less_time_to_be_an_incident() -> None:
+    assert needs_s(1.3, 100, 30.0) == needs_s(2.0, 100, 30.0) == needs_s(math.nan, 100, 30.0)
+    assert needs_s(2.0, 100, 30.0) == 30.0
+    assert needs_s(4.0, 100, 30.0) == pytest.approx(10.0)
+    assert needs_s(900.0, 100, 30.0) < 1.0 < needs_s(20.0, 100, 30.0)
+    # one or two slow requests are a blip however slow
+    assert needs_s(900.0, 2, 30.0) == 30.0

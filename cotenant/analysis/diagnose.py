@@ -16,7 +16,7 @@ import numpy as np
 from cotenant.analysis.attribution import attribute
 from cotenant.analysis.cpu_causes import read_host_cpu
 from cotenant.analysis.detector.detect import DetectorParams, Track, detect
-from cotenant.analysis.detector.episode import Carry, Episode
+from cotenant.analysis.detector.episode import Carry, Episode, lasts_s
 from cotenant.analysis.detector.verdicts import Fellow, FirstCause, judge, mark_recurring
 from cotenant.analysis.diagnosis import Diagnosis, Judged
 from cotenant.analysis.incident_merge import events
@@ -183,7 +183,7 @@ def diagnose_windows(
             if (e.end >= first or e.open)
             and (e.strong or near or fellow)
             # a slowdown within its SLO over sooner than degradation_s is a transient
-            and (e.breach or (e.until - e.start) * step_s >= p.degradation_s)
+            and (e.breach or (e.until - e.start) * step_s >= lasts_s(e, s.count, p.degradation_s))
         ]
         abnormal |= tr.abnormal
     if not found and not on_demand:
@@ -242,6 +242,7 @@ def _attributed(
         causes=att.causes,
         notes=list(att.notes),
         during_windows=int(np.count_nonzero(during & (v["count"] > 0))),
+        during_requests=int(np.nansum(v["count"][during])),
         indicator=indicator,
     )
     return d, view, before

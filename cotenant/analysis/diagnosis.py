@@ -107,6 +107,7 @@ class Diagnosis:
     severity: str = BREACH  # breach (SLO crossed) | degradation (slower than its normal)
     carried: bool = False  # began before the windows read: its "before" is not in them
     during_windows: int = 0  # windows with requests inside it (what attribution had)
+    during_requests: int = 0  # requests inside it
     after_p99_ms: float | None = None  # median p99 of the windows after it ended
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
     siblings: dict[str, Any] = field(default_factory=dict)  # analysis.replicas.summarise

@@ -72,6 +72,7 @@ def merged(ds: list[Diagnosis]) -> Diagnosis:
         peak_p99_ms=max(peaks) if peaks else src.peak_p99_ms,
         after_p99_ms=newest.after_p99_ms,
         during_windows=max(d.during_windows for d in ds),
+        during_requests=max(d.during_requests for d in ds),
     )
 
 

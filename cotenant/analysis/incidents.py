@@ -26,11 +26,13 @@ a person should read them:
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import replace
 
 from cotenant.analysis import incident_merge
 from cotenant.analysis.attribution import Cause
+from cotenant.analysis.detector.episode import needs_s
 from cotenant.analysis.diagnosis import ORDINARY_VERDICTS, Diagnosis, rounded
 from cotenant.analysis.incident_merge import indicator_entry
 from cotenant.analysis.incident_record import (
@@ -290,7 +292,9 @@ class IncidentBook:
         """Whether attribution has seen enough of the slowdown to publish its cause: it is
         over, or it has ``publish_windows`` windows and a named cause (an unknown one after a
         minute of trying: most name their cause once the co-tenants' counters have landed)."""
-        if d.severity == DEGRADATION and d.end_ns - d.start_ns < self._degradation_ns:
+        ratio = d.judged.ratio if d.judged is not None else math.nan
+        needs_ns = needs_s(ratio, d.during_requests, self._degradation_ns / 1e9) * 1e9
+        if d.severity == DEGRADATION and d.end_ns - d.start_ns < needs_ns:
             return False  # not yet longer than a transient
         if d.carried or not d.open:
             return True

@@ -49,9 +49,11 @@ class AnalysisSettings:
     )
     degradation_s: float = key(
         30.0,
-        "a slowdown within its SLO (or of a model without one) is an incident once it has "
-        "lasted this long; one over sooner is a transient, recorded nowhere (a breach needs no "
-        "such wait)",
+        "a slowdown within its SLO (or of a model without one) up to 2x its normal is an "
+        "incident once it has lasted this long, a larger one once its duration times its "
+        "excess ratio has (10 s at 4x, a second at 31x: a reload that holds requests for "
+        "seconds is no blip); one over sooner is a transient, recorded nowhere (a breach needs "
+        "no such wait)",
         min=0.0,
     )
     false_alarms_per_hour: float = key(

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from cotenant.analysis.detector.normal import Normal
 from cotenant.core.slos import BREACH, DEGRADATION
 
@@ -15,6 +17,29 @@ TYPICAL = "typical"
 TAIL = "tail"
 """The channel of a window's slow tail: the log of its p99 (windows of 3 requests or more)."""
 CHANNELS = (TYPICAL, TAIL)
+
+
+SURE_REQUESTS = 3
+"""Requests a slowdown must hold for its size to shorten its wait (one slow request is a blip
+however slow)."""
+
+
+def needs_s(ratio: float, requests: int, degradation_s: float) -> float:
+    """How long a slowdown within its SLO, ``ratio`` times its normal over ``requests``
+    requests, must last before it is an incident: until its duration times its excess
+    (``ratio - 1``) reaches ``degradation_s``, and never longer than ``degradation_s`` — at the
+    default 30 s: 30 s up to 2x, 10 s at 4x, one second at 31x (a reload that holds a model's
+    requests for seconds is no blip however briefly it lasts). Under :data:`SURE_REQUESTS`
+    requests, ``degradation_s`` whatever the size."""
+    if requests < SURE_REQUESTS or not math.isfinite(ratio) or ratio <= 2.0:
+        return degradation_s
+    return degradation_s / (ratio - 1.0)
+
+
+def lasts_s(e: Episode, count: np.ndarray, degradation_s: float) -> float:
+    """:func:`needs_s` of episode ``e`` of a series whose requests per window are ``count``."""
+    n = int(np.nansum(np.asarray(count, dtype=np.float64)[e.start : e.end + 1]))
+    return needs_s(e.ratio, n, degradation_s)
 
 
 @dataclass(frozen=True)
