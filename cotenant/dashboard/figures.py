@@ -166,10 +166,21 @@ def token_panels(
 ) -> Fig | None:
     """TTFT p99 (top, ms) and TPOT p99 (bottom, ms per token) per generative model of ``t``
     (TOKEN_WINDOWS columns as lists, ``dashboard.data.Cols``), each model's SLO of that
-    indicator as a dotted line; None when ``t`` is empty."""
+    indicator as a dotted line; None when ``t`` holds no TTFT or TPOT (no generative model)."""
     if not len(t):
         return None
-    models = sorted(set(t["model"]))
+
+    def measured(values: Sequence[float | None]) -> bool:
+        return any(v is not None and v == v for v in values)
+
+    # a model without token timings (not generative) has windows but no value: no panel
+    models = [
+        m
+        for m in sorted(set(t["model"]))
+        if measured((mine := t.where("model", m))["ttft_p99_ms"]) or measured(mine["tpot_p99_ms"])
+    ]
+    if not models:
+        return None
     traces = []
     for m in models:
         mine = t.where("model", m)
