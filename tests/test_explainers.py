@@ -196,3 +196,31 @@ def test_a_cotenant_idle_in_every_normal_window_is_named_for_a_short_burst() -> 
     w.models["sdxl"]["arrival_rps"][FAULT] *= 3
     slow_compute(w, 1.3)
     assert named(attribute(w, "tts", *masks()))[0] == ("cotenant", "sdxl")
+
+
+def test_two_slow_windows_of_a_coarse_series_are_judged_against_the_normal_spread() -> None:
+    # seen on GenTD26 (57-s steps, one request each): a container's inference time tripled
+    # for two or three steps and was named nothing — the two steps' own spread made the
+    # shift's standard error larger than the shift
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(5500.0, 1500.0, 40), [14000.0, 38000.0]])
+    before = np.zeros(len(x), dtype=bool)
+    before[:40] = True
+    test = shift_enrichment(x, before, ~before)
+    assert test.named, test
+    # and two ordinary windows are no shift
+    y = np.concatenate([x[:40], [6000.0, 7000.0]])
+    assert not shift_enrichment(y, before, ~before).named
+
+
+def test_a_sparse_models_slowdown_is_compared_with_enough_normal_windows() -> None:
+    from cotenant.analysis.diagnose import BEFORE_WINDOWS, _before_mask
+
+    n = 7200
+    count = np.zeros(n)
+    count[::57] = 1.0  # one request a step of 57 s
+    start = 7000
+    before = _before_mask(n, start, np.zeros(n, dtype=bool), count, 1.0)
+    # three minutes hold three of them; it looks back until it has enough
+    assert before.sum() >= BEFORE_WINDOWS // 2
+    assert not before[start:].any() and (count[before] > 0).all()

@@ -33,18 +33,26 @@ BEFORE_WINDOWS = 60
 """Normal windows just before a slowdown that attribution compares it with."""
 MIN_COUNT = 3
 """Requests a window needs for its p99 to stand for the window's tail."""
+SPARSE_LOOKBACK_S = 3600.0
+"""How far back a sparse model's normal windows are looked for (one request a minute: 60)."""
 
 
-def _before_mask(n: int, start: int, abnormal: np.ndarray, count: np.ndarray) -> np.ndarray:
+def _before_mask(
+    n: int, start: int, abnormal: np.ndarray, count: np.ndarray, step_s: float = 1.0
+) -> np.ndarray:
     """The normal windows just before ``start`` attribution compares with: those with a p99
     (:data:`MIN_COUNT` requests), or, for a model too sparse to have enough of them, those
-    with any request."""
+    with any request — looked for over ``3 x BEFORE_WINDOWS`` windows, and as far back as
+    :data:`SPARSE_LOOKBACK_S` for a model with too few requests there (a request a minute
+    gives three samples in three minutes: no comparison)."""
     mask = np.zeros(n, dtype=bool)
-    lo = max(0, start - BEFORE_WINDOWS * 3)
-    cand = np.arange(lo, start)
-    cand = cand[~abnormal[cand]]
-    dense = cand[count[cand] >= MIN_COUNT]
-    cand = dense if len(dense) >= BEFORE_WINDOWS // 2 else cand[count[cand] > 0]
+    for back in (BEFORE_WINDOWS * 3, max(BEFORE_WINDOWS * 3, round(SPARSE_LOOKBACK_S / step_s))):
+        cand = np.arange(max(0, start - back), start)
+        cand = cand[~abnormal[cand]]
+        dense = cand[count[cand] >= MIN_COUNT]
+        cand = dense if len(dense) >= BEFORE_WINDOWS // 2 else cand[count[cand] > 0]
+        if len(cand) >= BEFORE_WINDOWS // 2:
+            break
     mask[cand[-BEFORE_WINDOWS:]] = True
     return mask
 
@@ -218,7 +226,7 @@ def _attributed(
     v = view.models[model]
     during = np.zeros(w.n, dtype=bool)
     during[lo : hi + 1] = True
-    before = _before_mask(w.n, lo, abnormal, v["count"])
+    before = _before_mask(w.n, lo, abnormal, v["count"], w.step_ns / 1e9)
     mix = mix_excess(w.tokens.get(model), indicator, before, during)
     att = attribute(
         view, model, before, during, locks=_locks(source, model, w, lo, hi), host_cpu=cpu, mix=mix

@@ -34,6 +34,8 @@ from cotenant.analysis.metric_direction import Direction, harmful
 
 Z_NAMED = 3.0
 """One-sided z a cause's evidence must reach to be named."""
+MIN_OWN_SPREAD = 5
+"""Values a side needs for its own variance to enter a shift's standard error."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def shift_enrichment(
     se_floor: float = 0.0,
 ) -> Enrichment:
     """Welch's one-sided z of the mean of ``x`` over ``during`` against ``before``, in
-    ``direction`` (``FALL``: a drop is positive; ``EITHER``: either way). ``before`` and
+    ``direction`` (``FALL``: a drop is positive; ``EITHER``: either way); with fewer than
+    :data:`MIN_OWN_SPREAD` values during, their spread is taken as the normal's (two or three
+    windows of a coarse series cannot estimate their own). ``before`` and
     ``during`` in the result are the plain means (the series' unit). ``se_floor`` (the series'
     unit): the least standard error of the difference. NaN z when a side has no value."""
     y = np.asarray(x, dtype=np.float64)
@@ -114,7 +118,9 @@ def shift_enrichment(
     if len(b) == 0 or len(d) == 0:
         return Enrichment(np.nan, np.nan, len(b), len(d), np.nan, rate=False)
     mb, md = float(b.mean()), float(d.mean())
-    se = float(np.sqrt(b.var() / len(b) + d.var() / len(d)))
+    # a handful of slow windows says nothing of their own spread: judged against the normal's
+    vd = d.var() if len(d) >= MIN_OWN_SPREAD else b.var()
+    se = float(np.sqrt(b.var() / len(b) + vd / len(d)))
     diff = float(np.mean(harmful(d, direction)) - np.mean(harmful(b, direction)))
     if direction == Direction.EITHER:
         diff = abs(diff)
