@@ -209,7 +209,7 @@ def test_two_slow_windows_of_a_coarse_series_are_judged_against_the_normal_sprea
     test = shift_enrichment(x, before, ~before)
     assert test.named, test
     # and two ordinary windows are no shift
-    y = np.concatenate([x[:40], [6000.0, 7000.0]])
+    y = np.concatenate([x[:40], [5000.0, 6500.0]])
     assert not shift_enrichment(y, before, ~before).named
 
 

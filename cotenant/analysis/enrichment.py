@@ -108,8 +108,8 @@ def shift_enrichment(
 ) -> Enrichment:
     """Welch's one-sided z of the mean of ``x`` over ``during`` against ``before``, in
     ``direction`` (``FALL``: a drop is positive; ``EITHER``: either way); with fewer than
-    :data:`MIN_OWN_SPREAD` values during, their spread is taken as the normal's (two or three
-    windows of a coarse series cannot estimate their own). ``before`` and
+    :data:`MIN_OWN_SPREAD` values during, their spread counts at most as much as the normal's
+    (two or three windows of a coarse series cannot estimate their own). ``before`` and
     ``during`` in the result are the plain means (the series' unit). ``se_floor`` (the series'
     unit): the least standard error of the difference. NaN z when a side has no value."""
     y = np.asarray(x, dtype=np.float64)
@@ -118,8 +118,9 @@ def shift_enrichment(
     if len(b) == 0 or len(d) == 0:
         return Enrichment(np.nan, np.nan, len(b), len(d), np.nan, rate=False)
     mb, md = float(b.mean()), float(d.mean())
-    # a handful of slow windows says nothing of their own spread: judged against the normal's
-    vd = d.var() if len(d) >= MIN_OWN_SPREAD else b.var()
+    # a handful of slow windows cannot show a spread wider than the normal's (two or three
+    # steps of a coarse series that differ by 2x are no sign of a noisier mean)
+    vd = d.var() if len(d) >= MIN_OWN_SPREAD else min(d.var(), b.var())
     se = float(np.sqrt(b.var() / len(b) + vd / len(d)))
     diff = float(np.mean(harmful(d, direction)) - np.mean(harmful(b, direction)))
     if direction == Direction.EITHER:
