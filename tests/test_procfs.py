@@ -120,6 +120,21 @@ def test_a_cpu_burner_that_emits_no_spans_is_recorded_with_its_cores(proc: FakeP
     assert row["gpu"] is None and row["model"] is None and row["sm_util"] is None
 
 
+def test_cotenants_own_process_is_never_recorded(proc: FakeProc) -> None:
+    # seen in `make demo`: the demo's own process (simulator, load and service in one) got
+    # busier with every simulated burst and was named "cpu: cotenant" for tts's slowdowns
+    proc.process(20, "python3", 100.0, cmdline="python3 -u burn.py --cores 1")
+    proc.process(30, "cotenant", 100.0, cmdline="/venv/bin/python /venv/bin/cotenant demo")
+    sink = Sink()
+    c = collector(proc, sink, own_pid=30)
+    c.poll_once()
+    proc.tick(1.0)
+    proc.process(20, "python3", 101.0, cmdline="python3 -u burn.py --cores 1")
+    proc.process(30, "cotenant", 102.0, cmdline="/venv/bin/python /venv/bin/cotenant demo")
+    c.poll_once()
+    assert [r["process_name"] for r in sink.rows()] == ["python3 burn.py"]
+
+
 def test_only_the_top_n_by_cpu_are_recorded(proc: FakeProc) -> None:
     for pid in range(100, 120):
         proc.process(pid, f"worker{pid}", 0.0)

@@ -138,10 +138,15 @@ class ProcfsCollector:
         max_pids: int = 4096,
         clock_ticks: int | None = None,
         pods: PodIdentity | None = None,
+        own_pid: int | None = None,
     ) -> None:
         """``proc`` and ``sys``: the procfs and sysfs roots (tests pass fake trees).
         ``clock``: what rows are stamped with (ns); ``monotonic``: what rates are measured with
-        (s). ``pods``: names processes in Kubernetes pods by pod (None: by program only)."""
+        (s). ``pods``: names processes in Kubernetes pods by pod (None: by program only).
+        ``own_pid``: the process never recorded, this one by default: cotenant is nobody's
+        co-tenant (its own CPU follows the traffic it ingests, and in ``cotenant demo`` the
+        simulated workload's: named, it would be blamed for every burst; its cost is in its
+        own metrics and docs/performance.md)."""
         self._sink = sink
         self._resolver = resolver
         self.host = host
@@ -157,6 +162,7 @@ class ProcfsCollector:
         self.max_pids = max_pids
         self._ticks = float(clock_ticks or os.sysconf("SC_CLK_TCK"))
         self._pods = pods
+        self._own_pid = os.getpid() if own_pid is None else own_pid
         self._prev: dict[_Key, int] = {}  # CPU ticks at the previous read
         self._prev_t: float | None = None
         self._names: dict[_Key, tuple[str, PodRef | None]] = {}
@@ -225,6 +231,8 @@ class ProcfsCollector:
         pids = self._pids()
         self._forget_gone(pids)
         for pid in pids:
+            if pid == self._own_pid:
+                continue
             try:
                 comm, used, start, parents[pid] = parse_stat_bytes(self._stat(pid))
             except (FileNotFoundError, ProcessLookupError):
