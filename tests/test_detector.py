@@ -7,6 +7,7 @@ noisier than most serving stacks), summarised per window as every source summari
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +179,37 @@ def test_a_large_slowdown_needs_less_time_to_be_an_incident() -> None:
     assert needs_s(900.0, 100, 30.0) < 1.0 < needs_s(20.0, 100, 30.0)
     # one or two slow requests are a blip however slow
     assert needs_s(900.0, 2, 30.0) == 30.0
+
+
+def test_a_breach_waits_a_third_as_long_and_a_large_one_less() -> None:
+    """Over its SLO a slowdown is news sooner, but not at once: a model at 0.1 req/s whose five
+    requests arrived in one second breached for 3 s (3x its normal) twice in a fault-free
+    development control, with no cause to name."""
+    assert needs_s(1.5, 100, 30.0, breach=True) == pytest.approx(10.0)
+    assert needs_s(3.0, 8, 30.0, breach=True) == pytest.approx(10.0)
+    assert needs_s(900.0, 100, 30.0, breach=True) == needs_s(900.0, 100, 30.0) < 1.0
+    assert needs_s(900.0, 2, 30.0, breach=True) == pytest.approx(10.0)
+
+
+def test_a_cold_start_in_a_burst_is_not_learnt_as_the_normal() -> None:
+    """A fault-free bursty model whose first two minutes are one long burst (the generator's
+    development control 23): judged from its first minute on, the rest of the run was 2x its
+    "normal" for ten minutes. Until a tenth of the baseline has passed only a breach counts."""
+    got = np.load(Path(__file__).parent / "fixtures" / "detector" / "bursty_cold_start.npz")
+    s = Series(got["p99_ms"], got["count"], got["center"])
+    assert P.warmup_windows(1.0) == 180
+    assert strong(s, 124.53) == []
+    # a slowdown after the warm-up is found as before
+    slow = Series(
+        np.where(np.arange(len(s.count)) >= 400, 3.0, 1.0) * s.p99_ms,
+        s.count,
+        np.where(np.arange(len(s.count)) >= 400, 3.0, 1.0) * s.center,
+    )
+    found = strong(slow, 124.53)
+    assert found and 400 <= found[0].opened <= 430
+    # a breach of the SLO in the warm-up is found: the SLO needs no history (its extent is
+    # judged against the young normal, here from the burst's end on)
+    i = np.arange(len(s.count))
+    hot = Series(np.where((i >= 100) & (i < 160), 20.0, 1.0) * s.p99_ms, s.count, s.center)
+    found = strong(hot, 124.53)
+    assert found and found[0].breach and found[0].start <= 100 and found[0].end >= 160

@@ -190,8 +190,8 @@ def diagnose_windows(
             for e in tr.episodes
             if (e.end >= first or e.open)
             and (e.strong or near or fellow)
-            # a slowdown within its SLO over sooner than degradation_s is a transient
-            and (e.breach or (e.until - e.start) * step_s >= lasts_s(e, s.count, p.degradation_s))
+            # a slowdown over sooner than it needs (episode.needs_s) is a transient
+            and (e.until - e.start) * step_s >= lasts_s(e, s.count, p.degradation_s)
         ]
         abnormal |= tr.abnormal
     if not found and not on_demand:

@@ -293,8 +293,9 @@ class IncidentBook:
         over, or it has ``publish_windows`` windows and a named cause (an unknown one after a
         minute of trying: most name their cause once the co-tenants' counters have landed)."""
         ratio = d.judged.ratio if d.judged is not None else math.nan
-        needs_ns = needs_s(ratio, d.during_requests, self._degradation_ns / 1e9) * 1e9
-        if d.severity == DEGRADATION and d.end_ns - d.start_ns < needs_ns:
+        breach = d.severity == BREACH
+        needs_ns = needs_s(ratio, d.during_requests, self._degradation_ns / 1e9, breach) * 1e9
+        if d.end_ns - d.start_ns < needs_ns:
             return False  # not yet longer than a transient
         if d.carried or not d.open:
             return True

@@ -52,8 +52,8 @@ class AnalysisSettings:
         "a slowdown within its SLO (or of a model without one) up to 2x its normal is an "
         "incident once it has lasted this long, a larger one once its duration times its "
         "excess ratio has (10 s at 4x, a second at 31x: a reload that holds requests for "
-        "seconds is no blip); one over sooner is a transient, recorded nowhere (a breach needs "
-        "no such wait)",
+        "seconds is no blip); one over sooner is a transient, recorded nowhere (a breach of the "
+        "SLO waits at most a third of this)",
         min=0.0,
     )
     false_alarms_per_hour: float = key(
@@ -88,7 +88,9 @@ class AnalysisSettings:
     warmup_windows: int = key(
         60,
         "windows with requests a model's normal needs before it is judged at all (a model at "
-        "0.1 req/s is judged after about 10 minutes, one at 10 req/s after a minute)",
+        "0.1 req/s is judged after about 10 minutes); and whatever its rate, nothing is judged "
+        "before a tenth of baseline_s has passed since its first request (3 minutes: a cold "
+        "start that begins in a burst must not learn the burst as normal)",
         min=8,
     )
     fellow_factor: float = key(

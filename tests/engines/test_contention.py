@@ -23,7 +23,7 @@ from tests.engines.conftest import RayCluster, TritonServer, wait_for
 from tests.engines.recording import RECORDINGS
 
 VICTIM_PERIOD_S = 0.05  # 20 requests/s
-CALM_S = 90.0  # the baseline the live loop needs before it judges
+CALM_S = 200.0  # the live loop judges a new series after its warm-up (3 min of baseline_s)
 BURST_CLIENTS = 4
 BURST_MS = 300
 

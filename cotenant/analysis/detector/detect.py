@@ -49,6 +49,12 @@ MAX_BASELINE = 12
 """A sparse series' normal looks back at most this many baselines for its samples."""
 AS_HIGH = 0.8
 """An earlier slowdown is as high as this one when its excess over normal is this share of it."""
+WARMUP_SHARE = 0.1
+"""Until this share of ``baseline_s`` has passed since a series' first sample (3 minutes at the
+default 30), only a breach of its SLO counts as a slowdown: a normal learnt from a minute or two
+of a bursty model has not seen its ordinary variation (its long-run factor over 64 windows needs
+three times as many), and a cold start that happens to begin in a burst learns the burst as
+normal; the SLO needs no history."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,11 @@ class DetectorParams:
         """Windows the normal is fitted on: ``baseline_s``, and never fewer than twice the
         samples it needs (a trace of one value a minute learns from two hours)."""
         return max(math.ceil(self.baseline_s / step_s), 2 * self.min_samples)
+
+    def warmup_windows(self, step_s: float) -> int:
+        """Windows after a series' first sample in which only a breach is a slowdown
+        (:data:`WARMUP_SHARE`)."""
+        return math.ceil(WARMUP_SHARE * self.baseline_s / step_s)
 
     def refit_windows(self, step_s: float) -> int:
         """Windows of one stretch judged against one normal (at least :data:`MIN_STRETCH`)."""
@@ -136,6 +147,9 @@ def detect(
     ch = channels(series)
     run = _Run(series, ch, slo_ms, p, step_s, n_eval, indicators)
     pos = max(0, begin)
+    # a cold start: until the warm-up is over only a breach of the SLO is a slowdown
+    has = np.flatnonzero(np.isfinite(ch[TYPICAL][0]))
+    warm = int(has[0]) + p.warmup_windows(step_s) if len(has) and carry is None else 0
     if carry is not None:
         ep = run.follow_carry(carry)
         run.keep(ep)
@@ -180,6 +194,13 @@ def detect(
             pos = end
             continue
         ep = run.follow(hit, members, fitted)
+        if hit.at < warm and not ep.breach:
+            # judged against a normal still being learnt, and within its SLO: no evidence (the
+            # normal learns from these windows); judging goes on for a breach
+            fitted, pos = None, hit.at + 1
+            for mb in members:
+                mb.s, mb.since = 0.0, pos
+            continue
         run.keep(ep)
         fitted = None  # its windows teach the next normal nothing
         for mb in members:

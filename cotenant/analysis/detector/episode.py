@@ -24,22 +24,30 @@ SURE_REQUESTS = 3
 however slow)."""
 
 
-def needs_s(ratio: float, requests: int, degradation_s: float) -> float:
-    """How long a slowdown within its SLO, ``ratio`` times its normal over ``requests``
-    requests, must last before it is an incident: until its duration times its excess
-    (``ratio - 1``) reaches ``degradation_s``, and never longer than ``degradation_s`` — at the
-    default 30 s: 30 s up to 2x, 10 s at 4x, one second at 31x (a reload that holds a model's
-    requests for seconds is no blip however briefly it lasts). Under :data:`SURE_REQUESTS`
-    requests, ``degradation_s`` whatever the size."""
+BREACH_WAIT = 1 / 3
+"""A breach of the SLO waits at most this share of ``degradation_s`` (10 s at the default): a
+few seconds over it with nothing to show for it are a blip (3-s breaches of a model at 0.1
+req/s whose own five requests arrived at once), a breach that lasts is news."""
+
+
+def needs_s(ratio: float, requests: int, degradation_s: float, breach: bool = False) -> float:
+    """How long a slowdown, ``ratio`` times its normal over ``requests`` requests, must last
+    before it is an incident: until its duration times its excess (``ratio - 1``) reaches
+    ``degradation_s``, and never longer than ``degradation_s`` — at the default 30 s: 30 s up
+    to 2x, 10 s at 4x, one second at 31x (a reload that holds a model's requests for seconds is
+    no blip however briefly it lasts); over its SLO (``breach``), never longer than
+    :data:`BREACH_WAIT` of it. Under :data:`SURE_REQUESTS` requests, ``degradation_s`` (its
+    breach share) whatever the size."""
+    most = degradation_s * BREACH_WAIT if breach else degradation_s
     if requests < SURE_REQUESTS or not math.isfinite(ratio) or ratio <= 2.0:
-        return degradation_s
-    return degradation_s / (ratio - 1.0)
+        return most
+    return min(most, degradation_s / (ratio - 1.0))
 
 
 def lasts_s(e: Episode, count: np.ndarray, degradation_s: float) -> float:
     """:func:`needs_s` of episode ``e`` of a series whose requests per window are ``count``."""
     n = int(np.nansum(np.asarray(count, dtype=np.float64)[e.start : e.end + 1]))
-    return needs_s(e.ratio, n, degradation_s)
+    return needs_s(e.ratio, n, degradation_s, e.breach)
 
 
 @dataclass(frozen=True)
