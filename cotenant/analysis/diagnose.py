@@ -175,7 +175,7 @@ def diagnose_windows(
         tr: Track = detect(
             s,
             slo,
-            p.for_indicator(name),
+            p,
             step_s=w.step_ns / 1e9,
             # judged from the first window read: a slowdown in the history is found too, so
             # that no normal learns from it

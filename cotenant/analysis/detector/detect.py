@@ -30,7 +30,7 @@ from cotenant.analysis.detector.decision import DELTAS, Calibration
 from cotenant.analysis.detector.episode import CHANNELS, TAIL, TYPICAL, Carry, Episode
 from cotenant.analysis.detector.normal import Normal, fit
 from cotenant.analysis.indicators import Series
-from cotenant.core.slos import BREACH, DEGRADATION, TPOT, breach
+from cotenant.core.slos import BREACH, DEGRADATION, breach
 
 DELTAS_ARRAY = np.asarray(DELTAS, dtype=np.float64)
 MIN_TAIL_COUNT = 3
@@ -49,10 +49,6 @@ MAX_BASELINE = 12
 """A sparse series' normal looks back at most this many baselines for its samples."""
 AS_HIGH = 0.8
 """An earlier slowdown is as high as this one when its excess over normal is this share of it."""
-TPOT_MIN_SLOWDOWN = 1.25
-"""The smallest slowdown of a time per output token worth an incident: it moves with the
-sequences a decode step is shared with and with the answers' lengths (a request's fixed cost
-spread over fewer tokens), so under about 1.12x (the square root) it adds no evidence."""
 WARMUP_SHARE = 0.1
 """Until this share of ``baseline_s`` has passed since a series' first sample (3 minutes at the
 default 30), only a breach of its SLO counts as a slowdown: a normal learnt from a minute or two
@@ -74,16 +70,6 @@ class DetectorParams:
     refit_s: float = 60.0  # how often the normal is refitted (aligned to the clock)
     quiet_s: float = 30.0  # a slowdown ends only after this long with no slow-looking window
     degradation_s: float = 30.0  # a slowdown within its SLO shorter than this is a transient
-
-    def for_indicator(self, indicator: str) -> DetectorParams:
-        """These settings as one indicator is judged with: ``min_excess_ms`` is a request's,
-        so a time per token is judged on its ratio alone (a hundredth of a ms per token over
-        400 tokens is 4 ms a request), from :data:`TPOT_MIN_SLOWDOWN` at least."""
-        if indicator != TPOT:
-            return self
-        return replace(
-            self, min_excess_ms=0.0, min_slowdown=max(self.min_slowdown, TPOT_MIN_SLOWDOWN)
-        )
 
     def baseline_windows(self, step_s: float) -> int:
         """Windows the normal is fitted on: ``baseline_s``, and never fewer than twice the
