@@ -95,7 +95,8 @@ def test_the_report_and_the_incident_page_show_the_replica(reroute_store: Store)
 
 
 def _pool_scenario(path: Path, n: int) -> Path:
-    """chat on ``n`` replicas, one per GPU, 5 req/s each; a training job slows gpu0."""
+    """chat on ``n`` replicas, one per GPU, 5 req/s each; a training job slows gpu0 (after the
+    detector's 3-minute warm-up)."""
     scenario = {
         "version": 1,
         "name": "pool",
@@ -124,7 +125,7 @@ def _pool_scenario(path: Path, n: int) -> Path:
         ],
         "processes": [{"name": "train-job", "gpu": "gpu0", "sm_demand": 0.95, "dram_demand": 0.9}],
         "faults": [
-            {"kind": "process_active", "target": "train-job", "start_s": 100, "duration_s": 150}
+            {"kind": "process_active", "target": "train-job", "start_s": 190, "duration_s": 100}
         ],
     }
     path.write_text(yaml.safe_dump(scenario))
