@@ -88,9 +88,9 @@ class AnalysisSettings:
     warmup_windows: int = key(
         60,
         "windows with requests a model's normal needs before it is judged at all (a model at "
-        "0.1 req/s is judged after about 10 minutes); and whatever its rate, nothing is judged "
-        "before a tenth of baseline_s has passed since its first request (3 minutes: a cold "
-        "start that begins in a burst must not learn the burst as normal)",
+        "0.1 req/s is judged after about 10 minutes); and whatever its rate, until a tenth of "
+        "baseline_s has passed since its first request (3 minutes) only a breach of its SLO "
+        "is judged (a cold start that begins in a burst must not learn the burst as normal)",
         min=8,
     )
     fellow_factor: float = key(
