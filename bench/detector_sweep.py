@@ -130,6 +130,8 @@ def _line(row: dict[str, Any]) -> str:
     fc, fo = sm["false_controls"], sm["false_faulted_outside"]
 
     def rate(f: dict[str, Any]) -> str:
+        if "per_model_hour" not in f:  # no hours of that kind (--count 0: controls only)
+            return f"{f['incidents']}/{f['model_hours']:.1f} h"
         return f"{f['incidents']}/{f['model_hours']:.1f} h = {f['per_model_hour']['estimate']:.3f}"
 
     return (
