@@ -257,6 +257,7 @@ def test_stat_lines_with_odd_command_names_parse(stat: str, want: tuple[str, int
         ("java", b"java\0-jar\0/opt/etl/etl.jar\0", "java etl.jar"),
         ("stress-ng", b"stress-ng\0--cpu\0" + b"8\0", "stress-ng"),
         ("python3", b"", "python3"),
+        ("python3", b"python3\0-c\0while True: pass\0", "python3 -c"),
     ],
 )
 def test_interpreters_are_named_by_their_script(comm: str, cmdline: bytes, want: str) -> None:
@@ -418,7 +419,9 @@ def _open_fds() -> int:
     return len(list(Path("/proc/self/fd").iterdir()))
 
 
-def test_the_real_proc_is_reread_through_held_descriptors_released_when_processes_go() -> None:
+def test_the_real_proc_is_reread_through_held_descriptors_released_when_processes_go(
+    tmp_path: Path,
+) -> None:
     import subprocess
     import sys
 
@@ -426,7 +429,11 @@ def test_the_real_proc_is_reread_through_held_descriptors_released_when_processe
     # a low bar: on a loaded shared machine the burner may get far less than a core
     c = ProcfsCollector(sink=sink, resolver=GpuResolver(), host="node-1", min_cores=0.02)
     before = _open_fds()
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # a script of its own name: a busier process of the same name (another `python -c`, such
+    # as a pytest-xdist worker) would carry the row under its own pid
+    script = tmp_path / "procfs_burner.py"
+    script.write_text("while True:\n    pass\n")
+    burner = subprocess.Popen([sys.executable, str(script)])
     try:
         c.poll_once()
         held = _open_fds() - before
@@ -434,7 +441,7 @@ def test_the_real_proc_is_reread_through_held_descriptors_released_when_processe
         time.sleep(0.5)
         c.poll_once()  # re-read through the held descriptors: a rate
         (row,) = [r for r in sink.rows() if r["pid"] == burner.pid]
-        assert row["process_name"] == "python3 -c" or str(row["process_name"]).endswith(" -c")
+        assert str(row["process_name"]).endswith(" procfs_burner.py")
         assert 0.02 <= float(row["cpu_cores"]) <= 1.2  # type: ignore[arg-type]
     finally:
         burner.kill()
