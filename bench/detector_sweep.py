@@ -136,7 +136,8 @@ def _line(row: dict[str, Any]) -> str:
 
     return (
         f"{row['set']:40s} goal found {p('goal_victims', 'found')} right "
-        f"{p('goal_victims', 'right_final')} | SLO {p('slo_victims', 'found')} | within "
+        f"{p('goal_victims', 'right_final')} first or final "
+        f"{p('goal_victims', 'right_first_or_final')} | SLO {p('slo_victims', 'found')} | within "
         f"{p('within_slo_goal_victims', 'found')} | false ctl {rate(fc)}, outside {rate(fo)}"
     )
 

@@ -9,11 +9,12 @@ The live loop calls :func:`diagnose_windows` on windows it has already read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from cotenant.analysis.attribution import attribute
+from cotenant.analysis.attribution import Cause, attribute
 from cotenant.analysis.cpu_causes import read_host_cpu
 from cotenant.analysis.detector.detect import DetectorParams, Track, detect
 from cotenant.analysis.detector.episode import Carry, Episode, lasts_s
@@ -117,6 +118,16 @@ def diagnose(
     if out:
         annotate_replicas(out, read, source.replicas(full))
     return out
+
+
+FIRST_S = 30.0
+"""A slowdown longer than it had been when found and this long is attributed on those first
+windows too: where their top cause differs from the whole's, the diagnosis keeps both
+(``Diagnosis.first_causes``), as the live loop's cause history does."""
+
+
+def _key(c: Cause | None) -> tuple[str, str] | None:
+    return None if c is None else (str(c.kind), c.culprit)
 
 
 def history_range(rng: TimeRange, step_s: float, p: DetectorParams) -> tuple[TimeRange, int]:
@@ -271,6 +282,11 @@ def _diagnose_span(
     v = view.models[model]
     if e.severity == DEGRADATION:
         mark_recurring(d.causes, w, model, e.start, e.end, d.notes)
+    early = min(e.end, max(e.opened, e.start + math.ceil(FIRST_S * 1e9 / w.step_ns)))
+    if early < e.end:
+        d0, _, _ = _attributed(source, w, model, e.start, early, abnormal, cpu, indicator)
+        if _key(d0.top) != _key(d.top):
+            d.first_causes = d0.causes
     what = "typical request" if e.channel == "typical" else "slow tail (p99)"
     d.notes.append(
         f"judged on its {what}: {e.ratio:.2f}x its normal of {e.baseline_ms:.1f} ms over the "

@@ -110,6 +110,9 @@ class Diagnosis:
     during_requests: int = 0  # requests inside it
     after_p99_ms: float | None = None  # median p99 of the windows after it ended
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
+    # its causes on the windows until it was found (and ``FIRST_S``), where their top differs
+    # from the whole's: what the live loop named first (two faults one after the other)
+    first_causes: list[Cause] | None = None
     siblings: dict[str, Any] = field(default_factory=dict)  # analysis.replicas.summarise
     indicator: str = E2E  # the series that slowed: e2e | ttft | tpot (analysis.indicators)
     judged: Judged | None = None  # how the detector judged it (None: a quiet range)
@@ -125,6 +128,13 @@ class Diagnosis:
     @property
     def top(self) -> Cause | None:
         return next((c for c in self.causes if c.kind != CauseKind.UNKNOWN), None)
+
+    @property
+    def first_top(self) -> Cause | None:
+        """The top cause it had when it was found (:attr:`top` unless they differ)."""
+        if self.first_causes is None:
+            return self.top
+        return next((c for c in self.first_causes if c.kind != CauseKind.UNKNOWN), None)
 
     @property
     def is_incident(self) -> bool:
@@ -154,7 +164,11 @@ class Diagnosis:
             "replica": self.replica,
             "siblings": self.siblings,
             "judged_on": None if self.judged is None else self.judged.to_dict(),
-        }
+        } | (
+            {}
+            if self.first_causes is None
+            else {"first_causes": [c.to_dict() for c in self.first_causes]}
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Diagnosis:
@@ -188,6 +202,11 @@ class Diagnosis:
             indicator=str(d.get("indicator") or E2E),
             judged=judged_from_dict(d.get("judged_on")),
             verdict=str(d.get("verdict") or NEWS),
+            first_causes=(
+                None
+                if d.get("first_causes") is None
+                else [Cause.from_dict(c) for c in d["first_causes"]]
+            ),
         )
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cotenant.analysis.attribution import Cause
 from cotenant.analysis.diagnosis import Diagnosis, rounded
 from cotenant.analysis.incident_record import IndicatorEntry
+from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.slos import BREACH
 
 
@@ -99,9 +101,12 @@ def events(diags: list[Diagnosis], gap_ns: int) -> list[Diagnosis]:
             per.setdefault(d.indicator, []).append(d)
         merged_ = {ind: merged(ds) for ind, ds in per.items()}
         head = merged_[lead(list(merged_.values()), None)]
+        early = min(told, key=lambda d: d.detected_ns)
+        first = early.first_causes if early.first_causes is not None else early.causes
         out.append(
             replace(
                 head,
+                first_causes=None if _tops(first) == _tops(head.causes) else first,
                 start_ns=min(d.start_ns for d in group),
                 end_ns=max(d.end_ns for d in group),
                 open=any(d.open for d in group),
@@ -110,3 +115,9 @@ def events(diags: list[Diagnosis], gap_ns: int) -> list[Diagnosis]:
             )
         )
     return out + quiet
+
+
+def _tops(causes: list[Cause]) -> tuple[str, str] | None:
+    """The top named cause of a list, as (kind, culprit)."""
+    top = next((c for c in causes if c.kind != CauseKind.UNKNOWN), None)
+    return None if top is None else (str(top.kind), top.culprit)

@@ -116,6 +116,13 @@ def render(result: dict[str, Any]) -> str:
                 f"    {i}. {c['kind']:9s} {c['culprit']}{res}  share "
                 f"{c['share'] * 100:.0f}%  confidence {c['confidence']:.2f}{detail}"
             )
+        first = next((c for c in d.get("first_causes") or [] if c["kind"] != "unknown"), None)
+        if first is not None:
+            lines.append(
+                f"    found as: {first['kind']} {first['culprit']} (share "
+                f"{first['share'] * 100:.0f}% of its first windows; the causes above are over "
+                "the whole slowdown)"
+            )
         for n in d.get("notes", []):
             lines.append(f"    note: {n}")
     return "\n".join(lines)

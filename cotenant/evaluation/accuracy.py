@@ -151,7 +151,13 @@ def found_from_diagnoses(diags: Sequence[Diagnosis]) -> list[Found]:
     out = []
     for d in diags:
         causes = tuple(f"{c.kind}:{c.culprit}" for c in d.causes if c.kind != "unknown")
-        out.append(Found(d.model, d.start_ns, d.end_ns, d.detected_ns, causes, causes, d.severity))
+        early = d.first_causes
+        first = (
+            causes
+            if early is None
+            else tuple(f"{c.kind}:{c.culprit}" for c in early if c.kind != "unknown")
+        )
+        out.append(Found(d.model, d.start_ns, d.end_ns, d.detected_ns, first, causes, d.severity))
     return out
 
 

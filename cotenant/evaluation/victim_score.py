@@ -52,8 +52,9 @@ OWN_KINDS = ("load_surge", "length_shift", "model_load")
 @dataclass(frozen=True)
 class Found:
     """One incident as the scorer sees it, whichever path raised it. Causes are
-    ``kind:culprit`` strings, ranked, ``unknown`` left out; the batch path has one list
-    (``first == final``)."""
+    ``kind:culprit`` strings, ranked, ``unknown`` left out: the live path's first published and
+    last, the batch path's on the windows until it was found and on the whole
+    (``Diagnosis.first_causes``; the same list where their top cause is the same)."""
 
     model: str
     start_ns: int
