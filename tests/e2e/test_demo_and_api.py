@@ -68,8 +68,18 @@ def fed(serve: Served) -> tuple[Served, int]:
     """A running service that received the lock-hog scenario through OTLP."""
     s = load_scenario(find_scenario("lock-hog-tokenizer-held-by-chat"))
     start = time.time_ns() - int(s.duration_s * 1e9) - 10_000_000_000
-    stream_to(s, OTLPSpanExporter(endpoint=serve.otlp_http), speed=None, start_ns=start)
-    return serve, start
+    sent = stream_to(s, OTLPSpanExporter(endpoint=serve.otlp_http), speed=None, start_ns=start)
+    # the exporter returns once the receiver acknowledged; the writer commits a little later,
+    # and a diagnosis over half the rows is a different diagnosis: wait for every request
+    deadline = time.monotonic() + 60
+    stored = 0
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{serve.api}/api/v1/requests", params={"limit": 100_000}, timeout=10)
+        stored = r.json()["count"]
+        if stored >= sent.requests:
+            return serve, start
+        time.sleep(0.2)
+    raise AssertionError(f"the store holds {stored} of the {sent.requests} requests sent")
 
 
 def test_diagnose_api_names_the_lock_and_rejects_bad_requests(fed: tuple[Served, int]) -> None:
