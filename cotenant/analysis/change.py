@@ -69,6 +69,13 @@ def mean_over(x: np.ndarray, mask: np.ndarray) -> float:
     return float(v.mean()) if len(v) else float("nan")
 
 
+def median_over(x: np.ndarray, mask: np.ndarray) -> float:
+    """Median of the finite values of ``x`` in ``mask``; NaN when there are none."""
+    v = x[mask]
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if len(v) else float("nan")
+
+
 def wmean_over(x: np.ndarray, w: np.ndarray, mask: np.ndarray) -> float:
     """Mean of ``x`` in ``mask`` weighted by ``w`` (e.g. request counts), over the finite
     values with positive weight; NaN when there are none."""

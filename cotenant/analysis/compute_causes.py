@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from cotenant.analysis.candidates import Candidate, activity
-from cotenant.analysis.change import absent_as_zero, confidence, mean_over, rise
+from cotenant.analysis.change import absent_as_zero, confidence, mean_over, median_over, rise
 from cotenant.analysis.change import evidence as change_evidence
 from cotenant.analysis.claims import Claim, Context, Phase, Stage
 from cotenant.analysis.enrichment import rate_enrichment, shift_enrichment
@@ -56,7 +56,8 @@ IDLE = 0.005
 MIN_IDLE_WINDOWS = 20
 """Normal windows a co-tenant must have been idle in for any rise to count as enriched."""
 NEARLY_FULL = 0.95
-"""Share of GPU memory in use from which memory that grew into it is a cause."""
+"""Share of GPU memory in use (over a slowdown's median window) from which memory that grew
+into it is a cause."""
 MEM_GROWTH = 0.02
 """...grown by at least this share of the GPU's memory."""
 
@@ -244,7 +245,9 @@ class MemoryExplainer:
         with np.errstate(invalid="ignore", divide="ignore"):
             full = used / total
         cap = float(np.nanmax(total)) if np.isfinite(total).any() else 0.0
-        if not (mean_over(full, ctx.during) >= NEARLY_FULL and cap > 0):
+        # its typical window, not its mean: a slowdown found a few seconds before the memory
+        # filled (or that outlasts it) is no less a full GPU's
+        if not (median_over(full, ctx.during) >= NEARLY_FULL and cap > 0):
             return []
         # a nearly full GPU alone is normal for KV-cache servers; the cause is memory that
         # *grew* into it
