@@ -49,3 +49,15 @@ def test_the_first_causes_go_out_with_the_diagnosis_and_come_back() -> None:
 
     text = render({"model": "vision-1", "start_ns": 0, "end_ns": 10**12, "diagnoses": [out]})
     assert "found as: throttle gpu0" in text
+
+
+def test_a_breach_is_found_as_what_the_live_loop_would_publish() -> None:
+    """Dev 274: the GPU clock drops to 0.37 of its maximum at 289 s and 7 s later the LLM
+    starts reloading itself for two minutes. Over its SLO, the live loop publishes within
+    10 s (the breach wait): found as the throttle. Attributed on its first 30 s the batch path
+    named the reloads, whose seconds-long waits outweigh the throttle in the mean."""
+    r = run_job(Job("dev", "faulted", 274))
+    assert r.error is None
+    [v] = [v for v in r.victims if (v.victim, v.fault_kind) == ("llm-3", "throttle")]
+    assert v.found and v.first_cause == "throttle:gpu0"
+    assert v.final_cause == "model_load:llm-3"

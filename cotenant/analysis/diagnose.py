@@ -120,12 +120,6 @@ def diagnose(
     return out
 
 
-FIRST_S = 30.0
-"""A slowdown longer than it had been when found and this long is attributed on those first
-windows too: where their top cause differs from the whole's, the diagnosis keeps both
-(``Diagnosis.first_causes``), as the live loop's cause history does."""
-
-
 def _key(c: Cause | None) -> tuple[str, str] | None:
     return None if c is None else (str(c.kind), c.culprit)
 
@@ -176,7 +170,7 @@ def diagnose_windows(
         last = int(np.flatnonzero(filled)[-1]) + 1 if filled.any() else 0
         end = min(w.n, max(last, w.n - lag_windows))
     series = indicator_series(w, model)
-    found: list[tuple[str, Episode, float | None]] = []
+    found: list[tuple[str, Episode, float | None, float]] = []  # indicator, episode, SLO, wait
     # a window slow on any indicator is no baseline for another: a workload shift that TTFT
     # shows first must not be in the "before" of the e2e incident it causes later
     abnormal = np.zeros(w.n, dtype=bool)
@@ -197,7 +191,7 @@ def diagnose_windows(
         )
         step_s = w.step_ns / 1e9
         found += [
-            (name, e, slo)
+            (name, e, slo, lasts_s(e, s.count, p.degradation_s))
             for e in tr.episodes
             if (e.end >= first or e.open)
             and (e.strong or near or fellow)
@@ -211,7 +205,10 @@ def diagnose_windows(
         source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n, w.hosts
     )
     out = judge(
-        [_diagnose_span(source, w, model, e, abnormal, slo, cpu, name) for name, e, slo in found],
+        [
+            _diagnose_span(source, w, model, e, abnormal, slo, cpu, name, wait)
+            for name, e, slo, wait in found
+        ],
         near,
         fellow,
     )
@@ -276,13 +273,19 @@ def _diagnose_span(
     slo_ms: float | None,
     cpu: dict[str, np.ndarray],
     indicator: str,
+    wait_s: float,
 ) -> Diagnosis:
-    """One episode of ``indicator`` attributed on that indicator's view of the windows."""
+    """One episode of ``indicator`` attributed on that indicator's view of the windows.
+
+    A slowdown that went on after it was found and had lasted ``wait_s`` (what it needs before
+    it is an incident, :func:`detector.episode.lasts_s`: when the live loop publishes it) is
+    attributed on those first windows too; where their top cause differs from the whole's, the
+    diagnosis keeps both (``Diagnosis.first_causes``), as the live loop's cause history does."""
     d, view, _ = _attributed(source, w, model, e.start, e.end, abnormal, cpu, indicator)
     v = view.models[model]
     if e.severity == DEGRADATION:
         mark_recurring(d.causes, w, model, e.start, e.end, d.notes)
-    early = min(e.end, max(e.opened, e.start + math.ceil(FIRST_S * 1e9 / w.step_ns)))
+    early = min(e.end, max(e.opened, e.start + math.ceil(wait_s * 1e9 / w.step_ns)))
     if early < e.end:
         d0, _, _ = _attributed(source, w, model, e.start, early, abnormal, cpu, indicator)
         if _key(d0.top) != _key(d.top):

@@ -110,8 +110,9 @@ class Diagnosis:
     during_requests: int = 0  # requests inside it
     after_p99_ms: float | None = None  # median p99 of the windows after it ended
     replica: str | None = None  # the replica of the model on this GPU, when requests name one
-    # its causes on the windows until it was found (and ``FIRST_S``), where their top differs
-    # from the whole's: what the live loop named first (two faults one after the other)
+    # its causes on the windows until it was found and had lasted what it needs to be an
+    # incident (when the live loop publishes it), where their top differs from the whole's:
+    # what the live loop named first (two faults one after the other)
     first_causes: list[Cause] | None = None
     siblings: dict[str, Any] = field(default_factory=dict)  # analysis.replicas.summarise
     indicator: str = E2E  # the series that slowed: e2e | ttft | tpot (analysis.indicators)
