@@ -14,6 +14,13 @@ from typing import IO
 import httpx
 import pytest
 
+# A runner started in the background (`make test &`, nohup, some CI shells) ignores SIGINT, and
+# every process it starts inherits that: a `cotenant demo` started by a test would not hear the
+# Ctrl-C the test sends it, and wait forever. Children of the suite hear Ctrl-C as a terminal's
+# would.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 DATA = ROOT.parent / "shared" / "data"
