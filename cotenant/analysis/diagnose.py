@@ -42,6 +42,9 @@ BEFORE_WINDOWS = 60
 """Normal windows just before a slowdown that attribution compares it with."""
 MIN_COUNT = 3
 """Requests a window needs for its p99 to stand for the window's tail."""
+NEIGHBOUR_KINDS = (CauseKind.COTENANT, CauseKind.BANDWIDTH)
+"""A neighbour's demand: the causes whose repeats over a tight SLO are ordinary contention (a
+throttle or a lock that keeps recurring is still news)."""
 SPARSE_LOOKBACK_S = 3600.0
 """How far back a sparse model's normal windows are looked for (one request a minute: 60)."""
 
@@ -297,7 +300,7 @@ def _like_breaches(
     that keeps breaching a tight SLO the same way is the model's ordinary contention; earlier
     slowdowns of other causes are no pattern (a lock fault then a burst are two pieces of news)."""
     top = d.top
-    if top is None or top.kind == CauseKind.UNKNOWN or top.culprit == model:
+    if top is None or top.kind not in NEIGHBOUR_KINDS or top.culprit == model:
         return 0
     bar = 1.0 + AS_HIGH * (e.ratio - 1.0)
     memory = p.baseline_windows(w.step_ns / 1e9)
