@@ -11,40 +11,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from cotenant.analysis.attribution import Cause, attribute
 from cotenant.analysis.cpu_causes import read_host_cpu
-from cotenant.analysis.detector.detect import AS_HIGH, DetectorParams, Track, detect
+from cotenant.analysis.detector.detect import DetectorParams, Track, detect
 from cotenant.analysis.detector.episode import Carry, Episode, lasts_s
-from cotenant.analysis.detector.verdicts import (
-    MIN_LIKE,
-    Fellow,
-    FirstCause,
-    judge,
-    mark_recurring,
-)
+from cotenant.analysis.detector.verdicts import Fellow, FirstCause, judge, mark_recurring
 from cotenant.analysis.diagnosis import Diagnosis, Judged
 from cotenant.analysis.incident_merge import events
 from cotenant.analysis.indicators import indicator_series, indicator_view
 from cotenant.analysis.mix import mix_excess
 from cotenant.analysis.replicas import annotate_replicas
 from cotenant.analysis.windows import GpuWindows, gpu_windows, gpus_of
-from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.errors import QueryError
 from cotenant.core.readers import MetricSource
-from cotenant.core.slos import BREACH, DEGRADATION, E2E
+from cotenant.core.slos import DEGRADATION, E2E
 from cotenant.core.timerange import TimeRange
 
 BEFORE_WINDOWS = 60
 """Normal windows just before a slowdown that attribution compares it with."""
 MIN_COUNT = 3
 """Requests a window needs for its p99 to stand for the window's tail."""
-NEIGHBOUR_KINDS = (CauseKind.COTENANT, CauseKind.BANDWIDTH)
-"""A neighbour's demand: the causes whose repeats over a tight SLO are ordinary contention (a
-throttle or a lock that keeps recurring is still news)."""
 SPARSE_LOOKBACK_S = 3600.0
 """How far back a sparse model's normal windows are looked for (one request a minute: 60)."""
 
@@ -186,7 +175,6 @@ def diagnose_windows(
     # shows first must not be in the "before" of the e2e incident it causes later
     abnormal = np.zeros(w.n, dtype=bool)
     near = [c for c in causes if c.gpu == w.gpu and c.victim != model]
-    tracks: dict[str, Track] = {}
     for name, s in series.items():
         slo = slo_ms if name == E2E else (slos or {}).get(name)
         tr: Track = detect(
@@ -201,7 +189,6 @@ def diagnose_windows(
             carry=carry if name == E2E else (carries or {}).get(name),
             indicators=len(series),
         )
-        tracks[name] = tr
         step_s = w.step_ns / 1e9
         found += [
             (name, e, slo, lasts_s(e, s.count, p.degradation_s))
@@ -217,20 +204,14 @@ def diagnose_windows(
     cpu = read_host_cpu(
         source, TimeRange(w.since_ns, w.since_ns + w.n * w.step_ns), w.step_ns / 1e9, w.n, w.hosts
     )
-    diags = []
-    for name, e, slo, wait in found:
-        d = _diagnose_span(source, w, model, e, abnormal, slo, cpu, name, wait)
-        if e.severity == BREACH and e.strong and e.like >= MIN_LIKE and d.judged is not None:
-            like = _like_breaches(source, w, model, e, d, tracks[name], abnormal, cpu, name, p)
-            d.judged = replace(d.judged, like=like)
-            if like >= MIN_LIKE and (top := d.top) is not None:
-                d.notes.append(
-                    f"slowed as much {like} times in the last {p.baseline_s / 60:.0f} min by "
-                    f"the same cause ({top.kind}: {top.culprit}): its ordinary contention "
-                    "(its SLO alert still fires)"
-                )
-        diags.append(d)
-    out = judge(diags, near, fellow)
+    out = judge(
+        [
+            _diagnose_span(source, w, model, e, abnormal, slo, cpu, name, wait)
+            for name, e, slo, wait in found
+        ],
+        near,
+        fellow,
+    )
     if not found and on_demand:
         out.append(_quiet(source, w, model, first, abnormal, slo_ms, cpu))
     return out
@@ -281,35 +262,6 @@ def _attributed(
         indicator=indicator,
     )
     return d, view, before
-
-
-def _like_breaches(
-    source: MetricSource,
-    w: GpuWindows,
-    model: str,
-    e: Episode,
-    d: Diagnosis,
-    tr: Track,
-    abnormal: np.ndarray,
-    cpu: dict[str, np.ndarray],
-    indicator: str,
-    p: DetectorParams,
-) -> int:
-    """For a breach: how many of the earlier slowdowns as high in the baseline's memory
-    (``e.like``) had the breach's first cause, a co-tenant's (kind and culprit). A neighbour
-    that keeps breaching a tight SLO the same way is the model's ordinary contention; earlier
-    slowdowns of other causes are no pattern (a lock fault then a burst are two pieces of news)."""
-    top = d.top
-    if top is None or top.kind not in NEIGHBOUR_KINDS or top.culprit == model:
-        return 0
-    bar = 1.0 + AS_HIGH * (e.ratio - 1.0)
-    memory = p.baseline_windows(w.step_ns / 1e9)
-    same = 0
-    for x in tr.episodes:
-        if x.strong and e.start - memory <= x.start < e.start and x.ratio >= bar:
-            earlier, _, _ = _attributed(source, w, model, x.start, x.end, abnormal, cpu, indicator)
-            same += _key(earlier.top) == _key(top)
-    return same
 
 
 def _diagnose_span(

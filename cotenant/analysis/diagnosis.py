@@ -24,8 +24,7 @@ FELLOW = "fellow"
 OWN_LOAD = "own_load"
 """Verdict: within its SLO and slowed by its own traffic: ordinary contention, recorded."""
 RECURRING = "recurring"
-"""Verdict: slowed by a neighbour's burst like the ones it had lately (within its SLO), or over
-its SLO by the same co-tenant cause that slowed it as much twice lately."""
+"""Verdict: within its SLO and slowed by a neighbour's burst like the ones it had lately."""
 INCIDENT_VERDICTS = (NEWS, FELLOW)
 ORDINARY_VERDICTS = (OWN_LOAD, RECURRING)
 
@@ -36,8 +35,8 @@ class Judged:
     (calibrated standard deviations) that fired, the long-run deflation of its evidence, the
     normal it was judged against (frozen while it lasts), whether it crossed the incident
     threshold (``strong``), its size (median over normal), how many earlier slowdowns of the
-    model in its baseline's memory were as high (``like``; for a breach, only those whose first
-    cause was the breach's, a co-tenant's), and who corroborated a fellow victim."""
+    model in its baseline's memory were as high (``like``), and who corroborated a fellow
+    victim."""
 
     channel: str
     delta: float

@@ -4,16 +4,13 @@ The decision (:mod:`.decision`) says a model is slower than its normal; this sta
 attribution has named causes, says what that slowdown *is* — one answer per diagnosis, the
 same for the live loop, on-demand diagnosis, the alert receiver, fleet mode and the benches:
 
-* **news** (an incident): every strong slowdown that crossed its SLO but those below, and
-  every other one not below;
+* **news** (an incident): every strong slowdown that crossed its SLO, and every other one not
+  below;
 * **own load** (ordinary contention, recorded for the weekly report, not raised): its first
   cause is its own arrival surge explaining at least :data:`OWN_LOAD_SHARE` of the excess — a
   bursty tenant is not paged for its own bursts, within its SLO or over it (its SLO alert
   rule still fires: what that page needs is capacity, not a culprit);
-* **recurring** (ordinary contention): over its SLO by the same co-tenant cause (kind and
-  culprit) that slowed it as much at least :data:`MIN_LIKE` times within its baseline's
-  memory (a neighbour that keeps breaching a tight SLO the same way; its SLO alert rule still
-  fires); or within its SLO, and slowed as much at least
+* **recurring** (ordinary contention): within its SLO, and slowed as much at least
   :data:`MIN_LIKE` times before within its baseline's memory, or every named cause is a
   co-tenant's burst like at least two it had lately (:mod:`analysis.recurring`) or the
   model's own traffic, together at least :data:`RECURRING_SHARE` of the excess;
@@ -134,7 +131,7 @@ def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: Fellow | None = 
     if own_load(d):
         return OWN_LOAD
     if d.severity == BREACH:
-        return RECURRING if d.judged is not None and d.judged.like >= MIN_LIKE else NEWS
+        return NEWS
     if recurring(d):
         return RECURRING
     return NEWS
