@@ -70,6 +70,26 @@ def widen(mask: np.ndarray, after: int) -> np.ndarray:
     return out
 
 
+def capacity_lost(w: GpuWindows, lo: int, hi: int) -> bool:
+    """Whether windows ``[lo, hi]`` show a capacity the GPU lost, which ordinary traffic does
+    not cause: a busy window whose SM clock sat under :data:`UNDER_MAX` of its maximum, or
+    memory :data:`NEARLY_FULL` over the windows' median (a cheap look at the counters: the
+    explainers decide what caused what)."""
+    sl = slice(lo, hi + 1)
+    clock, top = w.counters.get("sm_clock_mhz"), w.counters.get("max_sm_clock_mhz")
+    if clock is not None and top is not None:
+        with np.errstate(invalid="ignore"):
+            under = clock[sl] < UNDER_MAX * top[sl]
+        if bool((under & busy_windows(w)[sl]).any()):
+            return True
+    used, total = w.counters.get("mem_used_bytes"), w.counters.get("mem_total_bytes")
+    if used is None or total is None:
+        return False
+    with np.errstate(invalid="ignore", divide="ignore"):
+        full = used[sl] / total[sl]
+    return bool(np.isfinite(full).any() and np.nanmedian(full) >= NEARLY_FULL)
+
+
 def busy_windows(w: GpuWindows) -> np.ndarray:
     """Windows where the GPU was busy (SM utilisation at least :data:`BUSY_PCT`); every
     window where its utilisation is not known."""

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from cotenant.analysis.attribution import Cause, attribute
+from cotenant.analysis.compute_causes import capacity_lost
 from cotenant.analysis.cpu_causes import read_host_cpu
 from cotenant.analysis.detector.detect import DetectorParams, Track, detect
 from cotenant.analysis.detector.episode import Carry, Episode, lasts_s
@@ -194,7 +195,9 @@ def diagnose_windows(
             (name, e, slo, lasts_s(e, s.count, p.degradation_s))
             for e in tr.episodes
             if (e.end >= first or e.open)
-            and (e.strong or near or fellow)
+            # a weak one may be corroborated: by another model's incident, or by the GPU
+            # losing a capacity (verdicts.verdict)
+            and (e.strong or near or fellow or capacity_lost(w, e.start, e.end))
             # a slowdown over sooner than it needs (episode.needs_s) is a transient
             and (e.until - e.start) * step_s >= lasts_s(e, s.count, p.degradation_s)
         ]

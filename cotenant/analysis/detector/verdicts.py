@@ -17,7 +17,9 @@ same for the live loop, on-demand diagnosis, the alert receiver, fleet mode and 
 * **fellow victim** (an incident): a *weak* slowdown — evidence enough only at the fellow
   threshold — whose first cause is the first cause of another model's incident on the same GPU
   at the time (not its own doing); only an incident found on full evidence corroborates. A
-  weak slowdown that is no fellow victim is dropped.
+  weak slowdown whose first cause is a capacity the GPU lost (a clock that fell, memory grown
+  into a full GPU: :data:`CAPACITY_KINDS`, at least :data:`CAPACITY_SHARE` of the excess) is
+  news: ordinary traffic never does that. Any other weak slowdown is dropped.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ OWN_LOAD_SHARE = 0.5
 """A slowdown whose own arrivals explain at least this share of its excess is its load."""
 RECURRING_SHARE = 1 / 3
 """... and co-tenants' recurring bursts (with its own load) at least this share."""
+CAPACITY_KINDS = (CauseKind.THROTTLE, CauseKind.MEMORY)
+"""Causes that are a capacity the GPU lost: evidence enough for a weak slowdown."""
+CAPACITY_SHARE = 0.5
+"""... when it explains at least this share of the excess."""
 MIN_LIKE = 2
 """Earlier slowdowns as high that make one within the SLO the model's ordinary contention."""
 
@@ -82,6 +88,21 @@ def fellow_of(d: Diagnosis, causes: Iterable[FirstCause]) -> str | None:
     return None
 
 
+def _capacity_lost(d: Diagnosis) -> str | None:
+    """A weak slowdown whose first cause is the GPU losing a capacity (its clock fell, or
+    memory grew into a full GPU) for at least :data:`CAPACITY_SHARE` of the excess is news:
+    that evidence corroborates it as another victim's incident would, and ordinary traffic
+    never produces it. None otherwise (nothing to record)."""
+    top = d.top
+    if top is None or top.kind not in CAPACITY_KINDS or top.share < CAPACITY_SHARE:
+        return None
+    d.notes.append(
+        f"Found on the evidence asked of a fellow victim, corroborated by its cause: "
+        f"{top.kind} ({top.culprit}), which ordinary contention does not cause."
+    )
+    return NEWS
+
+
 def own_load(d: Diagnosis) -> bool:
     top = d.top
     return (
@@ -120,7 +141,7 @@ def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: Fellow | None = 
         if by is None and fellow is not None and d.start_ns <= fellow[2] and d.end_ns >= fellow[1]:
             by = fellow[0]
         if by is None:
-            return None
+            return _capacity_lost(d)
         if d.judged is not None:
             d.judged = replace(d.judged, fellow_of=by)
         d.notes.append(
