@@ -28,6 +28,7 @@ contending. Confidence is the strength of the supporting signal's change
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,10 +43,12 @@ from cotenant.analysis.cpu_causes import cpu_risers
 from cotenant.analysis.demand import (
     Demand,
     arrival_surge,
+    arrival_swing,
     cotenant_demands,
     cpu_work_rose,
     fellow_victims,
     slowdown,
+    surge_s,
 )
 from cotenant.analysis.explainers import EXPLAINERS
 from cotenant.analysis.host_cpu import HostCpu
@@ -210,6 +213,14 @@ def attribute(
                 cand.kind, cand.culprit, share, claim.confidence, claim.evidence, cand.resource, ms
             )
         )
+    if own_surge:  # how long its surge held, how steady its traffic was (verdicts)
+        surge = {"surge_s": surge_s(v, before, during, w.step_ns)}
+        swing = arrival_swing(v, during, w.step_ns)
+        if math.isfinite(swing):
+            surge["swing"] = round(swing, 3)
+        for c in causes:
+            if c.kind == CauseKind.LOAD and c.culprit == victim:
+                c.evidence = {**c.evidence, **surge}
     rest = max(0.0, 1.0 - explained) if total > 0 else 1.0
     if rest > 1e-9:
         own = explained if not own_surge else 1.0  # its own load rose: not unseen contention

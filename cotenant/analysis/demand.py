@@ -120,6 +120,61 @@ def arrival_surge(
     return bool((rate_d - rate_b) / se > z and rate_d > 1.1 * rate_b)
 
 
+SURGE_SMOOTH_S = 30.0
+"""Arrivals are judged over this long (a centred rolling mean) when a surge's length is taken."""
+
+
+def surge_s(
+    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int
+) -> float:
+    """How long (s) arrivals stayed up in ``during``: the longest run of its windows whose
+    arrival rate, averaged over :data:`SURGE_SMOOTH_S` around each, is at least 10 % over the
+    before rate. A burst is short; a surge that lasts is not."""
+    rate_b, _ = arrival_rates(v, before, during)
+    idx = np.flatnonzero(during)
+    if not np.isfinite(rate_b) or rate_b <= 0 or len(idx) == 0:
+        return 0.0
+    step_s = step_ns / 1e9
+    arr = np.nan_to_num(v["arrival_rps"][idx[0] : idx[-1] + 1])
+    k = max(1, min(len(arr), round(SURGE_SMOOTH_S / step_s)))
+    c = np.concatenate([[0.0], np.cumsum(arr)])
+    lo = np.clip(np.arange(len(arr)) - k // 2, 0, len(arr) - k)
+    up = (c[lo + k] - c[lo]) / k > 1.1 * rate_b
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], up.astype(np.int8), [0]])))
+    return float((edges[1::2] - edges[::2]).max()) * step_s if len(edges) else 0.0
+
+
+SWING_S = 10.0
+"""Arrivals are counted per this long when how much their rate swung is taken ..."""
+SWING_LOOKBACK_S = 600.0
+"""... over at most this long before a slowdown (from the model's first request)."""
+
+
+def arrival_swing(v: dict[str, np.ndarray], during: np.ndarray, step_ns: int) -> float:
+    """How much the model's arrival rate swung over the :data:`SWING_LOOKBACK_S` before
+    ``during``, beyond Poisson noise: the squared coefficient of variation of its arrivals per
+    :data:`SWING_S` less the Poisson part, ``(var - mean) / mean**2`` of the counts (at
+    least 0). About 0 for steady traffic at any rate; 1 and more for bursts or a trace's
+    swings. NaN with fewer than six such spans."""
+    first = np.flatnonzero(during)
+    arr = np.nan_to_num(v["arrival_rps"])
+    seen = np.flatnonzero(arr > 0)
+    if not len(first) or not len(seen):
+        return float("nan")
+    step_s = step_ns / 1e9
+    lo = max(int(seen[0]), int(first[0]) - round(SWING_LOOKBACK_S / step_s))
+    x = arr[lo : int(first[0])]
+    k = max(1, round(SWING_S / step_s))
+    n = len(x) // k
+    if n < 6:
+        return float("nan")
+    counts = x[len(x) - n * k :].reshape(n, k).sum(axis=1) * step_s
+    mean = float(counts.mean())
+    if mean <= 0:
+        return float("nan")
+    return max(0.0, float(counts.var(ddof=1)) - mean) / mean**2
+
+
 def _woke_up(
     v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
 ) -> bool:

@@ -9,7 +9,9 @@ same for the live loop, on-demand diagnosis, the alert receiver, fleet mode and 
 * **own load** (ordinary contention, recorded for the weekly report, not raised): its first
   cause is its own arrival surge explaining at least :data:`OWN_LOAD_SHARE` of the excess — a
   bursty tenant is not paged for its own bursts, within its SLO or over it (its SLO alert
-  rule still fires: what that page needs is capacity, not a culprit);
+  rule still fires: what that page needs is capacity, not a culprit); but a surge held for
+  :data:`SURGE_NEWS_S` by a model whose traffic was steady before is news (its demand
+  changed: the page needs to know it is its own);
 * **recurring** (ordinary contention): within its SLO, and slowed as much at least
   :data:`MIN_LIKE` times before within its baseline's memory, or every named cause is a
   co-tenant's burst like at least two it had lately (:mod:`analysis.recurring`) or the
@@ -43,6 +45,11 @@ CAPACITY_KINDS = (CauseKind.THROTTLE, CauseKind.MEMORY)
 """Causes that are a capacity the GPU lost: evidence enough for a weak slowdown."""
 CAPACITY_SHARE = 0.5
 """... when it explains at least this share of the excess."""
+SURGE_NEWS_S = 60.0
+"""A model's own surge held this long (s) ..."""
+STEADY_SWING = 0.1
+"""... after traffic whose rate swung by at most this (squared coefficient of variation beyond
+Poisson noise: :func:`analysis.demand.arrival_swing`) is news, not its ordinary load."""
 MIN_LIKE = 2
 """Earlier slowdowns as high that make one within the SLO the model's ordinary contention."""
 
@@ -103,6 +110,24 @@ def _capacity_lost(d: Diagnosis) -> str | None:
     return NEWS
 
 
+def _surge_is_news(d: Diagnosis) -> str | None:
+    """A slowdown by the model's own traffic is news when that traffic was steady before
+    (its rate swung by at most :data:`STEADY_SWING` beyond Poisson noise) and has stayed up
+    for :data:`SURGE_NEWS_S`: a change in its demand, unlike anything its history shows. A
+    bursty or trace-shaped tenant slowed by its own swings is its ordinary. None otherwise."""
+    top = d.top
+    if top is None:
+        return None
+    held, swing = top.evidence.get("surge_s"), top.evidence.get("swing")
+    if held is None or swing is None or held < SURGE_NEWS_S or swing > STEADY_SWING:
+        return None
+    d.notes.append(
+        f"Its own traffic, steady before, rose and stayed up for {held:.0f} s: a change in its "
+        "demand, not its ordinary swings."
+    )
+    return NEWS
+
+
 def own_load(d: Diagnosis) -> bool:
     top = d.top
     return (
@@ -150,7 +175,7 @@ def verdict(d: Diagnosis, causes: Sequence[FirstCause], fellow: Fellow | None = 
         )
         return FELLOW
     if own_load(d):
-        return OWN_LOAD
+        return _surge_is_news(d) or OWN_LOAD
     if d.severity == BREACH:
         return NEWS
     if recurring(d):
