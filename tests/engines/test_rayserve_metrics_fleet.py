@@ -30,6 +30,9 @@ SLEEP_S = 0.05
 N_MATMUL = 30
 COUNTER = "ray_serve_deployment_request_counter_total"
 SLACK_MS = 50.0  # Ray's processing time past the client's round trip (see below)
+SPAN_LEAD_MS = 1.0
+"""How much longer than Ray's processing timer a replica span may run (its request's handling
+before the user's method): MatMul's 2-3 ms spans ran 0.5 ms over it, 2 runs of 2 on one machine."""
 PAGE = Path(__file__).parents[1] / "fixtures" / "engines" / "rayserve-2.60.0" / "metrics.txt"
 BUCKETS_MS = sorted(
     float(b)
@@ -102,10 +105,12 @@ def test_prometheus_source_reads_ray_serve_requests_under_the_spans_model(
         assert row["errors"] == pytest.approx(0.0, abs=1e-9), row
         client_mean = float(np.mean(took[app]))
         span_compute = float(np.mean([r["compute_ms"] for r in spans.values()]))
-        # the replica's processing time holds its span (the replica span, the spans' compute);
-        # it closes once the ASGI app returned, after the proxy had the answer: on these two
-        # busy cores up to ~20 ms after the client's round trip for the async Sleeper
-        assert 0.9 * span_compute <= row["mean_ms"] <= client_mean + SLACK_MS, (
+        # the replica's processing time is about its span (the replica span, the spans'
+        # compute; the span may open up to SPAN_LEAD_MS before Ray's timer starts); it closes
+        # once the ASGI app returned, after the proxy had the answer: on these two busy cores
+        # up to ~20 ms after the client's round trip for the async Sleeper
+        low = 0.9 * span_compute - SPAN_LEAD_MS
+        assert low <= row["mean_ms"] <= client_mean + SLACK_MS, (
             model,
             row,
             span_compute,
