@@ -39,7 +39,7 @@ def test_cli_writes_the_week(
     md = (d / "report.md").read_text()
     assert "](http://dash:9000/incident?id=inc-" in md
     # one incident per victim of the week's four faults
-    assert json.loads((d / "summary.json").read_text())["totals"]["incidents"] == 7
+    assert json.loads((d / "summary.json").read_text())["totals"]["incidents"] == 8
     assert str(d / "report.md") in capsys.readouterr().out
 
 

@@ -42,7 +42,7 @@ def test_report_via_a_running_server(
     finally:
         assert served.stop() == 0
     md = (out / "2026-W48" / "report.md").read_text()
-    assert "7 latency incident(s)" in md and "](https://cotenant.example/incident?id=" in md
+    assert "8 latency incident(s)" in md and "](https://cotenant.example/incident?id=" in md
     assert (out / "2026-W48" / "report.html").stat().st_size > 1_000_000  # plotly inline
 
 
