@@ -116,6 +116,22 @@ def test_host_cpu_culprit_for_preprocess_growth() -> None:
     assert top(att)[0] == ("cpu", "etl")
 
 
+def test_a_burner_started_before_the_slowdown_shows_its_rise_in_the_evidence() -> None:
+    """Seen on a real vLLM (make engines): silent burners started 30 s before the LLM slowed,
+    so the incident's before windows held some of their samples. The cause named them, but its
+    evidence averaged their own samples only (0.85 cores before, 0.82 during) with confidence
+    0: a reader saw no rise. Where the sampler ran and the burner had no row it was idle."""
+    w = windows()
+    slow_compute(w, 1.5)
+    cpu = {"vllm": np.full(N, 1.0), "burner": np.full(N, np.nan)}
+    cpu["burner"][90:160] = 0.85  # half the before windows (60-120) and all of the slowdown
+    att = attribute(w, "tts", *masks(), host_cpu=cpu)
+    c = att.causes[0]
+    assert (c.kind, c.culprit) == ("cpu", "burner")
+    assert c.evidence["before"] == pytest.approx(0.425) and c.evidence["during"] == 0.85
+    assert c.confidence > 0.5
+
+
 def test_nothing_changed_means_nothing_blamed() -> None:
     w = windows()
     att = attribute(w, "tts", *masks())

@@ -32,7 +32,7 @@ import pandas as pd
 
 from cotenant.analysis.apportion import TRUST
 from cotenant.analysis.candidates import Candidate
-from cotenant.analysis.change import absent_as_zero, confidence, mean_over, strength
+from cotenant.analysis.change import absent_as_zero, mean_over, strength
 from cotenant.analysis.change import evidence as change_evidence
 from cotenant.analysis.claims import Claim, Context, Phase, Stage
 from cotenant.analysis.enrichment import shift_enrichment
@@ -54,6 +54,20 @@ HOST = "host"
 """The culprit of a CPU cause no process explains (a clamped frequency, a saturated host)."""
 
 
+def unsampled_as_idle(host_cpu: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """``host_cpu`` (name -> cores per window) with each process's missing windows set to 0
+    where the sampler ran (some process was sampled there): a process missing from a sample
+    was below the sampler's floor or not running yet. A burner that started a little before
+    the slowdown shows as the rise it is, not as its own level before and during."""
+    series = {k: np.asarray(x, dtype=np.float64) for k, x in (host_cpu or {}).items()}
+    if not series:
+        return series
+    sampled = np.zeros(len(next(iter(series.values()))), dtype=bool)
+    for x in series.values():
+        sampled |= np.isfinite(x)
+    return {k: np.where(sampled & ~np.isfinite(x), 0.0, x) for k, x in series.items()}
+
+
 def cpu_risers(
     host_cpu: Mapping[str, np.ndarray] | None,
     before: np.ndarray,
@@ -64,16 +78,10 @@ def cpu_risers(
     first; names in ``exclude`` are skipped. A process almost never sampled before the
     incident (e.g. outside a top-N) counts as idle then."""
     out = []
-    series = {k: np.asarray(x, dtype=np.float64) for k, x in (host_cpu or {}).items()}
-    # a window where some process was sampled is one where the sampler ran: a process missing
-    # from it was below the sampler's floor (or not running), so it used ~0 cores there
-    sampled = np.zeros(len(before), dtype=bool)
-    for x in series.values():
-        sampled |= np.isfinite(x)
-    for name, x in series.items():
+    for name, x in unsampled_as_idle(host_cpu).items():
         if name in exclude:
             continue
-        y = absent_as_zero(np.where(sampled & ~np.isfinite(x), 0.0, x), before)
+        y = absent_as_zero(x, before)
         b, d = mean_over(y, before), mean_over(y, during)
         if not (np.isfinite(b) and np.isfinite(d)) or d - b < MIN_RISE_CORES:
             continue
@@ -127,14 +135,17 @@ def cpu_candidate(name: str, victim: str) -> Candidate:
 
 
 def _riser_evidence(ctx: Context, top: CpuRiser) -> tuple[float, dict[str, Any]]:
-    series = ctx.host_cpu[top.name]
+    # the series the rise was tested on (:func:`cpu_risers`), so the evidence shows that rise
+    series = absent_as_zero(unsampled_as_idle(ctx.host_cpu)[top.name], ctx.before)
     ev = change_evidence(series, ctx.before, ctx.during, f"{top.name} host CPU", "cores")
     if len(ctx.risers) > 1:
         ev["also_rose"] = [
             {"process": r.name, "before": round(r.before, 3), "during": round(r.during, 3)}
             for r in ctx.risers[1:6]
         ]
-    return confidence(series, ctx.before, ctx.during), ev
+    # as strong as the test that named it (a Welch z over the same series): a robust measure
+    # of the before windows' spread reads a burner that began inside them as no rise at all
+    return strength(top.z), ev
 
 
 @dataclass(frozen=True)
