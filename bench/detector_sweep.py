@@ -112,7 +112,7 @@ def main() -> int:
                             print(
                                 f"    {sc.name} {v.victim} {v.fault_kind} {v.truth} "
                                 f"{v.slowdown:.2f}x {v.rate_rps:.2f} req/s {v.fault_s:.0f} s "
-                                f"found={v.found} final={v.final_cause}",
+                                f"found={v.found} first={v.first_cause} final={v.final_cause}",
                                 flush=True,
                             )
     if args.json:

@@ -83,6 +83,26 @@ def test_dram_traffic_without_sm_is_bandwidth() -> None:
     assert att.causes[0].resource == "dram"
 
 
+def test_a_copy_loop_started_before_the_slowdown_was_located_is_still_named() -> None:
+    """Seen on dev scenario 128: a DRAM hog began 11 s before the victim's slowdown was
+    located, so a quarter of the before windows held its rows (NVML lists a process from its
+    start). Averaged over its own rows it had not risen (0.80 -> 0.80), and the slowdown went
+    to the victim's own heavier work (`mix`). Where the poller read the GPU's processes and the
+    hog had no row, it was idle."""
+    w = windows()
+    w.processes["copy"] = {k: np.full(N, np.nan) for k in ("sm_util", "mem_util", "mem_used_bytes")}
+    w.process_model["copy"] = None
+    w.processes["copy"]["sm_util"][100:170] = 0.0
+    w.processes["copy"]["mem_util"][100:170] = 80.0
+    w.processes["copy"]["mem_used_bytes"][100:170] = 1e9
+    slow_compute(w, 1.5)
+    att = attribute(w, "tts", *masks())
+    c = att.causes[0]
+    assert (c.kind, c.culprit, c.resource) == ("bandwidth", "copy", "dram")
+    assert c.evidence["before"] == pytest.approx(80.0 * 20 / 60, abs=0.01)
+    assert c.evidence["during"] == pytest.approx(80.0)
+
+
 def test_lock_wait_names_the_lock_and_holder() -> None:
     w = windows()
     w.models["tts"]["lock_wait_ms"][FAULT] = 25.0

@@ -41,26 +41,48 @@ def activity(w: GpuWindows, victim: str) -> dict[str, tuple[np.ndarray, np.ndarr
 
     A model's SM activity is its per-process SM utilisation when NVML sampled its process,
     else its compute seconds in flight per second; its DRAM activity is its per-process
-    memory utilisation (0 when unknown). Non-model processes come from NVML only. Windows
-    without a sample are NaN; consumers average over the finite ones."""
+    memory utilisation (0 when unknown). Non-model processes come from NVML only. A window in
+    which the GPU's processes were read (:func:`polled`) and a process shows no utilization
+    is idle for it (NVML reports utilization only for processes that used the GPU, and lists
+    none that had not started); other windows without a sample are NaN, and consumers average
+    over the finite ones."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    read = polled(w)
+
+    def util(ps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        return _idle_where_read(ps["sm_util"], read), _idle_where_read(ps["mem_util"], read)
+
     by_model = {m: name for name, m in w.process_model.items() if m}
     for model, series in w.models.items():
         if model == victim:
             continue
         pname = by_model.get(model)
         if pname is not None:
-            # NaN where NVML had no sample: "unknown", not "idle"
-            ps = w.processes[pname]
-            out[model] = (ps["sm_util"] / 100.0, ps["mem_util"] / 100.0)
+            # NaN where the poller did not read the GPU: "unknown", not "idle"
+            out[model] = util(w.processes[pname])
         else:
             out[model] = (busy_fraction(series), np.zeros(w.n))
     for name, ps in w.processes.items():
         owner = w.process_model.get(name)
         if owner == victim or (owner and owner in out):
             continue
-        out[name] = (ps["sm_util"] / 100.0, ps["mem_util"] / 100.0)
+        out[name] = util(ps)
     return out
+
+
+def polled(w: GpuWindows) -> np.ndarray:
+    """Windows in which the NVML poller read the GPU's processes: some process shows a row
+    there (its memory or a utilization)."""
+    out = np.zeros(w.n, dtype=bool)
+    for ps in w.processes.values():
+        out |= np.isfinite(ps["sm_util"]) | np.isfinite(ps["mem_used_bytes"])
+    return out
+
+
+def _idle_where_read(pct: np.ndarray, read: np.ndarray) -> np.ndarray:
+    """A utilization in percent as 0-1, 0 where the processes were read without it."""
+    x = pct / 100.0
+    return np.where(read & ~np.isfinite(x), 0.0, x)
 
 
 def candidate_series(
