@@ -14,7 +14,7 @@ import pytest
 from detector_series import requests, series, windows
 
 from cotenant.analysis.detector import decision
-from cotenant.analysis.detector.detect import DetectorParams, detect
+from cotenant.analysis.detector.detect import DetectorParams, breached, detect
 from cotenant.analysis.detector.episode import TAIL, needs_s
 from cotenant.analysis.detector.normal import fit
 from cotenant.analysis.indicators import Series
@@ -50,6 +50,32 @@ def test_over_the_slo_it_is_a_breach() -> None:
     assert ep.severity == "breach"
     [ep] = strong(s, slo=500.0)
     assert ep.severity == "degradation"
+
+
+def test_one_slow_request_among_hundreds_is_no_breach_of_a_p99_slo() -> None:
+    """A p99 SLO allows 1 % of requests over it. Development control 36: an LLM at 6 req/s
+    whose one long answer took one 1-s window's p99 over its SLO was a "breach" of 30 s and
+    193 requests. A window of 10 requests whose p99 is over holds one request over it, and
+    five of 500 are needed before the stretch's p99 is."""
+    p99, n = np.full(50, 40.0), np.full(50, 10.0)
+    p99[20] = 50.0
+    assert not breached(p99, n, 45.0)
+    p99[20:25] = 50.0  # five windows over: five requests or more of 500
+    assert breached(p99, n, 45.0)
+    busy = np.full(50, 200.0)  # a window of 100 requests or more over is a breach by itself
+    assert breached(np.where(np.arange(50) == 20, 50.0, 40.0), busy, 45.0)
+    assert not breached(p99, n, None) and not breached(np.full(50, 40.0), n, 45.0)
+    # a minute over it is a breach however quiet the rest: the SLO alert's p99 is a minute's
+    # (the library's reroute overload: 60 req/s, a quarter of its 1-s windows over for 5 min)
+    long_p99, long_n = np.full(600, 40.0), np.full(600, 30.0)
+    long_p99[300:360:3] = 50.0  # 20 windows of 30 over in one minute: 20 of 1,800 requests
+    assert breached(long_p99, long_n, 45.0, span=60) and not breached(long_p99, long_n, 45.0)
+    long_p99[300:360:3], long_p99[0:600:30] = 40.0, 50.0  # as many, one every 30 s
+    assert not breached(long_p99, long_n, 45.0, span=60)
+    # a window of one request among windows of ten is no tail sample
+    thin = n.copy()
+    thin[20:25] = 1.0
+    assert not breached(p99, thin, 45.0)
 
 
 def test_a_slower_tail_with_the_median_flat_is_found() -> None:

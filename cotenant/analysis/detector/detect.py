@@ -35,6 +35,10 @@ from cotenant.core.slos import BREACH, DEGRADATION, breach
 DELTAS_ARRAY = np.asarray(DELTAS, dtype=np.float64)
 MIN_TAIL_COUNT = 3
 """Requests a window needs for its p99 to be a tail sample (below, it is its typical request)."""
+TAIL_SHARE = 0.01
+"""The share of requests a p99 SLO allows over it."""
+SLO_SPAN_S = 60.0
+"""The stretch a breach pools requests over: the SLO alert rule's 1-minute p99."""
 ODD_SCORE = 3.0
 """A window scored above this is no "before" for an attribution, even outside an episode."""
 CLOSE_SHARE = 0.5
@@ -211,6 +215,31 @@ def detect(
     return run.track()
 
 
+def breached(
+    p99_ms: np.ndarray, count: np.ndarray, slo_ms: float | None, span: int | None = None
+) -> bool:
+    """Whether a stretch of windows breached a p99 SLO: in some ``span`` consecutive windows
+    (all of them by default; the detector passes a minute's, what the SLO alert rule's p99
+    pools) more of the requests over the SLO than the p99 allows (:data:`TAIL_SHARE`). A
+    window whose p99 is over the SLO (the one :func:`core.slos.breach`) holds at least
+    ``max(1, TAIL_SHARE x n)`` of its ``n`` requests over it, so a window of
+    ``1 / TAIL_SHARE`` requests or more is a breach by itself; under that a window's p99 is its
+    slowest request or two, and one slow request among the hundreds of a minute is a p99
+    within its SLO. A window under :data:`MIN_TAIL_COUNT` requests (when the stretch has
+    windows that size) is no tail sample and crosses nothing."""
+    cnt = np.nan_to_num(count)
+    tail = cnt >= min(MIN_TAIL_COUNT, max(1.0, float(cnt.max()) if len(cnt) else 1.0))
+    over = breach(p99_ms, slo_ms) & (cnt > 0) & tail
+    if not over.any():
+        return False
+    if (cnt[over] >= 1 / TAIL_SHARE).any():
+        return True
+    k = len(cnt) if span is None else max(1, min(span, len(cnt)))
+    least = np.concatenate([[0.0], np.cumsum(np.where(over, np.maximum(1.0, TAIL_SHARE * cnt), 0))])
+    total = np.concatenate([[0.0], np.cumsum(cnt)])
+    return bool((least[k:] - least[:-k] >= TAIL_SHARE * (total[k:] - total[:-k])).any())
+
+
 @dataclass(frozen=True)
 class _Fitted:
     """The normals of a stretch, their thresholds (None: not enough samples to judge), and
@@ -299,6 +328,7 @@ class _Run:
         self.resume = 0
         self.memory = p.baseline_windows(step_s)  # earlier slowdowns are counted this far back
         self.quiet = math.ceil(p.quiet_s / step_s)  # windows a slowdown must be over to end
+        self.slo_span = max(1, round(SLO_SPAN_S / step_s))  # windows a breach pools
 
     def scores(self, c: str, normal: Normal, lo: int, hi: int, deadzone: bool = True) -> np.ndarray:
         x, m = self.ch[c]
@@ -488,8 +518,7 @@ class _Run:
         cnt = np.nan_to_num(self.series.count[start : end + 1])
         seg = np.nan_to_num(p99, nan=-np.inf)
         peak = start + int(np.argmax(seg)) if len(seg) else start
-        enough = cnt >= min(MIN_TAIL_COUNT, max(1.0, float(cnt.max()) if len(cnt) else 1.0))
-        crossed = bool((breach(p99, self.slo) & enough).any())
+        crossed = breached(p99, cnt, self.slo, self.slo_span)
         x = self.ch[c][0][start : end + 1]
         rel = x - normal.center(self.ch[c][1][start : end + 1])
         ratio = math.exp(float(np.nanmedian(rel))) if np.isfinite(rel).any() else math.nan
