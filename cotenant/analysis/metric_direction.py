@@ -96,6 +96,28 @@ def direction_of(metric: str) -> Direction:
     return family_of(metric).direction
 
 
+SHORTFALL_FLOOR = 0.001
+"""Smallest spread of a rate's shortfall, as a share of its bound: one request in a thousand
+(a baseline with no failure at all does not make one failed request an infinite shift)."""
+
+
+def rate_bound(x: np.ndarray) -> float:
+    """The bound of a rate of the availability family: 100 when the series is in percent (a
+    value over 1), else 1."""
+    finite = np.asarray(x, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return 100.0 if len(finite) and float(finite.max()) > 1.0 + 1e-9 else 1.0
+
+
+def shortfall(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """A rate of the availability family (availability, success, hit rate) as its shortfall
+    from its bound (:func:`rate_bound`), larger is worse, and that bound. A rate near its
+    bound is judged by what it misses: 99.9 % to 98 % is twenty times the failures, which a
+    spread taken on the rate itself (5 % of 99.9) would call nothing."""
+    bound = rate_bound(x)
+    return bound - np.asarray(x, dtype=np.float64), bound
+
+
 def harmful(x: np.ndarray, direction: Direction) -> np.ndarray:
     """``x`` oriented so that larger is worse: negated for a :attr:`Direction.FALL` metric,
     unchanged otherwise (an EITHER metric is judged on both signs by its caller)."""

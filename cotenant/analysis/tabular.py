@@ -31,12 +31,16 @@ latency includes every hop's).
 
 **Scores** come from the shared core (:func:`analysis.change.robust_change`): the robust
 standardised shift of each evidence series, oriented so that harm is positive, from the rows
-before the start to the rows from it on. An own-latency score is reduced by the share of its
-change that the entity's calls show too: with ``g = log(during / before)`` of the median
-latency and ``c`` the same for the paired ``client-`` series, the score is multiplied by
-``1 - clip(c / g, 0, 1)`` (a service slow only because its callee is slow scores 0). An
-entity's score is its strongest evidence, which also names the kind of cause it points at
-(:class:`~cotenant.core.cause_kinds.CauseKind`: a clock is ``throttle``, a CPU frequency or
+before the start to the rows from it on. A rate of the availability family (availability,
+success, hit rate) is scored on its *shortfall* from its bound (100 or 1,
+:func:`analysis.metric_direction.shortfall`), spread floored at one request in a thousand:
+99.9 % to 98 % is twenty times the failures, which a spread taken on the rate itself (the shared
+core's floor, 5 % of its level) would call a third of a sigma. An own-latency score is reduced
+by the share of its change that the entity's calls show too: with ``g = log(during / before)``
+of the median latency and ``c`` the same for the paired ``client-`` series, the score is
+multiplied by ``1 - clip(c / g, 0, 1)`` (a service slow only because its callee is slow scores
+0). An entity's score is its strongest evidence, which also names the kind of cause it points
+at (:class:`~cotenant.core.cause_kinds.CauseKind`: a clock is ``throttle``, a CPU frequency or
 CPU use ``cpu``, memory ``memory``, link traffic ``bandwidth``, requests ``load``; latency,
 errors and availability point at the entity itself, ``unknown``). Entities with no evidence
 score 0 and rank last, by name.
@@ -60,7 +64,15 @@ from pathlib import Path
 import numpy as np
 
 from cotenant.analysis.change import SeriesShift, robust_change
-from cotenant.analysis.metric_direction import Direction, Family, family_of, harmful, words_of
+from cotenant.analysis.metric_direction import (
+    SHORTFALL_FLOOR,
+    Direction,
+    Family,
+    family_of,
+    harmful,
+    shortfall,
+    words_of,
+)
 from cotenant.analysis.tabular_load import (
     DATA_FILE,
     INJECT_FILE,
@@ -203,6 +215,7 @@ class Rules:
     latency_both_ways: bool = True  # own latency counts when it falls as well as rises
     directions: bool = True  # capacities (clocks, availability, ...) count when they fall
     capacity_first: bool = True  # a clock or frequency lost while busy ranks first
+    shortfall: bool = True  # a falling availability is judged on what it misses of 100 %
 
 
 CAPACITY_Z = 3.0
@@ -242,7 +255,7 @@ def rank_entities(
         entity, metric = entity_of(col), metric_of(col)
         fam = family_of(metric)
         way = _direction(fam, r, frozenset(words_of(metric)))
-        ch = robust_change(harmful(np.asarray(x, dtype=np.float64), way), before, during)
+        ch, bound = _harm_change(np.asarray(x, dtype=np.float64), fam, way, before, during, r)
         if ch is None or (ch.score <= 0 and way != Direction.EITHER):
             continue
         score, share = abs(ch.score), 0.0
@@ -253,7 +266,9 @@ def rank_entities(
         sign = -1.0 if way == Direction.FALL else 1.0
         moved = _moved(ch) if way == Direction.EITHER else way
         kind = cause_kind_of(metric)
-        ev = Evidence(col, sign * ch.before, sign * ch.during, score, share, moved, kind)
+        ev = Evidence(
+            col, bound + sign * ch.before, bound + sign * ch.during, score, share, moved, kind
+        )
         if entity not in best or score > best[entity].score:
             best[entity] = ev
     if r.capacity_first:
@@ -263,6 +278,20 @@ def rank_entities(
     first = {e for e, ev in best.items() if ev.capacity}
     ranks = sorted(scores, key=lambda e: (e not in first, -scores[e], e))
     return ranks, scores, best
+
+
+def _harm_change(
+    x: np.ndarray, fam: Family, way: Direction, before: np.ndarray, during: np.ndarray, r: Rules
+) -> tuple[SeriesShift | None, float]:
+    """The shift of ``x`` oriented so that harm is positive, and the offset that turns its
+    medians back into the column's unit (``offset + sign * median``): a rate of the
+    availability family falling is judged on its shortfall from its bound
+    (:func:`analysis.metric_direction.shortfall`), any other metric on itself."""
+    if r.shortfall and fam.name == "availability" and way == Direction.FALL:
+        short, bound = shortfall(x)
+        ch = robust_change(short, before, during, abs_floor=SHORTFALL_FLOOR * bound)
+        return ch, bound
+    return robust_change(harmful(x, way), before, during), 0.0
 
 
 def _capacity(

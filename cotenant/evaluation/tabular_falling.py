@@ -25,8 +25,10 @@ statistics per component: ``<component>_latency`` (mean ms), ``<component>_reque
 and ``<component>_availability`` (% of requests that succeeded), for a call tree of
 :data:`COMPONENTS`, 24 rows before the fault and 6 from it on. Faults on a random component:
 
-* ``availability-drop``: a share of its requests fail (its callers' availability falls by the
+* ``availability-drop``: 15-50 % of its requests fail (its callers' availability falls by the
   share of their requests that reach it; failing fast, their latency barely moves);
+* ``availability-dip``: the same with 1-5 % (99.9 % to 95-99 %: how a real component's
+  availability usually moves);
 * ``latency-rise``: it slows (its callers slow by what their calls wait for it).
 
 :func:`write_cases` writes case folders (``data.csv``, ``inject_time.txt``, ``label.json``) that
@@ -46,7 +48,9 @@ GPU_BEFORE, GPU_AFTER = 40, 20
 STAT_BEFORE, STAT_AFTER = 24, 6
 
 GPU_FAULTS = ("gpu-clock-locked", "cpu-freq-clamped", "cpu-squeeze")
-STAT_FAULTS = ("availability-drop", "latency-rise")
+STAT_FAULTS = ("availability-drop", "availability-dip", "latency-rise")
+DROPS = {"availability-drop": (0.15, 0.5), "availability-dip": (0.01, 0.05)}
+"""Share of a component's requests that fail, by fault (drawn uniformly)."""
 GPU_ROOT = {"gpu-clock-locked": "gpu0", "cpu-freq-clamped": "node", "cpu-squeeze": "batch"}
 
 COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -144,8 +148,8 @@ def component_stats(fault: str, seed: int) -> tuple[pd.DataFrame, str]:
     traffic = 3000.0 * np.exp(0.08 * rng.standard_normal(n))  # gateway requests per 5 min
     own_ms = {c: rng.uniform(5, 40) * np.exp(0.05 * rng.standard_normal(n)) for c in COMPONENTS}
     fail = {c: np.abs(rng.normal(0.001, 0.0005, n)) for c in COMPONENTS}
-    if fault == "availability-drop":
-        fail[root] = np.where(after, rng.uniform(0.15, 0.5), fail[root])
+    if fault in DROPS:
+        fail[root] = np.where(after, rng.uniform(*DROPS[fault]), fail[root])
     else:
         own_ms[root] = own_ms[root] * np.where(after, rng.uniform(3, 8), 1.0)
     requests: dict[str, np.ndarray] = {c: np.zeros(n) for c in COMPONENTS}
