@@ -107,6 +107,19 @@ def test_a_clock_that_fell_because_its_processor_went_idle_is_no_capacity_lost(
     assert not evidence["gpu0"].capacity
 
 
+def test_a_locked_clock_whose_dram_traffic_fell_with_it_is_still_a_capacity_lost(
+    cases: Path,
+) -> None:
+    """The SMs stay busy while the memory utilisation falls (kernels run slower, so their DRAM
+    traffic per second falls): one busy measure that fell does not make the GPU idle."""
+    case = load_case(cases / "gpu-gpu-clock-locked-01")
+    mem = case.series["gpu0_mem-util"].copy()
+    mem[GPU_BEFORE:] = 0.4 * np.median(mem[:GPU_BEFORE])
+    case.series["gpu0_mem-util"] = mem
+    ranks, _, evidence = rank_entities(case, GPU_BEFORE)
+    assert ranks[0] == "gpu0" and evidence["gpu0"].capacity
+
+
 @pytest.mark.parametrize("fault", ["availability-drop", "availability-dip"])
 @pytest.mark.parametrize("seed", range(3))
 def test_the_component_whose_availability_fell_ranks_first(

@@ -225,6 +225,10 @@ CAPACITY_DROP = 0.05
 BUSY_WORDS = frozenset({"util", "utilization", "utilisation", "busy", "active"})
 """Words of a metric that measures how busy its entity is (power or temperature do not: they
 fall with a clock)."""
+TRAFFIC_WORDS = frozenset({"mem", "memory", "dram", "fb", "copy", "pcie", "nvlink", "bandwidth"})
+"""... unless it is the utilisation of a memory or a link: a share of its peak bandwidth,
+which falls with the work done per second, so with a clock locked low while the SMs stay busy
+(only a share of the time busy says the processor went idle)."""
 
 
 def _direction(fam: Family, r: Rules, words: frozenset[str] = frozenset()) -> Direction:
@@ -310,7 +314,8 @@ def _capacity(
     for col, x in cols.items():
         entity, metric = entity_of(col), metric_of(col)
         fam = family_of(metric)
-        busy = bool(set(words_of(metric)) & BUSY_WORDS)
+        words = set(words_of(metric))
+        busy = bool(words & BUSY_WORDS) and not words & TRAFFIC_WORDS
         if fam.name != "clock" and not busy:
             continue
         ch = robust_change(-np.asarray(x, dtype=np.float64), before, during)
