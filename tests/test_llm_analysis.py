@@ -236,6 +236,39 @@ def test_the_mix_share_is_zero_when_token_counts_do_not_change(runs: Any) -> Non
     assert mix_excess(longer, "tpot", before, ~before) is None
 
 
+def test_without_a_ttft_the_token_costs_come_from_the_baseline_not_from_a_decode_time() -> None:
+    """Reproduction of dev 78: an embedding replaying a trace carried its output tokens (up
+    20 %) while a co-tenant's DRAM hog slowed it 2x; a "time per output token" of compute over
+    output tokens made the longer answers explain half its excess, and ``mix`` was named first.
+    Its compute follows its prompt alone: the baseline's own regression says so."""
+    from cotenant.analysis.mix import mix_excess
+
+    rng = np.random.default_rng(7)
+    n = 240
+    prompt = rng.lognormal(np.log(1000.0), 0.3, n)
+    output = rng.lognormal(np.log(200.0), 0.3, n)
+    compute = 0.002 * prompt + rng.normal(0.0, 0.05, n)
+    tok = {
+        "count": np.full(n, 20.0),
+        "output_tokens_mean": output,
+        "prompt_tokens_mean": prompt,
+        "tpot_mean_ms": compute / output,  # the store's fallback without a TTFT
+        "ttft_mean_ms": np.full(n, np.nan),
+        "output_tokens_p99": 3 * output,
+        "prompt_tokens_p99": 3 * prompt,
+    }
+    before = np.arange(n) < 120
+    longer = dict(tok, output_tokens_mean=np.where(before, output, 1.5 * output))
+    got = mix_excess(longer, "e2e", before, ~before, compute)
+    assert got is None or got.ms < 0.05 * 0.002 * 1000  # answers cost an embedding nothing
+    heavier = dict(tok, prompt_tokens_mean=np.where(before, prompt, 2.0 * prompt))
+    got = mix_excess(heavier, "e2e", before, ~before, compute)
+    assert got is not None
+    assert got.ms == pytest.approx(0.002 * 1000, rel=0.25)  # its slope times the prompts' move
+    assert got.evidence["compute_ms_per_prompt_token"] == pytest.approx(0.002, rel=0.2)
+    assert mix_excess(heavier, "e2e", before, ~before) is None  # no compute series: no guess
+
+
 def replace_out(tok: dict[str, np.ndarray], start: int, value: float) -> dict[str, np.ndarray]:
     out = dict(tok)
     x = tok["output_tokens_mean"].copy()

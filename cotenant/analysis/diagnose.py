@@ -238,7 +238,7 @@ def _attributed(
     during = np.zeros(w.n, dtype=bool)
     during[lo : hi + 1] = True
     before = _before_mask(w.n, lo, abnormal, v["count"], w.step_ns / 1e9)
-    mix = mix_excess(w.tokens.get(model), indicator, before, during)
+    mix = mix_excess(w.tokens.get(model), indicator, before, during, v["compute_ms"])
     att = attribute(
         view, model, before, during, locks=_locks(source, model, w, lo, hi), host_cpu=cpu, mix=mix
     )

@@ -16,6 +16,12 @@ request, the unit of the attribution's phase excess. The caller gives the predic
 ``mix`` (culprit: the model whose requests changed) before the co-tenant counterfactual sees
 the rest, so a co-tenant is only blamed for what the token counts do not explain.
 
+**Token counts without a TTFT.** A model whose requests carry token counts but no first-token
+time (an embedding replaying a trace, or spans that do not say) has no decode time to multiply
+by its output tokens; its per-token costs are the slopes of its normal windows' compute time
+per request on their mean prompt and output lengths (weighted least squares, a negative slope
+dropped), so a length that never cost it anything explains nothing.
+
 **Work per request (any model).** Where the requests say how much work each was (a
 :class:`WorkSeries`: work units per request, e.g. images or diffusion steps from the spans'
 ``cotenant.work_units``) the cost per unit is held at its normal level: the heavier requests
@@ -65,17 +71,26 @@ WORK_SE = 0.01
 
 
 def mix_excess(
-    tok: dict[str, np.ndarray] | None, indicator: str, before: np.ndarray, during: np.ndarray
+    tok: dict[str, np.ndarray] | None,
+    indicator: str,
+    before: np.ndarray,
+    during: np.ndarray,
+    compute_ms: np.ndarray | None = None,
 ) -> MixExcess | None:
     """The mean excess of ``indicator`` (``e2e`` or ``ttft``; never ``tpot``, a per-token
     time) that the token counts of ``during`` explain at ``before``'s per-token rates, or
     None when ``tok`` (a model's token windows) is missing or too thin, or the token counts
-    explain nothing. ``before`` / ``during``: boolean masks over the windows."""
+    explain nothing. ``before`` / ``during``: boolean masks over the windows. Requests
+    without a TTFT (no first token: an embedding, or spans that do not say) take their
+    per-token costs from ``compute_ms`` (the model's compute time per request, per window)
+    instead (:func:`_regressed`)."""
     if tok is None or indicator == TPOT:
         return None
     cnt = tok["count"]
     if np.count_nonzero(before & (cnt > 0)) < MIN_BEFORE_WINDOWS:
         return None
+    if not np.isfinite(tok["ttft_mean_ms"][before & (cnt > 0)]).any():
+        return None if compute_ms is None else _regressed(tok, compute_ms, before, during)
     out_b, out_d = (
         wmean_over(tok["output_tokens_mean"], cnt, before),
         wmean_over(tok["output_tokens_mean"], cnt, during),
@@ -104,6 +119,70 @@ def mix_excess(
         "ttft_ms": _pair(tok["ttft_mean_ms"], cnt, before, during),
     }
     return MixExcess(ms, ev)
+
+
+def _regressed(
+    tok: dict[str, np.ndarray], compute_ms: np.ndarray, before: np.ndarray, during: np.ndarray
+) -> MixExcess | None:
+    """What the token counts explain of the compute time per request of a model whose
+    requests carry no TTFT: its normal windows' compute time regressed on their mean prompt
+    and output lengths (weighted least squares, slopes held at 0 or above), times how far
+    each length moved (:func:`_shifted`). Without a first token there is no decode time to
+    multiply by the output tokens: an embedding's cost follows its input, and a trace's
+    lengths may drive a model's work through both, or neither."""
+    cnt = tok["count"]
+    names = ("prompt_tokens_mean", "output_tokens_mean")
+    ok = before & (cnt > 0) & np.isfinite(compute_ms)
+    for n in names:
+        ok &= np.isfinite(tok[n])
+    if np.count_nonzero(ok) < MIN_BEFORE_WINDOWS:
+        return None
+    slopes = _nonnegative_slopes(
+        np.column_stack([tok[n][ok] for n in names]), compute_ms[ok], cnt[ok]
+    )
+    moved = {
+        n: wmean_over(tok[n], cnt, during) - wmean_over(tok[n], cnt, before)
+        if _shifted(tok[n], cnt, before, during)
+        else 0.0
+        for n in names
+    }
+    parts = [float(np.nan_to_num(b * moved[n])) for b, n in zip(slopes, names, strict=True)]
+    ms = sum(parts)
+    if ms <= 0:
+        return None
+    ev: dict[str, Any] = {
+        "explained_ms": round(ms, 3),
+        "prompt_ms": round(parts[0], 3),
+        "output_ms": round(parts[1], 3),
+        "compute_ms_per_prompt_token": round(float(slopes[0]), 5),
+        "compute_ms_per_output_token": round(float(slopes[1]), 5),
+        "output_tokens": _dist(tok, "output_tokens", cnt, before, during),
+        "prompt_tokens": _dist(tok, "prompt_tokens", cnt, before, during),
+        "compute_ms": _pair(compute_ms, cnt, before, during),
+    }
+    return MixExcess(ms, ev)
+
+
+def _nonnegative_slopes(x: np.ndarray, y: np.ndarray, wts: np.ndarray) -> np.ndarray:
+    """Weighted least-squares slopes of ``y`` on the columns of ``x`` (with an intercept),
+    a column whose slope comes out negative dropped and the rest refitted (a longer request
+    never costs less); a column that hardly varies (under 5 % of its mean) says nothing."""
+    k = x.shape[1]
+    keep = [
+        j
+        for j in range(k)
+        if np.sqrt(np.cov(x[:, j], aweights=wts)) > 0.05 * abs(np.average(x[:, j], weights=wts))
+    ]
+    out = np.zeros(k)
+    while keep:
+        a = np.column_stack([np.ones(len(y)), x[:, keep]])
+        sw = np.sqrt(wts)
+        coef = np.linalg.lstsq(a * sw[:, None], y * sw, rcond=None)[0][1:]
+        if (coef >= 0).all():
+            out[keep] = coef
+            break
+        keep = [j for j, c in zip(keep, coef, strict=True) if c >= 0]
+    return out
 
 
 def _shifted(x: np.ndarray, cnt: np.ndarray, before: np.ndarray, during: np.ndarray) -> bool:
