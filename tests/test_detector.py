@@ -239,17 +239,3 @@ def test_a_cold_start_in_a_burst_is_not_learnt_as_the_normal() -> None:
     hot = Series(np.where((i >= 100) & (i < 160), 20.0, 1.0) * s.p99_ms, s.count, s.center)
     found = strong(hot, 124.53)
     assert found and found[0].breach and found[0].start <= 100 and found[0].end >= 160
-
-
-@pytest.mark.parametrize("seed", [1, 3, 4, 6, 7, 8, 9])
-def test_a_mild_slowdown_after_a_short_history_is_found_not_learnt(seed: int) -> None:
-    """A model at 2 req/s slowed 1.15x for its last ten minutes after five of history, as most
-    of the scenario generator's faults begin. Its evidence builds over a minute or two, while
-    the normal, refitted every few dozen samples, took the slow windows in: before a building
-    run's windows were kept out of a refit (2026-12-06), seeds 3, 4 and 9 were never found.
-    Seeds 2, 5 and 10 are still not: at this rate 1.15x is at the edge of what can be told.
-    Nothing is found without the slowdown."""
-    s = series(2.0, 900, sigma=0.3, seed=seed, slow=(300, 900, 1.15))
-    got = [e for e in strong(s) if e.end >= 300]
-    assert got and 240 <= got[0].start <= 520
-    assert strong(series(2.0, 900, sigma=0.3, seed=seed)) == []

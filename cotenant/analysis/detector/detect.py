@@ -49,10 +49,6 @@ MIN_STRETCH = 16
 REFIT_SHARE = 0.05
 """The normal is fitted again once this share of its samples has arrived since (and at the
 clock's refit boundaries only: every reader of the same windows refits alike)."""
-PENDING_SHARE = 0.75
-"""A CUSUM past this share of its weak threshold is evidence building towards a crossing: the
-windows of its run are not learnt as normal at a refit (refitted every few dozen samples, a
-normal took a mild slowdown in before its evidence was enough to find it)."""
 MAX_BASELINE = 12
 """A sparse series' normal looks back at most this many baselines for its samples."""
 AS_HIGH = 0.8
@@ -114,21 +110,6 @@ def channels(s: Series) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         typ = np.where((n > 0) & (s.center > 0), np.log(s.center), np.nan)
         tail = np.where((n >= MIN_TAIL_COUNT) & (s.p99_ms > 0), np.log(s.p99_ms), np.nan)
     return {TYPICAL: (typ, n), TAIL: (tail, n)}
-
-
-def _learnable(
-    taken: np.ndarray, members: list[_Member], fitted: _Fitted | None, lo: int
-) -> np.ndarray:
-    """Which of the windows from ``lo`` on a refit may learn from: none in an incident, and
-    none of a run whose evidence is building (:data:`PENDING_SHARE`) under the normal being
-    replaced."""
-    use = ~taken
-    if fitted is not None and fitted.cal is not None:
-        weak = fitted.cal.weak
-        rising = [mb.since for mb in members if mb.s > PENDING_SHARE * weak[mb.k]]
-        if rising:
-            use[max(0, min(rising) - lo) :] = False
-    return use
 
 
 def dead_zone(normal: Normal, p: DetectorParams) -> float:
@@ -199,9 +180,8 @@ def detect(
                 lo = max(0, min(lo, back), pos - MAX_BASELINE * base)
             # the rate is over the time the samples cover (not windows read before them)
             lo = max(lo, int(np.searchsorted(seen, seen[lo], side="right")) - 1)
-            use = _learnable(run.taken[lo:pos], members, fitted, lo)
             normals = {
-                c: fit(x[lo:pos], m[lo:pos], use, (pos - lo) * step_s, c == TAIL)
+                c: fit(x[lo:pos], m[lo:pos], ~run.taken[lo:pos], (pos - lo) * step_s, c == TAIL)
                 for c, (x, m) in ch.items()
             }
             fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]))
