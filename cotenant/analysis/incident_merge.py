@@ -12,6 +12,36 @@ from cotenant.analysis.incident_record import IndicatorEntry
 from cotenant.core.cause_kinds import CauseKind
 from cotenant.core.slos import BREACH
 
+REOPEN_COOLDOWNS = 4
+"""A slowdown naming the same cause as an incident, starting within this many cool-downs after
+it ended, continues it: model loads or memory pressure that hold a model every minute or so,
+with a normal stretch between, are one incident, not one page each. (Within one cool-down a
+slowdown that names no cause yet continues it as well; a breach after a degradation is news of
+its own.)"""
+
+
+def continues(
+    end_ns: int,
+    severity: str,
+    top: Cause | None,
+    d: Diagnosis,
+    cooldown_ns: int,
+    any_cause: bool = False,
+) -> bool:
+    """Whether ``d`` (starting after an incident that ended at ``end_ns``, whose top cause is
+    ``top``) continues it: no breach after a degradation, starting within one cool-down naming
+    no cause or ``top``'s, or within :data:`REOPEN_COOLDOWNS` naming ``top``'s; with
+    ``any_cause``, within one cool-down whatever it names."""
+    gap = d.start_ns - end_ns
+    if any_cause and gap <= cooldown_ns:
+        return True
+    if severity != BREACH and d.severity == BREACH:
+        return False
+    mine = _tops([] if d.top is None else [d.top])
+    if mine is None:
+        return gap <= cooldown_ns
+    return mine == _tops([] if top is None else [top]) and gap <= REOPEN_COOLDOWNS * cooldown_ns
+
 
 def lead(ds: list[Diagnosis], current: str | None) -> str:
     """The indicator an incident is told by: the first to breach its SLO, else the one it
@@ -80,27 +110,24 @@ def merged(ds: list[Diagnosis]) -> Diagnosis:
 
 def events(diags: list[Diagnosis], gap_ns: int) -> list[Diagnosis]:
     """The diagnoses of one model as one per event, as the incident book tells them: on the
-    same GPU, those of any indicator that overlap, or start within ``gap_ns`` after another
-    ended, are one incident told by its lead indicator (:func:`lead`), a breach when any is,
-    open while any is. Ordinary contention joins an incident it overlaps; quiet ranges
-    (``incident`` False) are kept as they are."""
+    same GPU, those of any indicator that overlap, or start within ``gap_ns`` (the cool-down)
+    after another ended, or later but naming the same cause (:func:`continues`), are one
+    incident told by its lead indicator (:func:`lead`), a breach when any is, open while any
+    is. Ordinary contention joins an incident it overlaps; quiet ranges (``incident`` False)
+    are kept as they are."""
     quiet = [d for d in diags if not d.incident]
     rest = sorted((d for d in diags if d.incident), key=lambda d: (d.gpu, d.start_ns))
     groups: list[list[Diagnosis]] = []
     for d in rest:
         last = groups[-1] if groups else None
-        if last and last[0].gpu == d.gpu and d.start_ns <= max(x.end_ns for x in last) + gap_ns:
+        if last and last[0].gpu == d.gpu and _joins(last, d, gap_ns):
             last.append(d)
         else:
             groups.append([d])
     out = []
     for group in groups:
         told = [d for d in group if d.is_incident] or group
-        per: dict[str, list[Diagnosis]] = {}
-        for d in told:
-            per.setdefault(d.indicator, []).append(d)
-        merged_ = {ind: merged(ds) for ind, ds in per.items()}
-        head = merged_[lead(list(merged_.values()), None)]
+        head = _head(group)
         early = min(told, key=lambda d: d.detected_ns)
         first = early.first_causes if early.first_causes is not None else early.causes
         out.append(
@@ -115,6 +142,27 @@ def events(diags: list[Diagnosis], gap_ns: int) -> list[Diagnosis]:
             )
         )
     return out + quiet
+
+
+def _joins(group: list[Diagnosis], d: Diagnosis, gap_ns: int) -> bool:
+    """Whether ``d`` continues the incident of ``group`` (diagnoses in start order); ordinary
+    contention only joins one it overlaps."""
+    end = max(x.end_ns for x in group)
+    if not d.is_incident:
+        return d.start_ns <= end
+    head = _head(group)
+    severity = BREACH if any(x.severity == BREACH for x in group) else head.severity
+    return continues(end, severity, head.top, d, gap_ns, any_cause=True)
+
+
+def _head(group: list[Diagnosis]) -> Diagnosis:
+    """The diagnosis a group is told by: its lead indicator's, merged (:func:`merged`)."""
+    told = [d for d in group if d.is_incident] or group
+    per: dict[str, list[Diagnosis]] = {}
+    for d in told:
+        per.setdefault(d.indicator, []).append(d)
+    merged_ = {ind: merged(ds) for ind, ds in per.items()}
+    return merged_[lead(list(merged_.values()), None)]
 
 
 def _tops(causes: list[Cause]) -> tuple[str, str] | None:

@@ -8,8 +8,9 @@ a person should read them:
 
 * **one incident per (model, GPU, event)**: the diagnoses of every indicator (``e2e``, and for
   generative models ``ttft`` and ``tpot``) that overlap an incident, or start within
-  ``cooldown_ns`` after it ended naming no other cause, continue it (a re-breach within the
-  cool-down re-opens a resolved incident instead of opening a new one). The incident lists
+  ``cooldown_ns`` after it ended naming no other cause, or within
+  :data:`~analysis.incident_merge.REOPEN_COOLDOWNS` cool-downs naming the same cause, continue
+  it (re-opening a resolved incident instead of opening a new one). The incident lists
   every indicator affected (``Incident.by_indicator``); its ``indicator`` is the *lead* one —
   the first that breached its SLO, else the first found — whose attribution gives the causes;
 * ``state``: ``diagnosing`` until attribution has ``publish_windows`` windows of the slowdown
@@ -62,12 +63,6 @@ from cotenant.store.incident_rows import (
 def _cause_key(c: Cause | None) -> tuple[str, str] | None:
     """A named cause's (kind, culprit); None for none (``top`` is never ``unknown``)."""
     return None if c is None else (c.kind, c.culprit)
-
-
-def _same_cause(i: Incident, d: Diagnosis) -> bool:
-    """Whether ``d`` may re-open ``i``: it names no cause yet, or the one ``i`` named."""
-    top = d.top
-    return top is None or _cause_key(i.top) == (top.kind, top.culprit)
 
 
 def _overlaps(lo: int, hi: int, d: Diagnosis) -> bool:
@@ -142,7 +137,7 @@ class IncidentBook:
         the horizon no longer shows. Returns what changed, oldest incident first."""
         with self._lock:
             mine = [i for i in self.live() if i.model == model and i.gpu == gpu]
-            since = horizon_start_ns - self._cooldown_ns
+            since = horizon_start_ns - incident_merge.REOPEN_COOLDOWNS * self._cooldown_ns
             mine += [
                 i for i in self.find(model=model, since_ns=since, state=RESOLVED) if i.gpu == gpu
             ]
@@ -259,12 +254,10 @@ class IncidentBook:
             if d.end_ns >= extent[i.id][0]
             and (
                 d.start_ns <= extent[i.id][1]
-                # a re-breach within the cool-down re-opens it; a breach after a degradation
-                # is news of its own
-                or (
-                    d.start_ns <= extent[i.id][1] + self._cooldown_ns
-                    and (i.severity == BREACH or d.severity != BREACH)
-                    and _same_cause(i, d)
+                # the same cause back soon after re-opens it; a breach after a degradation is
+                # news of its own
+                or incident_merge.continues(
+                    extent[i.id][1], i.severity, i.top, d, self._cooldown_ns
                 )
             )
         ]

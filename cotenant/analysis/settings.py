@@ -44,7 +44,8 @@ class AnalysisSettings:
     cooldown_s: float = key(
         30.0,
         "a slowdown of the same model and GPU starting this soon after its incident resolved "
-        "re-opens that incident instead of opening another",
+        "re-opens that incident instead of opening another (one naming the same cause, up to "
+        "four times this long after)",
         min=0.0,
     )
     degradation_s: float = key(
