@@ -95,29 +95,37 @@ def arrival_rates(
     return mean_over(arr, arrival_span(v, before, during)), mean_over(arr, during)
 
 
-def arrival_surge(
-    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
-) -> bool:
-    """Did arrivals rise beyond Poisson noise? (more than ``z`` standard errors and 10 % over
-    the before rate). ``v`` is one model's request windows.
+def arrival_z(
+    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int
+) -> tuple[float, float, float]:
+    """How far arrivals rose beyond Poisson noise: ``(z, rate_before, rate_during)``, ``z``
+    the difference of the two rates in standard errors (``nan`` with no before rate or no
+    time to count over). ``v`` is one model's request windows.
 
     Both rates are counts over a time, so both are uncertain: the standard error is that of
     the difference of two Poisson rates, ``sqrt(n_b / t_b^2 + n_d / t_d^2)``. Taking the
     before rate as exact made a sparse model (0.2 requests/s, 5 arrivals in a minute that
     happened to be quiet) "surge" on the 17 of an ordinary minute after it."""
     rate_b, _ = arrival_rates(v, before, during)
-    if not np.isfinite(rate_b) or rate_b <= 0:
-        return False
     step_s = step_ns / 1e9
     secs_b = float(arrival_span(v, before, during).sum()) * step_s
     secs_d = float(during.sum()) * step_s
-    if secs_b <= 0 or secs_d <= 0:
-        return False
+    if not np.isfinite(rate_b) or rate_b <= 0 or secs_b <= 0 or secs_d <= 0:
+        return float("nan"), rate_b, float("nan")
     n_b = rate_b * secs_b
     n_d = float(np.nansum(v["arrival_rps"][during])) * step_s
     rate_d = n_d / secs_d
     se = np.sqrt(max(n_b, 1.0) / secs_b**2 + max(n_d, 1.0) / secs_d**2)
-    return bool((rate_d - rate_b) / se > z and rate_d > 1.1 * rate_b)
+    return float((rate_d - rate_b) / se), rate_b, rate_d
+
+
+def arrival_surge(
+    v: dict[str, np.ndarray], before: np.ndarray, during: np.ndarray, step_ns: int, z: float = 3.0
+) -> bool:
+    """Did arrivals rise beyond Poisson noise? (more than ``z`` standard errors of
+    :func:`arrival_z` and 10 % over the before rate)."""
+    got, rate_b, rate_d = arrival_z(v, before, during, step_ns)
+    return bool(got > z and rate_d > 1.1 * rate_b)
 
 
 SURGE_SMOOTH_S = 30.0
