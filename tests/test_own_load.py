@@ -204,3 +204,35 @@ def test_a_bursty_image_models_queue_behind_its_own_bursts_is_no_incident() -> N
     r = run_job(Job("dev", "control", 119))
     assert r.error is None
     assert r.false_incidents == 0, r
+
+
+def test_a_slowdown_told_as_its_own_load_once_its_windows_came_in_is_never_published(
+    tmp_path: Path,
+) -> None:
+    """Seen live on dev control 119: a bursty image model's queue was first judged with no
+    cause (its bunched arrivals not yet beyond noise), so an incident went ``diagnosing``;
+    35 s later its own load explained it. On-demand diagnosis of that range opens nothing;
+    the live book published the incident naming its own load. It is withdrawn instead."""
+    store = Store(tmp_path / "s.duckdb")
+    try:
+        book = IncidentBook(store)
+        now = START_NS + 340 * S
+        first = diagnosis(
+            "code",
+            "degradation",
+            [Cause("unknown", "—", 1.0, 0.0, {})],
+            300,
+            335,
+            phases={"queue_ms": 800.0},
+        )
+        first.verdict = verdict(first, []) or NEWS
+        [ev] = book.update([first], "code", "gpu0", START_NS, now)
+        assert ev.kind == "diagnosing"
+        events = book.update(
+            [_diagnosis("degradation", OWN)], "code", "gpu0", START_NS, now + 35 * S
+        )
+        assert [e.kind for e in events] == ["dismissed"]
+        assert book.live() == [] and book.find() == []
+        assert [r.reason for r in find_contention(store, "code", "gpu0", 0)] == ["own_load"]
+    finally:
+        store.close()

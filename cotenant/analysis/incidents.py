@@ -21,8 +21,11 @@ a person should read them:
   indicator is escalated; each indicator's normal is frozen when it joins the incident, and the
   top cause's history is kept (``Incident.cause_history``);
 * a diagnosis whose verdict is ordinary contention (own load, recurring bursts) opens no
-  incident: it is recorded in the ``contention`` table for the weekly report, or continues an
-  incident that already holds its windows.
+  incident: it is recorded in the ``contention`` table for the weekly report, or continues a
+  published incident that already holds its windows. An incident still ``diagnosing`` that
+  it would continue is withdrawn, never published, when nothing else holds it: the
+  slowdown's own verdict changed as its windows came in (as on-demand diagnosis of the same
+  range would say).
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class IncidentBook:
         for d in sorted((d for d in diags if d.incident), key=lambda d: d.start_ns):
             inc = self._match(current, extent, d)
             if d.verdict in ORDINARY_VERDICTS and (
-                inc is None or not _overlaps(*extent[inc.id], d)
+                inc is None or inc.state == DIAGNOSING or not _overlaps(*extent[inc.id], d)
             ):
                 ordinary.append(d)
                 continue
