@@ -6,13 +6,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, Served
+from conftest import ROOT, Served, start_serve
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+from cotenant.simulator.scenario import Scenario
 from cotenant.simulator.scenario_load import find_scenario, load_scenario
 from cotenant.simulator.stream import stream_to
 
@@ -64,9 +66,24 @@ def _wait_incidents(s: Served, model: str, deadline_s: float = 60) -> list[dict]
 
 
 @pytest.fixture
-def fed(serve: Served) -> tuple[Served, int]:
-    """A running service that received the lock-hog scenario through OTLP."""
+def fed(tmp_path: Path) -> Iterator[tuple[Served, int]]:
+    """A running service, configured with the scenario's SLOs as its operator would, that
+    received the lock-hog scenario through OTLP. Its data starts cold and the lock is held from
+    150 s, inside the cold start's 3-minute warm-up, where only a breach of the SLO opens an
+    incident (docs/operations.md, "Warm-up"): without the SLOs, whether the 1.8x slowdown was
+    found after the warm-up depended on how the 1-s windows fell (1 run in 10 failed)."""
     s = load_scenario(find_scenario("lock-hog-tokenizer-held-by-chat"))
+    slos = ",".join(f"{m.name}={m.slo_p99_ms:g}" for m in s.models if m.slo_p99_ms)
+    serve = start_serve(
+        tmp_path, tmp_path / "store.duckdb", env_extra={"COTENANT_ANALYSIS_SLO_MS": slos}
+    )
+    try:
+        yield _feed(serve, s)
+    finally:
+        serve.stop()
+
+
+def _feed(serve: Served, s: Scenario) -> tuple[Served, int]:
     start = time.time_ns() - int(s.duration_s * 1e9) - 10_000_000_000
     sent = stream_to(s, OTLPSpanExporter(endpoint=serve.otlp_http), speed=None, start_ns=start)
     # the exporter returns once the receiver acknowledged; the writer commits a little later,
