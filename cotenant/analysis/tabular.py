@@ -23,11 +23,14 @@ then ``<entity>_<metric>`` columns; an optional inject time marks where the anom
   own latency either way: a service that fails fast (errors, exceptions, requests cut short)
   answers *faster* while the whole system gets slower.
 
-**Where the anomaly starts.** The inject time when one is given; else the most probable BOCPD
-change point (:func:`analysis.baselines.bocpd.anomaly_start`) upward in the front door's
-latency columns or downward in its availability columns: the end-to-end entity's, or, when
-there is none, those of the entity with the largest median latency (a request's end-to-end
-latency includes every hop's).
+**Where the anomaly starts.** The inject time when one is given (one in the last row's window
+is the last row); else, or when it leaves no row before or after it (said in the notes), the
+most probable BOCPD change point (:func:`analysis.baselines.bocpd.anomaly_start`) upward in
+the front door's latency columns or downward in its availability columns: the end-to-end
+entity's, or, when there is none, those of the entity with the largest median latency (a
+request's end-to-end latency includes every hop's). Without a change point, the row where that
+latency rose most over the median before it, said to be a weak start: every case with a
+latency column or a usable inject time is answered.
 
 **Scores** come from the shared core (:func:`analysis.change.robust_change`): the robust
 standardised shift of each evidence series, oriented so that harm is positive, from the rows
@@ -133,9 +136,9 @@ class Evidence:
 @dataclass(frozen=True)
 class TabularResult:
     """Entities by decreasing score (``ranks``), their scores, when the anomaly starts (the
-    time of its first row, Unix seconds) and how that was decided (``inject-time`` or
-    ``change-point`` on ``anomaly_metric``), each scored entity's top evidence, and notes on
-    what was read leniently or judged on few rows."""
+    time of its first row, Unix seconds) and how that was decided (``inject-time``, or
+    ``change-point`` or ``largest-rise`` on ``anomaly_metric``), each scored entity's top
+    evidence, and notes on what was read leniently, judged on few rows or found weakly."""
 
     ranks: list[str]
     scores: dict[str, float]
@@ -350,7 +353,10 @@ def rca_table(case: Path | str | TabularCase, inject_time: float | None = None) 
     c = case if isinstance(case, TabularCase) else load_case(case)
     if not candidate_series(c):
         raise fail(c.path, "every entity is an end-to-end view (latency/availability only)")
-    start, how, metric = find_start(c, inject_time)
-    ranks, scores, evidence = rank_entities(c, start)
-    notes = [*c.notes, *side_notes(c, start)]
-    return TabularResult(ranks, scores, float(c.time[start]), how, metric, evidence, notes)
+    start = find_start(c, inject_time)
+    ranks, scores, evidence = rank_entities(c, start.row)
+    said = [start.note] if start.note else []
+    notes = [*c.notes, *said, *side_notes(c, start.row)]
+    return TabularResult(
+        ranks, scores, float(c.time[start.row]), start.how, start.metric, evidence, notes
+    )

@@ -2,8 +2,8 @@
 
 A *case* is a CSV file (``data.csv`` in a case folder, or any CSV path): a ``time`` column,
 one row per window, then one numeric column per metric named ``<entity>_<metric>`` (the entity
-is the text before the first ``_``). A case folder may hold ``inject_time.txt`` (one number):
-rows from that time on are the anomaly.
+is the text before the first ``_``). A case folder may hold ``inject_time.txt`` (Unix seconds or a
+date): rows from that time on are the anomaly.
 
 Tables exported by other tools are rarely that clean, so what has one reading is read that way
 and said in the case's ``notes`` (shown by ``cotenant rca-table``) instead of refused:
@@ -21,7 +21,8 @@ and said in the case's ``notes`` (shown by ``cotenant rca-table``) instead of re
 
 :class:`~cotenant.core.errors.TabularError`, naming the file, is raised for what has no reading:
 a missing or unreadable file, no time column, times that are neither numbers nor dates, no row
-with a time, no metric column left, an ``inject_time.txt`` that does not hold a number.
+with a time, no metric column left, an ``inject_time.txt`` that holds neither a number nor a
+date (a date is read as the time column's are: UTC when it names no zone).
 """
 
 from __future__ import annotations
@@ -221,7 +222,16 @@ def _read_inject(path: Path) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
+        value = _date_seconds(text)
     if not math.isfinite(value):
-        raise fail(path, f"{text[:40]!r} is not a Unix time in seconds")
+        raise fail(path, f"{text[:40]!r} is neither a Unix time in seconds nor a date")
     return value
+
+
+def _date_seconds(text: str) -> float:
+    """Unix seconds of an ISO 8601 date (UTC when it names no zone, as the time column's
+    dates are read); NaN when ``text`` is not one."""
+    when = pd.to_datetime(text, errors="coerce", utc=True)
+    if pd.isna(when):
+        return math.nan
+    return float((when - pd.Timestamp(0, tz="UTC")).total_seconds())

@@ -4,12 +4,14 @@ The end-to-end entity (every metric a latency or availability: a view of the fro
 a process), context series (``node-``/``host-`` machine counters, ``client-`` latency of the
 calls an entity makes), the front door whose latency is the symptom, and the first anomalous
 row: the inject time, or a BOCPD change point of the front door's latency (upward) or
-availability (downward). The module doc of :mod:`analysis.tabular` gives the reasons.
+availability (downward), else the row where that latency rose most (:func:`find_start`). The
+module doc of :mod:`analysis.tabular` gives the reasons.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,27 +71,59 @@ def front_door_latency(case: TabularCase) -> list[str]:
     return [c for c in case.series if entity_of(c) == door and is_latency(metric_of(c))]
 
 
-def find_start(case: TabularCase, inject_time: float | None = None) -> tuple[int, str, str | None]:
-    """(index of the first anomalous row, ``inject-time`` | ``change-point``, the column the
-    change point was found on). ``inject_time`` overrides the case's ``inject_time.txt``.
+@dataclass(frozen=True)
+class Start:
+    """Where a case's anomaly starts: ``row`` (index of its first anomalous row), ``how`` it was
+    decided (``inject-time``, ``change-point``, or ``largest-rise`` when no change point stands
+    out), the column it was found on (``metric``, None for an inject time) and a ``note`` on
+    anything the reader should know (an inject time outside the table, a weak start)."""
 
-    Raises :class:`TabularError` when no row precedes the start or none follows it, or,
-    without an inject time, when there is no latency column or no change point in the front
-    door's latency (upward) or availability (downward)."""
+    row: int
+    how: str
+    metric: str | None = None
+    note: str | None = None
+
+
+def find_start(case: TabularCase, inject_time: float | None = None) -> Start:
+    """Where the anomaly starts. ``inject_time`` overrides the case's ``inject_time.txt``.
+
+    An inject time inside the table gives the first row at or after it; one inside the last
+    row's window (before the last time plus the table's step) gives the last row. An inject
+    time that leaves no row before or none after it is reported in the note, and the start is
+    found as without one: the most probable BOCPD change point upward in the front door's
+    latency (or downward in its availability), else the row where that latency rose most over
+    the median of the rows before it (``largest-rise``, a weak start, said so).
+
+    Raises :class:`TabularError` only when there is nothing to find a start on: fewer than two
+    rows, or no inject time inside the table and no latency column."""
     n = len(case.time)
+    if n < 2:
+        rows = "a single row" if n == 1 else "no row"
+        raise fail(case.path, f"{rows}: need at least one before the anomaly and one from it on")
     t = inject_time if inject_time is not None else case.inject_time
-    if t is not None:
-        start = int(np.searchsorted(case.time, t, side="left"))
-        if start < 1 or start >= n:
-            raise fail(
-                case.path,
-                f"inject time {t:.0f} ({format_ns(int(t * 1e9))}) leaves {start} rows before "
-                f"and {n - start} from it on; need at least one on each side",
-            )
-        return start, "inject-time", None
+    if t is None:
+        return _detected(case, "")
+    start = int(np.searchsorted(case.time, t, side="left"))
+    if 1 <= start < n:
+        return Start(start, "inject-time")
+    outside = (
+        f"inject time {t:.0f} ({format_ns(int(t * 1e9))}) leaves {start} rows before and "
+        f"{n - start} from it on"
+    )
+    step = float(np.median(np.diff(case.time)))
+    if start == n and t < case.time[-1] + step:
+        return Start(n - 1, "inject-time", None, f"{outside}: it falls in the last row's window")
+    return _detected(case, outside)
+
+
+def _detected(case: TabularCase, outside: str) -> Start:
+    """The start found in the front door's latency (see :func:`find_start`); ``outside``: why
+    an inject time was not used ('' when there was none)."""
     cols = front_door_latency(case)
     if not cols:
-        raise fail(case.path, "no latency column to find the anomaly on; give an inject time")
+        why = f"{outside}; " if outside else ""
+        raise fail(case.path, f"{why}no latency column to find the anomaly on; give an inject time")
+    instead = f"{outside}: the start was found without it, " if outside else ""
     door = entity_of(cols[0])
     quality = [c for c in case.series if entity_of(c) == door and is_quality(metric_of(c))]
     best: tuple[float, int, str] | None = None
@@ -101,13 +135,38 @@ def find_start(case: TabularCase, inject_time: float | None = None) -> tuple[int
         p = float(changepoint_probability(x)[s])
         if best is None or p > best[0]:
             best = (p, s, c)
-    if best is None:
-        raise fail(
-            case.path,
-            f"no change point upward in {', '.join(cols)} with {MIN_BEFORE} rows before and "
-            f"{MIN_AFTER} after it ({n} rows); give an inject time",
-        )
-    return best[1], "change-point", best[2]
+    if best is not None:
+        note = f"{instead}a change point in {best[2]}" if instead else None
+        return Start(best[1], "change-point", best[2], note)
+    row, col, ratio = _largest_rise(case, cols)
+    return Start(
+        row,
+        "largest-rise",
+        col,
+        f"{instead or ''}no change point upward in {', '.join(cols)}: the start is the row where "
+        f"{col} rose most over the median before it ({ratio:.2f}x), a weak start; give an "
+        "inject time if you know it",
+    )
+
+
+def _largest_rise(case: TabularCase, cols: list[str]) -> tuple[int, str, float]:
+    """(row, column, ratio): the row at which a latency column stands highest over the median
+    of its rows before it, with :data:`MIN_BEFORE` rows before where the table allows."""
+    n = len(case.time)
+    lo = min(MIN_BEFORE, n - 1)
+    best = (-math.inf, lo, cols[0])
+    for c in cols:
+        x = case.series[c]
+        for s in range(lo, n):
+            before = x[:s][np.isfinite(x[:s])]
+            if not len(before) or not np.isfinite(x[s]):
+                continue
+            base = float(np.median(before))
+            ratio = float(x[s]) / base if base > 0 else (1.0 if x[s] <= base else math.inf)
+            if ratio > best[0]:
+                best = (ratio, s, c)
+    ratio = best[0] if math.isfinite(best[0]) else 1.0
+    return best[1], best[2], ratio
 
 
 def side_notes(case: TabularCase, start: int) -> list[str]:

@@ -43,11 +43,11 @@ def cmd_rca_table(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     when = datetime.fromtimestamp(result.anomaly_start, tz=UTC).isoformat().replace("+00:00", "Z")
-    how = (
-        "inject time"
-        if result.start_from == "inject-time"
-        else f"change point in {result.anomaly_metric}"
-    )
+    how = {
+        "inject-time": "inject time",
+        "change-point": f"change point in {result.anomaly_metric}",
+        "largest-rise": f"largest rise of {result.anomaly_metric}: weak",
+    }[result.start_from]
     out = [
         f"anomaly from {when} ({how})",
         f"{'rank':>4s}  {'entity':24s} {'score':>9s}  {'kind':10s} evidence",

@@ -3,8 +3,9 @@ with the baselines.
 
 Every sub-folder of ``DIR`` holding a ``label.json`` (``{"root_cause": "<entity>", ...}``) is a
 case (see :mod:`analysis.tabular`). For each, the anomaly start is the case's inject time (or,
-with ``detect_start``, the BOCPD change point of :func:`analysis.tabular.find_start`; a case
-where none is found counts as a miss for every method), and then:
+with ``detect_start``, the start :func:`analysis.tabular.find_start` finds without one: a
+change point, else the largest rise; a case where none can be found counts as a miss for every
+method), and then:
 
 * cotenant ranks the entities with :func:`analysis.tabular.rank_entities`;
 * each baseline ranks every column of the candidate entities
@@ -146,12 +147,15 @@ def bench_tabular(
             row["notes"] = list(case.notes)
             if detect_start:
                 case = dataclasses.replace(case, inject_time=None)
-            start, how, _ = find_start(case)
+            found = find_start(case)
         except TabularError as exc:
             row["start_from"] = f"none ({exc})"
             continue
+        start = found.row
         row["anomaly_start"] = float(case.time[start])
-        row["start_from"] = how
+        row["start_from"] = found.how
+        if found.note:
+            row["notes"].append(found.note)
         ours, _, _ = rank_entities(case, start, rules)
         row["ranks"][OURS] = _rank(ours, truth)
         series = candidate_series(case)
