@@ -17,7 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="rank the entities of a wide CSV as root causes of an anomaly",
         description="CASE is a folder holding data.csv (a 'time' column in Unix seconds, then "
         "<entity>_<metric> columns) and optionally inject_time.txt, or a CSV file. Without an "
-        "inject time the anomaly start is a change point of the front door's latency.",
+        "inject time (or with one outside the table) the anomaly start is a change point of "
+        "the front door's latency, else its largest rise (said to be weak). See "
+        "docs/tabular.md.",
     )
     p.add_argument("case", type=Path, metavar="CASE", help="case folder or CSV file")
     p.add_argument(
