@@ -38,6 +38,12 @@ from cotenant.evaluation.tabular_falling import (
         ("num-waiting", "queue", Direction.RISE),
         ("net-rx", "traffic", Direction.RISE),
         ("widgets", "cost", Direction.RISE),
+        # DCGM's bitmask of why the clock is held: it rises from 0 when the clock is locked
+        ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "throttling", Direction.RISE),
+        ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "throttling", Direction.RISE),
+        ("DCGM_FI_DEV_SM_CLOCK", "clock", Direction.FALL),
+        ("node_cpu_scaling_frequency_hertz", "clock", Direction.FALL),
+        ("container_cpu_cfs_throttled_periods_total", "throttling", Direction.RISE),
     ],
 )
 def test_each_metric_family_knows_which_way_hurts(
@@ -58,6 +64,13 @@ def test_each_metric_family_knows_which_way_hurts(
         ("pcie-tx", CauseKind.BANDWIDTH),
         ("requests", CauseKind.LOAD),
         ("availability", CauseKind.UNKNOWN),
+        ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", CauseKind.THROTTLE),
+        ("DCGM_FI_DEV_SM_CLOCK", CauseKind.THROTTLE),
+        ("DCGM_FI_DEV_POWER_USAGE", CauseKind.COTENANT),  # a GPU's, not a CPU's
+        ("DCGM_FI_DEV_GPU_UTIL", CauseKind.COTENANT),
+        ("vllm:gpu_cache_usage_perc", CauseKind.MEMORY),  # the KV cache filling
+        ("container_cpu_cfs_throttled_periods_total", CauseKind.CPU),
+        ("node_cpu_scaling_frequency_hertz", CauseKind.CPU),
     ],
 )
 def test_evidence_names_the_kind_of_cause_it_points_at(metric: str, kind: CauseKind) -> None:
@@ -166,3 +179,22 @@ def test_the_bench_on_falling_cases_beats_the_baselines_that_see_no_direction(ca
 
 def load_label(folder: Path) -> str:
     return str(json.loads((folder / "label.json").read_text())["root_cause"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_locked_clock_seen_only_in_dcgm_throttle_reasons_names_the_gpu(
+    cases: Path, seed: int
+) -> None:
+    """An export without the SM clock but with DCGM's bitmask of why the clock is held
+    (0 while it runs free, a reason bit while it is locked): the bitmask rising is the
+    evidence. Read as a clock, its rise was no harm and the engine's queue ranked first."""
+    case = load_case(cases / f"gpu-gpu-clock-locked-{seed:02d}")
+    series = {c: x for c, x in case.series.items() if "clock" not in c}
+    reasons = np.zeros(len(case.time))
+    reasons[GPU_BEFORE:] = 2.0  # DCGM_CLOCKS_EVENT_REASON_APPLICATIONS_CLOCKS_SETTING
+    series["gpu0_DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] = reasons
+    ranks, _, evidence = rank_entities(TabularCase(case.path, case.time, series), GPU_BEFORE)
+    assert ranks[0] == "gpu0"
+    ev = evidence["gpu0"]
+    assert ev.metric == "gpu0_DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+    assert ev.kind == CauseKind.THROTTLE and ev.direction == Direction.RISE

@@ -10,9 +10,10 @@ candidate series) can rank rises alone.
 
 Words are matched whole against the name split at ``-``, ``_``, ``.``, ``/``, spaces and
 camel-case humps (``cpuFreq`` is ``cpu`` + ``freq``); the first family with a matching word wins,
-so ``cpu-freq`` is a clock (``freq``) before it is utilisation (``cpu``), and ``mem-free`` is
-headroom before it is memory use. Names no family knows are costs (a rise hurts), which is
-what a resource or traffic counter is.
+so ``cpu-freq`` is a clock (``freq``) before it is utilisation (``cpu``), ``mem-free`` is
+headroom before it is memory use, and DCGM's ``CLOCK_THROTTLE_REASONS`` (a bitmask that rises
+from 0 when the clock is held down) is throttling before it is a clock. Names no family knows
+are costs (a rise hurts), which is what a resource or traffic counter is.
 """
 
 from __future__ import annotations
@@ -52,10 +53,15 @@ FAMILIES: tuple[Family, ...] = (
         "exceptions timeout timeouts retrans retransmits drop drops dropped reject rejected "
         "5xx 4xx restarts restart oom evictions preemptions",
     ),
+    # before clocks: a clock's throttle or event *reasons* (DCGM's bitmask) rise when it is held
+    _family(
+        "throttling",
+        Direction.RISE,
+        "throttle throttled throttling steal pressure psi reason reasons",
+    ),
     _family("clock", Direction.FALL, "clock clocks freq frequency mhz ghz khz"),
     _family("headroom", Direction.FALL, "headroom free available idle remaining"),
     _family("latency", Direction.EITHER, "latency latencies duration rt ttft tpot e2e"),
-    _family("throttling", Direction.RISE, "throttle throttled throttling steal pressure psi"),
     _family("queue", Direction.RISE, "queue queued wait waiting pending backlog"),
     _family(
         "utilisation",

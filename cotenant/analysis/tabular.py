@@ -155,14 +155,14 @@ class TabularResult:
 def cause_kind_of(metric: str) -> CauseKind:
     """The kind of cause a harmful move of ``metric`` points at (see the module doc)."""
     fam, words = family_of(metric), set(words_of(metric))
-    if fam.name == "clock":
+    if fam.name == "clock" or (fam.name == "throttling" and words & {"clock", "clocks"}):
         return CauseKind.CPU if words & {"cpu", "host", "node", "core"} else CauseKind.THROTTLE
     if (words & {"mem", "memory", "dram"} and words & BUSY_WORDS) or "dram" in words:
         return CauseKind.BANDWIDTH  # a memory controller's busy time: DRAM bandwidth
-    if words & {"mem", "memory", "fb", "kv", "oom", "swap"}:
+    if words & {"mem", "memory", "fb", "kv", "cache", "oom", "swap"}:
         return CauseKind.MEMORY
     if fam.name in ("utilisation", "throttling", "headroom"):
-        if words & {"gpu", "sm", "dram", "tensor"}:
+        if words & GPU_WORDS:
             return CauseKind.COTENANT
         return CauseKind.CPU
     if words & {"pcie", "nvlink", "bandwidth", "bps", "bytes", "net", "rx", "tx", "io", "disk"}:
@@ -225,6 +225,9 @@ CAPACITY_Z = 3.0
 """Robust sigmas a clock's or frequency's fall must reach to count as a capacity lost."""
 CAPACITY_DROP = 0.05
 """...and the share of its level it must lose."""
+GPU_WORDS = frozenset({"gpu", "sm", "dram", "tensor", "dcgm", "nvml"})
+"""Words of a metric of a GPU (DCGM's and NVML's names say so by their prefix): its use points
+at whoever shares the GPU."""
 BUSY_WORDS = frozenset({"util", "utilization", "utilisation", "busy", "active"})
 """Words of a metric that measures how busy its entity is (power or temperature do not: they
 fall with a clock)."""
