@@ -44,6 +44,10 @@ from cotenant.evaluation.tabular_falling import (
         ("DCGM_FI_DEV_SM_CLOCK", "clock", Direction.FALL),
         ("node_cpu_scaling_frequency_hertz", "clock", Direction.FALL),
         ("container_cpu_cfs_throttled_periods_total", "throttling", Direction.RISE),
+        ("pclk", "clock", Direction.FALL),  # nvidia-smi dmon's processor clock
+        ("sm_clk", "clock", Direction.FALL),
+        ("node_cpufreq", "clock", Direction.FALL),
+        ("node_load1", "utilisation", Direction.RISE),
     ],
 )
 def test_each_metric_family_knows_which_way_hurts(
@@ -71,6 +75,9 @@ def test_each_metric_family_knows_which_way_hurts(
         ("vllm:gpu_cache_usage_perc", CauseKind.MEMORY),  # the KV cache filling
         ("container_cpu_cfs_throttled_periods_total", CauseKind.CPU),
         ("node_cpu_scaling_frequency_hertz", CauseKind.CPU),
+        ("scaling_cur_freq", CauseKind.CPU),  # Linux cpufreq's name
+        ("mclk", CauseKind.THROTTLE),
+        ("node_load1", CauseKind.CPU),
     ],
 )
 def test_evidence_names_the_kind_of_cause_it_points_at(metric: str, kind: CauseKind) -> None:

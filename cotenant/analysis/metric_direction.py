@@ -59,14 +59,19 @@ FAMILIES: tuple[Family, ...] = (
         Direction.RISE,
         "throttle throttled throttling steal pressure psi reason reasons",
     ),
-    _family("clock", Direction.FALL, "clock clocks freq frequency mhz ghz khz"),
+    _family(
+        "clock",
+        Direction.FALL,
+        "clock clocks clk pclk mclk smclk gclk freq frequency cpufreq mhz ghz khz",
+    ),
     _family("headroom", Direction.FALL, "headroom free available idle remaining"),
     _family("latency", Direction.EITHER, "latency latencies duration rt ttft tpot e2e"),
     _family("queue", Direction.RISE, "queue queued wait waiting pending backlog"),
     _family(
         "utilisation",
         Direction.RISE,
-        "util utilization utilisation usage cpu mem memory gpu sm busy active load power temp",
+        "util utilization utilisation usage cpu mem memory gpu sm busy active load power temp "
+        "load1 load5 load15 loadavg",
     ),
     _family(
         "traffic",

@@ -156,7 +156,7 @@ def cause_kind_of(metric: str) -> CauseKind:
     """The kind of cause a harmful move of ``metric`` points at (see the module doc)."""
     fam, words = family_of(metric), set(words_of(metric))
     if fam.name == "clock" or (fam.name == "throttling" and words & {"clock", "clocks"}):
-        return CauseKind.CPU if words & {"cpu", "host", "node", "core"} else CauseKind.THROTTLE
+        return CauseKind.CPU if words & CPU_CLOCK_WORDS else CauseKind.THROTTLE
     if (words & {"mem", "memory", "dram"} and words & BUSY_WORDS) or "dram" in words:
         return CauseKind.BANDWIDTH  # a memory controller's busy time: DRAM bandwidth
     if words & {"mem", "memory", "fb", "kv", "cache", "oom", "swap"}:
@@ -225,6 +225,8 @@ CAPACITY_Z = 3.0
 """Robust sigmas a clock's or frequency's fall must reach to count as a capacity lost."""
 CAPACITY_DROP = 0.05
 """...and the share of its level it must lose."""
+CPU_CLOCK_WORDS = frozenset({"cpu", "host", "node", "core", "cpufreq", "scaling"})
+"""Words of a clock that is a CPU's (``scaling_cur_freq`` is Linux cpufreq's), not a GPU's."""
 GPU_WORDS = frozenset({"gpu", "sm", "dram", "tensor", "dcgm", "nvml"})
 """Words of a metric of a GPU (DCGM's and NVML's names say so by their prefix): its use points
 at whoever shares the GPU."""
