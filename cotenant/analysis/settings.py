@@ -80,7 +80,9 @@ class AnalysisSettings:
     )
     baseline_s: float = key(
         1800.0,
-        "history a model's normal is learnt from (outside its incidents): its typical latency, "
+        "history a model's normal is learnt from (outside its incidents, and short of the "
+        "newest two minutes once what lies before holds enough samples, so a slowdown that "
+        "has just begun is judged, not learnt): its typical latency, "
         "how much it varies, and the spread of its ordinary contention (a neighbour's usual "
         "bursts are normal). Longer remembers rarer bursts; the live loop reads this much more "
         "than its horizon",
