@@ -15,10 +15,11 @@ import numpy as np
 from diagnoses import diagnosis
 
 from cotenant.analysis.attribution import Cause
-from cotenant.analysis.detector.verdicts import verdict
+from cotenant.analysis.detector.verdicts import mark_recurring, verdict
 from cotenant.analysis.diagnosis import NEWS, RECURRING, Diagnosis
 from cotenant.analysis.incidents import IncidentBook
 from cotenant.analysis.recurring import earlier_bursts
+from cotenant.analysis.windows import GpuWindows
 from cotenant.core.slos import Slos
 from cotenant.evaluation.live import START_NS, replay
 from cotenant.reports.compute import ReportBuilder
@@ -54,6 +55,24 @@ def test_a_burst_like_two_earlier_ones_is_recurring_a_second_or_a_bigger_one_is_
     # earlier bursts older than the memory (30 min) are forgotten
     c = _bursts(4000, [200, 600, 3000], [8.0, 8.0, 8.0])
     assert earlier_bursts(c, 3030, 3090, 1.0) is None
+
+
+def test_a_capacity_the_gpu_lost_in_a_neighbours_usual_burst_is_news() -> None:
+    """Seen on the development population (dev 0066): a neighbour that bursts every few
+    minutes had its memory grow into a full GPU (memory pressure) during one of its bursts; the
+    LLM beside it, 1.7x slower for two minutes, got the verdict ``recurring`` because the
+    neighbour's rate was like its earlier bursts. Its rate was; its memory was not: a capacity
+    lost is no burst's doing, so only its traffic's causes are marked as usual."""
+    w = GpuWindows("gpu0", 0, S, 1500)
+    w.models["code"] = {"arrival_rps": _bursts(1500, [200, 600, 1000], [8.0, 7.0, 8.0])}
+    share = Cause("cotenant", "code", 0.4, 0.3, {})
+    memory = Cause("memory", "code", 0.6, 0.9, {})
+    notes: list[str] = []
+    mark_recurring([memory, share], w, "chat", 1030, 1090, notes)
+    assert "recurring" in share.evidence and "recurring" not in memory.evidence
+    assert notes == []  # its top cause is no usual burst: nothing said of one
+    d = _diag("degradation", [memory, share])
+    assert d.verdict == NEWS
 
 
 def _diag(severity: str, causes: list[Cause], start_s: int = 1000, **kw: Any) -> Diagnosis:

@@ -206,6 +206,8 @@ def mark_recurring(
         other = w.models.get(c.culprit)
         if c.culprit == model or other is None or "arrival_rps" not in other:
             continue
+        if c.kind in CAPACITY_KINDS:  # a capacity lost is no burst's doing
+            continue
         got = earlier_bursts(other["arrival_rps"], start, end, w.step_ns / 1e9)
         if got is None:
             continue
