@@ -15,7 +15,9 @@ same for the live loop, on-demand diagnosis, the alert receiver, fleet mode and 
 * **recurring** (ordinary contention): within its SLO, and slowed as much at least
   :data:`MIN_LIKE` times before within its baseline's memory, or every named cause is a
   co-tenant's burst like at least two it had lately (:mod:`analysis.recurring`) or the
-  model's own traffic, together at least :data:`RECURRING_SHARE` of the excess;
+  model's own traffic, together at least :data:`RECURRING_SHARE` of the excess. A capacity
+  the GPU lost (:data:`CAPACITY_KINDS`) is never a burst's doing, whoever was bursting at
+  the time (:func:`mark_recurring`);
 * **fellow victim** (an incident): a *weak* slowdown — evidence enough only at the fellow
   threshold — whose first cause is the first cause of another model's incident on the same GPU
   at the time (not its own doing); only an incident found on full evidence corroborates. A
@@ -200,13 +202,16 @@ def mark_recurring(
     causes: list[Cause], w: GpuWindows, model: str, start: int, end: int, notes: list[str]
 ) -> None:
     """Add ``recurring`` to the evidence of each cause naming a co-tenant model that was in a
-    burst during windows ``[start, end]`` like the ones it had already had lately."""
+    burst during windows ``[start, end]`` like the ones it had already had lately, but a
+    capacity the GPU lost (:data:`CAPACITY_KINDS`): its culprit's rate may be in a usual
+    burst, its clock or memory is not (development population: an LLM 1.7x slower for two
+    minutes while a bursty neighbour's memory grew into a full GPU was called recurring)."""
     top = next((x for x in causes if x.kind != CauseKind.UNKNOWN), None)
     for c in causes:
         other = w.models.get(c.culprit)
         if c.culprit == model or other is None or "arrival_rps" not in other:
             continue
-        if c.kind in CAPACITY_KINDS:  # a capacity lost is no burst's doing
+        if c.kind in CAPACITY_KINDS:
             continue
         got = earlier_bursts(other["arrival_rps"], start, end, w.step_ns / 1e9)
         if got is None:
