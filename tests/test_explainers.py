@@ -18,6 +18,7 @@ from cotenant.analysis.enrichment import Z_NAMED, rate_enrichment, shift_enrichm
 from cotenant.analysis.explainers import EXPLAINERS
 from cotenant.analysis.metric_direction import Direction
 from cotenant.analysis.mix import WorkSeries
+from cotenant.analysis.windows import TOKEN_FIELDS
 from cotenant.core.cause_kinds import CAUSE_KINDS, CauseKind, cause_kind
 
 
@@ -176,6 +177,31 @@ def test_heavier_compute_is_not_mix_when_no_per_process_series_could_show_a_cote
         ps["sm_util"][:] = np.nan
     slow_compute(w, 2.0)
     assert named(attribute(w, "tts", *masks())) == []
+
+
+def _tokens(w, output_during: float) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Token windows of ``tts``: ~300-token prompts and ~60-token answers per request, the
+    answers ``output_during`` long on average during the slowdown."""
+    rng = np.random.default_rng(5)
+    out = {f: np.full(N, np.nan) for f in TOKEN_FIELDS}
+    out["count"] = w.models["tts"]["count"].copy()
+    out["prompt_tokens_mean"] = 300.0 * np.exp(0.05 * rng.standard_normal(N))
+    out["output_tokens_mean"] = 60.0 * np.exp(0.05 * rng.standard_normal(N))
+    out["output_tokens_mean"][FAULT] *= output_during / 60.0
+    return out
+
+
+def test_an_llm_computing_longer_for_the_same_tokens_is_not_heavier_work() -> None:
+    # a real vLLM alone on a shared host (make engines): compute per request 15.9 -> 22.4 ms
+    # with the same prompts was named `mix` (its own heavier work) from the time alone
+    w = windows()
+    slow_compute(w, 2.0)
+    w.tokens["tts"] = _tokens(w, 60.0)
+    att = attribute(w, "tts", *masks())
+    assert named(att) == [] and att.causes[0].kind == "unknown"
+    # answers twice as long: the same rise is heavier work
+    w.tokens["tts"] = _tokens(w, 120.0)
+    assert named(attribute(w, "tts", *masks()))[0] == ("mix", "tts")
 
 
 def test_a_work_series_with_no_value_during_the_slowdown_falls_back_to_compute_time() -> None:

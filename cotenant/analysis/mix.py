@@ -31,7 +31,9 @@ compute time per request, which stands in where the given work series has no val
 during the slowdown), the same ratio is the victim's own heavier work only when nothing else
 claims the compute excess and no other actor is in sight: no co-tenant whose demand rose or that
 slowed alongside it (that is contention), no host process whose CPU use rose, no clock or memory
-evidence, and per-process GPU series that would have shown a co-tenant. In both cases the work per
+evidence, and per-process GPU series that would have shown a co-tenant; and never where the
+requests carry token counts that did not grow (the same prompts and answers taking longer is a
+slower model, not a busier one: seen on a real vLLM on a shared host). In both cases the work per
 request must have risen beyond its normal spread (a one-sided test, :mod:`analysis.enrichment`) by
 at least :data:`MIN_WORK_RISE`.
 :class:`MixExplainer` makes these claims.
@@ -257,7 +259,12 @@ class MixExplainer:
         if ctx.mix is not None and ctx.mix_ms > 0:
             conf = min(1.0, ctx.mix_ms / comp)
             out.append(Claim(cand, Phase.COMPUTE, Stage.FIRST, ctx.mix.ms, conf, ctx.mix.evidence))
-        work = ctx.work if ctx.work is not None and _known(ctx, ctx.work) else _compute_time(ctx)
+        if ctx.work is not None and _known(ctx, ctx.work):
+            work = ctx.work
+        elif _same_tokens(ctx):
+            return out  # compute time rose, its requests did not get longer: no heavier work
+        else:
+            work = _compute_time(ctx)
         heavier = _heavier(ctx, work)
         if heavier is not None:
             ms, conf, ev = heavier
@@ -272,6 +279,29 @@ def _known(ctx: Context, work: WorkSeries) -> bool:
     """Whether ``work`` has a value in both the normal and the slow windows with requests."""
     ok = np.isfinite(work.per_request) & (ctx.v["count"] > 0)
     return bool((ok & ctx.before).any() and (ok & ctx.during).any())
+
+
+def _same_tokens(ctx: Context) -> bool:
+    """Whether the victim's requests say how long they were (token counts, before and during)
+    and neither the prompts nor the answers got longer (:func:`_shifted`): then what its
+    compute time per request did is no measure of heavier work."""
+    tok = ctx.w.tokens.get(ctx.victim)
+    if tok is None:
+        return False
+    cnt = np.nan_to_num(tok["count"])
+    seen = False
+    for name in ("prompt_tokens_mean", "output_tokens_mean"):
+        x = tok.get(name)
+        if x is None:
+            continue
+        has = np.isfinite(x) & (cnt > 0)
+        if np.count_nonzero(has & ctx.before) < 2 or np.count_nonzero(has & ctx.during) < 2:
+            continue
+        longer = wmean_over(x, cnt, ctx.during) > wmean_over(x, cnt, ctx.before)
+        if longer and _shifted(x, cnt, ctx.before, ctx.during):
+            return False
+        seen = True
+    return seen
 
 
 def _compute_time(ctx: Context) -> WorkSeries:
