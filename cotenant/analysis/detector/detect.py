@@ -40,11 +40,6 @@ TAIL_SHARE = 0.01
 """The share of requests a p99 SLO allows over it."""
 SLO_SPAN_S = 60.0
 """The stretch a breach pools requests over: the SLO alert rule's 1-minute p99."""
-YOUNG = 20.0
-"""A normal fitted on ``m`` samples has its evidence deflated by ``sqrt(1 + YOUNG / m)`` more:
-what a few minutes of a fresh series (or a quiet model's few samples) say of its spread and
-its tails is itself uncertain, and a threshold set as if it were known gives more false alarms
-than it promises (1.15 at the 60 samples judging starts from, 1.02 at 600)."""
 ODD_SCORE = 3.0
 """A window scored above this is no "before" for an attribution, even outside an episode."""
 CLOSE_SHARE = 0.5
@@ -291,11 +286,7 @@ class _Fitted:
             len(usable) * len(DELTAS) * indicators,
             p.fellow,
         )
-        deflate = {
-            (c, k): f * math.sqrt(1.0 + YOUNG / v.samples)
-            for c, v in usable.items()
-            for k, f in enumerate(_deflate(v, cal.h))
-        }
+        deflate = {(c, k): f for c, v in usable.items() for k, f in enumerate(_deflate(v, cal.h))}
         return cls(usable, cal, pos, seen, deflate, repr((sorted(usable.items()), cal)).encode())
 
     def stale(self, pos: int, seen: int, base: int) -> bool:
