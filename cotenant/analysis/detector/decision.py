@@ -6,8 +6,7 @@ the calibrated scores ``g`` of :mod:`.normal` — one per channel and per shift 
 :data:`DELTAS` (in standard deviations of ``g``), so a sudden tripling is seen in one window
 and a 1.2x drift over many: ``S = max(0, S + delta * g - delta**2 / 2)``. Each is deflated by
 the long-run variance factor of the memory it integrates over, so a neighbour's ordinary
-bursts do not add up to an alarm, and by more while the series is younger than its baseline
-(:data:`.detect.YOUNG`).
+bursts do not add up to an alarm.
 
 **One knob.** The false alarms per model-hour a user accepts set every threshold: split evenly
 over the model's CUSUMs and divided into its windows per hour, they give each CUSUM's in-control

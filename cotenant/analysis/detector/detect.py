@@ -40,14 +40,6 @@ TAIL_SHARE = 0.01
 """The share of requests a p99 SLO allows over it."""
 SLO_SPAN_S = 60.0
 """The stretch a breach pools requests over: the SLO alert rule's 1-minute p99."""
-YOUNG = 20.0
-"""While a series is younger than its baseline, a normal fitted on ``m`` samples has its
-evidence deflated by ``sqrt(1 + YOUNG / m)`` more: what the first minutes of a fresh series say
-of its spread and its tails is itself uncertain (they have not yet seen its ordinary
-variation), and a threshold set as if it were known gives more false alarms than it promises
-(1.15 at the 60 samples judging starts from, 1.02 at 600). A normal with a whole baseline
-behind it is not deflated, however few its samples (a quiet model, a trace of one value a
-minute)."""
 ODD_SCORE = 3.0
 """A window scored above this is no "before" for an attribution, even outside an episode."""
 CLOSE_SHARE = 0.5
@@ -207,8 +199,7 @@ def detect(
                 c: fit(x[lo:top], m[lo:top], ~run.taken[lo:top], (top - lo) * step_s, c == TAIL)
                 for c, (x, m) in ch.items()
             }
-            young = top - lo < base  # a series younger than its baseline
-            fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]), young)
+            fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]))
         if fitted.cal is None:
             for mb in members:
                 mb.s, mb.since = 0.0, end
@@ -284,7 +275,6 @@ class _Fitted:
         indicators: int,
         pos: int,
         seen: int,
-        young: bool = False,
     ) -> _Fitted:
         usable = {c: v for c, v in normals.items() if v is not None and v.samples >= p.min_samples}
         typical = usable.get(TYPICAL)
@@ -296,11 +286,7 @@ class _Fitted:
             len(usable) * len(DELTAS) * indicators,
             p.fellow,
         )
-        deflate = {
-            (c, k): f * (math.sqrt(1.0 + YOUNG / v.samples) if young else 1.0)
-            for c, v in usable.items()
-            for k, f in enumerate(_deflate(v, cal.h))
-        }
+        deflate = {(c, k): f for c, v in usable.items() for k, f in enumerate(_deflate(v, cal.h))}
         return cls(usable, cal, pos, seen, deflate, repr((sorted(usable.items()), cal)).encode())
 
     def stale(self, pos: int, seen: int, base: int) -> bool:
