@@ -53,6 +53,10 @@ def stalled(tmp_path: Path) -> Iterator[tuple[Service, GatedStore]]:
             "COTENANT_OTLP_RETRY_AFTER_S": "1",
             # the queue filling up is what is tested: acknowledge once queued
             "COTENANT_STORE_ACK": "queued",
+            # and only the exports fill it (a host CPU sample queued while the store stalls
+            # made "an empty queue" a full one in a CI run)
+            "COTENANT_PROCFS_ENABLED": "false",
+            "COTENANT_NVML_ENABLED": "false",
         }
     )
     store = GatedStore(tmp_path / "s.duckdb")
@@ -128,6 +132,7 @@ def test_http_answer_carries_retry_after(stalled: tuple[Service, GatedStore]) ->
     ep = svc.endpoints
     assert ep is not None and ep.otlp_http
     pb = {"Content-Type": "application/x-protobuf"}
+    assert svc.writer.flush(30)  # the queue is empty
     store.gate.clear()
     # an empty queue takes even an export larger than the queue ...
     first = httpx.post(ep.otlp_http, content=_payload(150).SerializeToString(), headers=pb)
@@ -150,6 +155,7 @@ def test_grpc_answer_carries_retry_info(stalled: tuple[Service, GatedStore]) -> 
 
     svc, store = stalled
     assert svc.endpoints is not None and svc.endpoints.otlp_grpc
+    assert svc.writer.flush(30)  # the queue is empty
     store.gate.clear()
     with grpc.insecure_channel(svc.endpoints.otlp_grpc) as ch:
         stub = trace_service_pb2_grpc.TraceServiceStub(ch)
