@@ -42,11 +42,17 @@ SLO_SPAN_S = 60.0
 """The stretch a breach pools requests over: the SLO alert rule's 1-minute p99."""
 YOUNG = 20.0
 """While a series is younger than its baseline, the threshold that opens an incident on a
-channel whose normal holds ``m`` samples is ``sqrt(1 + YOUNG / m)`` times higher (1.15 at the
-60 samples judging starts from, 1.02 at 600): what the first minutes of a fresh series say of
-its spread and tails is itself uncertain, and a threshold set as if it were known gives more
-false alarms than it promises. The weak threshold is not raised: a young series' slowdown is
-still a fellow victim, and one a lost capacity corroborates still opens."""
+channel whose normal holds ``m`` samples over ``t`` seconds is ``sqrt(1 + YOUNG / m + YOUNG_S /
+t)`` times higher: what the first minutes of a fresh series say of its spread and tails is
+itself uncertain, the fewer its samples, and has not yet met the model's ordinary variation
+(a neighbour's bursts, its own traffic's swings), the shorter the time they cover. A threshold
+set as if both were known gives more false alarms than it promises: every false incident on
+the development population's controls began 225-530 s into its series. At the end of the
+three-minute warm-up, with a sample a second, 1.45x; at ten minutes, 1.15x. The weak
+threshold is not raised: a young series' slowdown is still a fellow victim, and one a lost
+capacity corroborates still opens."""
+YOUNG_S = 180.0
+"""... the seconds of history in :data:`YOUNG`'s second term."""
 ODD_SCORE = 3.0
 """A window scored above this is no "before" for an attribution, even outside an episode."""
 CLOSE_SHARE = 0.5
@@ -207,7 +213,9 @@ def detect(
                 for c, (x, m) in ch.items()
             }
             young = top - lo < base  # a series younger than its baseline
-            fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]), young)
+            fitted = _Fitted.of(
+                normals, p, indicators, pos, int(seen[pos]), young, max(top - lo, 1) * step_s
+            )
         if fitted.cal is None:
             for mb in members:
                 mb.s, mb.since = 0.0, end
@@ -285,6 +293,7 @@ class _Fitted:
         pos: int,
         seen: int,
         young: bool = False,
+        span_s: float = math.inf,
     ) -> _Fitted:
         usable = {c: v for c, v in normals.items() if v is not None and v.samples >= p.min_samples}
         typical = usable.get(TYPICAL)
@@ -298,7 +307,7 @@ class _Fitted:
         )
         deflate = {(c, k): f for c, v in usable.items() for k, f in enumerate(_deflate(v, cal.h))}
         h = {
-            (c, k): hk * (math.sqrt(1.0 + YOUNG / v.samples) if young else 1.0)
+            (c, k): hk * (math.sqrt(1.0 + YOUNG / v.samples + YOUNG_S / span_s) if young else 1.0)
             for c, v in usable.items()
             for k, hk in enumerate(cal.h)
         }
