@@ -40,19 +40,6 @@ TAIL_SHARE = 0.01
 """The share of requests a p99 SLO allows over it."""
 SLO_SPAN_S = 60.0
 """The stretch a breach pools requests over: the SLO alert rule's 1-minute p99."""
-YOUNG = 20.0
-"""While a series is younger than its baseline, the threshold that opens an incident on a
-channel whose normal holds ``m`` samples over ``t`` seconds is ``sqrt(1 + YOUNG / m + YOUNG_S /
-t)`` times higher: what the first minutes of a fresh series say of its spread and tails is
-itself uncertain, the fewer its samples, and has not yet met the model's ordinary variation
-(a neighbour's bursts, its own traffic's swings), the shorter the time they cover. A threshold
-set as if both were known gives more false alarms than it promises: every false incident on
-the development population's controls began 225-530 s into its series. At the end of the
-three-minute warm-up, with a sample a second, 1.45x; at ten minutes, 1.15x. The weak
-threshold is not raised: a young series' slowdown is still a fellow victim, and one a lost
-capacity corroborates still opens."""
-YOUNG_S = 180.0
-"""... the seconds of history in :data:`YOUNG`'s second term."""
 ODD_SCORE = 3.0
 """A window scored above this is no "before" for an attribution, even outside an episode."""
 CLOSE_SHARE = 0.5
@@ -212,10 +199,7 @@ def detect(
                 c: fit(x[lo:top], m[lo:top], ~run.taken[lo:top], (top - lo) * step_s, c == TAIL)
                 for c, (x, m) in ch.items()
             }
-            young = top - lo < base  # a series younger than its baseline
-            fitted = _Fitted.of(
-                normals, p, indicators, pos, int(seen[pos]), young, max(top - lo, 1) * step_s
-            )
+            fitted = _Fitted.of(normals, p, indicators, pos, int(seen[pos]))
         if fitted.cal is None:
             for mb in members:
                 mb.s, mb.since = 0.0, end
@@ -281,7 +265,6 @@ class _Fitted:
     pos: int
     seen: int
     deflate: dict[tuple[str, int], float] = field(default_factory=dict)  # per (channel, shift)
-    h: dict[tuple[str, int], float] = field(default_factory=dict)  # incident threshold, the same
     key: bytes = b""  # what the normals and thresholds are, exactly (for :data:`SCANS_KEPT`)
 
     @classmethod
@@ -292,8 +275,6 @@ class _Fitted:
         indicators: int,
         pos: int,
         seen: int,
-        young: bool = False,
-        span_s: float = math.inf,
     ) -> _Fitted:
         usable = {c: v for c, v in normals.items() if v is not None and v.samples >= p.min_samples}
         typical = usable.get(TYPICAL)
@@ -306,13 +287,7 @@ class _Fitted:
             p.fellow,
         )
         deflate = {(c, k): f for c, v in usable.items() for k, f in enumerate(_deflate(v, cal.h))}
-        h = {
-            (c, k): hk * (math.sqrt(1.0 + YOUNG / v.samples + YOUNG_S / span_s) if young else 1.0)
-            for c, v in usable.items()
-            for k, hk in enumerate(cal.h)
-        }
-        # (the scans depend on the weak thresholds only: the key leaves ``h`` out)
-        return cls(usable, cal, pos, seen, deflate, h, repr((sorted(usable.items()), cal)).encode())
+        return cls(usable, cal, pos, seen, deflate, repr((sorted(usable.items()), cal)).encode())
 
     def stale(self, pos: int, seen: int, base: int) -> bool:
         """Whether the normal should be fitted again at ``pos``: enough new samples since
@@ -497,12 +472,12 @@ class _Run:
             if key not in hit.states:
                 continue
             s0 = hit.states[key]
-            if s0 > fitted.h[key]:
+            if s0 > cal.h[mb.k]:
                 opened = hit.at
                 break
             incr = self.increments(ev[mb.channel], mb.k, fitted.deflate[key])
             s, _ = decision.cusum(incr, s0)
-            at = decision.first_over(s, fitted.h[key])
+            at = decision.first_over(s, cal.h[mb.k])
             if at is not None and (opened is None or hit.at + 1 + at < opened):
                 opened = hit.at + 1 + at
         self.resume = stop + 1 if done is not None else self.n_eval
