@@ -1,0 +1,57 @@
+"""The detector on a real vLLM's requests (tests/fixtures/engines/vllm-0.32.0/quiet-then-burner,
+PROVENANCE.md): ``make engines``' ``test_vllm_contention`` without the engine, so that
+``make test`` guards what only the engines' run checked. Five quiet minutes at 1 request/s on
+a two-core machine, then CPU burners on every core: the quiet stretch, whose medians wander
+14-29 ms from one half-minute to the next, opens nothing while the series is young, and the
+burner opens an incident within a minute."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from detector_series import windows
+
+from cotenant.analysis.detector.detect import DetectorParams, detect
+
+HERE = Path(__file__).parent / "fixtures" / "engines" / "vllm-0.32.0" / "quiet-then-burner"
+BURNER_S = 300.0  # run1 and run2: the client's first request to the burners' start (CALM_S)
+SLACK_S = 5.0  # an onset located to the window: a few s early is the burner's
+INDICATORS = 3  # e2e, TTFT and TPOT share the model's false-alarm budget
+
+
+def strong_starts(run: str, slow: tuple[float, float, float] | None = None) -> list[float]:
+    """Where each strong episode of the run's e2e and TTFT series begins (s); ``slow``:
+    ``(start_s, end_s, factor)`` multiplies the requests of that span."""
+    d = np.genfromtxt(HERE / f"{run}.csv", delimiter=",", names=True)
+    t = d["t_s"]
+    f = np.ones_like(t)
+    if slow is not None:
+        f[(t >= slow[0]) & (t < slow[1])] = slow[2]
+    duration = float(t[-1]) + 1.0
+    starts: list[float] = []
+    for lat in (d["latency_ms"], d["ttft_ms"]):
+        s = windows(t, lat * f, duration)
+        track = detect(s, None, DetectorParams(), step_s=1.0, indicators=INDICATORS)
+        starts += [float(e.start) for e in track.episodes if e.strong]
+    return starts
+
+
+@pytest.mark.parametrize("run", ["run1", "run2"])
+def test_a_real_vllms_quiet_stretch_opens_nothing_and_its_burner_opens_an_incident(
+    run: str,
+) -> None:
+    starts = strong_starts(run)
+    assert not [s for s in starts if s < BURNER_S - SLACK_S], starts
+    assert [s for s in starts if s < BURNER_S + 60], starts
+
+
+@pytest.mark.parametrize("run", ["run1", "run2"])
+def test_a_real_vllm_slowed_from_its_third_minute_then_burned_opens_an_incident(run: str) -> None:
+    # what a busy host does to the same engine (1.3-1.45x in make engines beside other work),
+    # from before its warm-up is over, then the burners: the slowdown may be learnt as its
+    # normal while the series is young, but one of the two must open an incident (a threshold
+    # raised for young series, detect's history, found neither in run2)
+    starts = strong_starts(run, slow=(150.0, BURNER_S, 1.3))
+    assert [s for s in starts if s >= 150.0], starts
