@@ -61,25 +61,28 @@ RUNS = (
 FACTORS = (1.3, 1.5, 2.0)
 FIRST_ONSET_S = 240.0  # the 3-minute warm-up (baseline_s x WARMUP_SHARE) and a minute more
 SLACK_S = 5.0
-INDICATORS = 3
 FALSE_PER_HOUR = 0.05
 WARM_S = 60.0  # the engine's own start (its first requests, 1.5-2x the rest) is no null
 GRID = np.arange(0.25, 200.0 + 1e-9, 0.25)
 
 
-def load() -> dict[str, dict[str, np.ndarray]]:
-    """Each run's quiet stretch: request start (s), e2e and TTFT latency (ms)."""
-    meta = json.loads((RUNS / "runs.json").read_text())
+def load(folder: Path = RUNS) -> dict[str, dict[str, np.ndarray]]:
+    """Each run's quiet stretch: request start (s), e2e latency and, where recorded, TTFT
+    (ms); ``end`` (s) and ``indicators`` (how many the product judges: 3 for an LLM)."""
+    meta = json.loads((folder / "runs.json").read_text())
     out = {}
     for name, m in sorted(meta.items()):
-        d = np.genfromtxt(RUNS / f"{name}.csv", delimiter=",", names=True)
+        d = np.genfromtxt(folder / f"{name}.csv", delimiter=",", names=True)
         quiet = d["t_s"] < float(m["burner_s"]) - SLACK_S
-        out[name] = {
+        run = {
             "t": d["t_s"][quiet],
             "e2e": d["latency_ms"][quiet],
-            "ttft": d["ttft_ms"][quiet],
             "end": np.array(float(m["burner_s"]) - SLACK_S),
+            "indicators": np.array(int(m.get("indicators", 1))),
         }
+        if "ttft_ms" in (d.dtype.names or ()):
+            run["ttft"] = d["ttft_ms"][quiet]
+        out[name] = run
     return out
 
 
@@ -90,8 +93,11 @@ def product(run: dict[str, np.ndarray], factor: np.ndarray) -> list[tuple[int, i
     p = DetectorParams()
     found = []
     for key in ("e2e", "ttft"):
+        if key not in run:
+            continue
         s = windows(run["t"], run[key] * factor, end)
-        for e in detect(s, None, p, step_s=1.0, indicators=INDICATORS).episodes:
+        k = int(run["indicators"])
+        for e in detect(s, None, p, step_s=1.0, indicators=k).episodes:
             if e.strong:
                 n = int(np.nansum(s.count[e.start : e.end + 1]))
                 found.append((e.start, e.opened, e.ratio, n))
@@ -103,9 +109,17 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="s each slowdown lasts")
     ap.add_argument("--every", type=float, default=20.0, help="s between onsets")
     ap.add_argument("--first", type=float, default=FIRST_ONSET_S, help="s of the first onset")
+    ap.add_argument("--runs", type=Path, default=RUNS, help="a folder of recorded runs")
+    ap.add_argument(
+        "--tail",
+        type=float,
+        help="slow only this share of the requests (drawn at random): a slower tail, the "
+        "median flat",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    runs = load()
+    runs = load(args.runs)
+    rng = np.random.default_rng(0)
     p = DetectorParams()
     quiet_h = sum(float(r["end"]) for r in runs.values()) / 3600
     false_quiet = sum(
@@ -134,6 +148,8 @@ def main() -> int:
             for onset in np.arange(args.first, end - args.duration + 1e-9, args.every):
                 n += 1
                 hit = (run["t"] >= onset) & (run["t"] < onset + args.duration)
+                if args.tail is not None:
+                    hit &= rng.uniform(size=len(hit)) < args.tail
                 g = np.where(hit, f, 1.0)
                 eps = product(run, g)
                 mine = [e for e in eps if onset - SLACK_S <= e[0] <= onset + args.duration]

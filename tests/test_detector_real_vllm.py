@@ -17,12 +17,12 @@ from detector_series import windows
 from cotenant.analysis.detector.detect import DetectorParams, detect
 
 HERE = Path(__file__).parent / "fixtures" / "engines" / "vllm-0.32.0" / "quiet-then-burner"
-BURNER_S = {
-    run: float(m["burner_s"])  # the client's first request to the burners' start (CALM_S)
-    for run, m in json.loads((HERE / "runs.json").read_text()).items()
-}
+RUNS = json.loads((HERE / "runs.json").read_text())
+BURNER_S = {run: float(m["burner_s"]) for run, m in RUNS.items()}
+"""The client's first request to the burners' start (the test's CALM_S), per run."""
+INDICATORS = {run: int(m["indicators"]) for run, m in RUNS.items()}
+"""Indicators the product judges (an LLM's e2e, TTFT and TPOT share its false-alarm budget)."""
 SLACK_S = 5.0  # an onset located to the window: a few s early is the burner's
-INDICATORS = 3  # e2e, TTFT and TPOT share the model's false-alarm budget
 
 
 def strong_starts(run: str, slow: tuple[float, float, float] | None = None) -> list[float]:
@@ -37,7 +37,7 @@ def strong_starts(run: str, slow: tuple[float, float, float] | None = None) -> l
     starts: list[float] = []
     for lat in (d["latency_ms"], d["ttft_ms"]):
         s = windows(t, lat * f, duration)
-        track = detect(s, None, DetectorParams(), step_s=1.0, indicators=INDICATORS)
+        track = detect(s, None, DetectorParams(), step_s=1.0, indicators=INDICATORS[run])
         starts += [float(e.start) for e in track.episodes if e.strong]
     return starts
 
