@@ -109,6 +109,11 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="s each slowdown lasts")
     ap.add_argument("--every", type=float, default=20.0, help="s between onsets")
     ap.add_argument("--first", type=float, default=FIRST_ONSET_S, help="s of the first onset")
+    ap.add_argument(
+        "--factors",
+        default=",".join(f"{f:g}" for f in FACTORS),
+        help="comma-separated slowdowns (default %(default)s)",
+    )
     ap.add_argument("--runs", type=Path, default=RUNS, help="a folder of recorded runs")
     ap.add_argument(
         "--tail",
@@ -118,6 +123,12 @@ def main() -> int:
     )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    try:
+        factors = [float(x) for x in args.factors.split(",")]
+    except ValueError:
+        raise SystemExit(f"--factors {args.factors!r}: numbers and commas, e.g. 1.5,2") from None
+    if not factors or min(factors) <= 1.0:
+        raise SystemExit(f"--factors {args.factors!r}: every slowdown must be over 1")
     runs = load(args.runs)
     rng = np.random.default_rng(0)
     p = DetectorParams()
@@ -131,14 +142,16 @@ def main() -> int:
         flush=True,
     )
     rows: list[dict[str, Any]] = []
-    for f in FACTORS:
+    for f in factors:
         ours, users, orc, both, false = [], [], [], [], 0
         n = 0
         for run in runs.values():
             end = float(run["end"])
             warm = run["t"] >= WARM_S
             before = run["e2e"][warm]
-            ratio = oracle.LatencyRatio.fit(before, before * f)
+            share = 1.0 if args.tail is None else args.tail
+            after = np.where(rng.uniform(size=len(before)) < share, before * f, before)
+            ratio = oracle.LatencyRatio.fit(before, after)
             null = oracle.window_increments(
                 run["t"][warm] - WARM_S, ratio(before), end - WARM_S, 1.0
             )
